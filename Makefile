@@ -1,0 +1,140 @@
+# ddp.h build. `make` builds every example and test under build/; `make test` runs the CPU suite.
+# Overrides: CC, CFLAGS, LDFLAGS, CUDA_HOME, PREFIX; CUDA=0 forces the CPU-only build, CBLAS=0
+# the built-in matrix loop.
+
+BUILD   ?= build
+PREFIX  ?= /usr/local
+CFLAGS  ?= -O2 -g
+LDFLAGS ?=
+WARN    := -std=c99 -Wall -Wextra -pedantic
+VERSION := 0.1.0
+.SUFFIXES:
+.DELETE_ON_ERROR:
+
+# ---- CUDA: nvcc on PATH, else CUDA_HOME, else /usr/local/cuda --------------------------------
+CUDA ?= auto
+ifneq ($(CUDA),0)
+  ifeq ($(CUDA_HOME),)
+    NVCC_PATH := $(shell command -v nvcc 2>/dev/null)
+    ifneq ($(NVCC_PATH),)
+      CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC_PATH))
+    else ifneq ($(wildcard /usr/local/cuda/include/cuda_runtime.h),)
+      CUDA_HOME := /usr/local/cuda
+    endif
+  endif
+endif
+find_lib = $(firstword $(wildcard $(CUDA_HOME)/lib64/lib$(1).so $(CUDA_HOME)/lib/lib$(1).so \
+             /usr/lib/x86_64-linux-gnu/lib$(1).so /usr/lib/aarch64-linux-gnu/lib$(1).so /usr/lib64/lib$(1).so))
+find_hdr = $(firstword $(wildcard $(CUDA_HOME)/include/$(1) /usr/include/$(1)))
+ifeq ($(CUDA),0)
+  CUDA_LINE := CUDA=0: building the CPU-only library (-DDDP_NO_CUDA)
+else ifneq ($(CUDA_HOME),)
+  CUDA_MISSING := $(strip \
+    $(if $(call find_hdr,cuda_runtime.h),,cuda_runtime.h) $(if $(call find_lib,cudart),,libcudart) \
+    $(if $(call find_hdr,cublas_v2.h),,cublas_v2.h) $(if $(call find_lib,cublas),,libcublas) \
+    $(if $(call find_hdr,nvrtc.h),,nvrtc.h) $(if $(call find_lib,nvrtc),,libnvrtc) \
+    $(if $(call find_hdr,nccl.h),,nccl.h) $(if $(call find_lib,nccl),,libnccl))
+  ifeq ($(CUDA_MISSING),)
+    CUDA_LIBDIR  := $(dir $(call find_lib,cudart))
+    CUDA_CFLAGS  := -I$(CUDA_HOME)/include
+    CUDA_LIBS    := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lnvrtc -lnccl -lcudart
+    CUDA_VERSION := $(shell v=$$(sed -n 's/^\#define CUDART_VERSION *\([0-9]*\)/\1/p' $(CUDA_HOME)/include/cuda_runtime_api.h 2>/dev/null); \
+                      [ -n "$$v" ] && echo $$((v / 1000)).$$((v % 1000 / 10)))
+    CUDA_LINE    := CUDA $(CUDA_VERSION) at $(CUDA_HOME) (cuBLAS, NVRTC and NCCL found)
+    HAVE_CUDA    := 1
+  else
+    CUDA_LINE := CUDA at $(CUDA_HOME) lacks $(CUDA_MISSING): building the CPU-only library (-DDDP_NO_CUDA)
+  endif
+else
+  CUDA_LINE := no CUDA (no nvcc on PATH, no CUDA_HOME, no /usr/local/cuda): building the CPU-only library (-DDDP_NO_CUDA)
+endif
+ifneq ($(HAVE_CUDA),1)
+  HAVE_CUDA   := 0
+  CUDA_CFLAGS := -DDDP_NO_CUDA
+  CUDA_LIBS   :=
+endif
+
+# ---- CBLAS: OpenBLAS through pkg-config, else any libopenblas/libcblas that links ------------
+CBLAS ?= auto
+ifneq ($(CBLAS),0)
+  ifeq ($(shell pkg-config --exists openblas 2>/dev/null && echo yes),yes)
+    BLAS_CFLAGS := -DDDP_CBLAS $(shell pkg-config --cflags openblas)
+    BLAS_LIBS   := $(shell pkg-config --libs openblas)
+    BLAS_LINE   := CPU Linear through OpenBLAS (cblas_sgemm)
+  else
+    BLAS_TRY := $(shell printf '\#include <cblas.h>\nint main(void){float a=1,c=0;cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,1,1,1,1.f,&a,1,&a,1,0.f,&c,1);return (int)c-1;}\n' \
+                 | $(CC) -x c - -o /dev/null -lopenblas 2>/dev/null && echo -lopenblas)
+    ifneq ($(BLAS_TRY),)
+      BLAS_CFLAGS := -DDDP_CBLAS
+      BLAS_LIBS   := $(BLAS_TRY)
+      BLAS_LINE   := CPU Linear through OpenBLAS (cblas_sgemm)
+    endif
+  endif
+endif
+BLAS_LINE ?= CPU Linear through the built-in blocked loop (no CBLAS found; install libopenblas-dev for speed)
+ifeq ($(CBLAS),0)
+  BLAS_LINE := CBLAS=0: CPU Linear through the built-in blocked loop
+endif
+
+ifeq ($(filter clean help,$(MAKECMDGOALS)),)
+  $(info ddp.h build: $(CUDA_LINE); $(BLAS_LINE))
+endif
+
+DDP_CFLAGS := -I. $(CUDA_CFLAGS) $(BLAS_CFLAGS)
+DDP_LIBS   := $(CUDA_LIBS) $(BLAS_LIBS) -lpthread -lm
+export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS
+
+EXAMPLES := $(BUILD)/examples/01_single_gpu
+TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu
+
+.PHONY: all test test-gpu sanitize install uninstall clean help
+all: $(EXAMPLES) $(TESTS)
+
+$(BUILD)/examples/%: examples/%.c ddp.h
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
+
+$(BUILD)/tests/%: tests/%.c ddp.h tests/harness.h
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
+
+# The CPU suite: unit tests, compile modes, the chapter-1 example's accuracy bars.
+test: all
+	@BUILD=$(BUILD) bash tests/run.sh
+
+# The GPU tests; on a machine without a GPU they fail (make test skips them instead).
+test-gpu: all
+	@BUILD=$(BUILD) bash tests/run.sh --gpu
+
+# The CPU suite again under AddressSanitizer and UndefinedBehaviorSanitizer, in its own folder.
+# protect_shadow_gap=0 lets the CUDA runtime map its memory under ASan; the suppressions cover
+# allocations the CUDA libraries keep for the life of the process.
+SAN := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+sanitize:
+	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0 \
+	 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
+	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	 $(MAKE) --no-print-directory BUILD=$(BUILD)/sanitize CFLAGS="$(SAN)" LDFLAGS="$(SAN)" test
+
+# Installs ddp.h and a pkg-config file, so a student's build line is
+#   cc train.c $(pkg-config --cflags --libs ddp)
+install:
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 ddp.h $(DESTDIR)$(PREFIX)/include/ddp.h
+	printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$${prefix}/include' '' 'Name: ddp' \
+	  'Description: Distributed Data Parallel training in one C header' 'Version: $(VERSION)' \
+	  'Cflags: -I$${includedir} $(CUDA_CFLAGS) $(BLAS_CFLAGS)' 'Libs: $(DDP_LIBS)' \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ddp.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/include/ddp.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/ddp.pc
+
+clean:
+	rm -rf $(BUILD)
+
+help:
+	@echo "make            build examples and tests under $(BUILD)/"
+	@echo "make test       run the CPU test suite (last line: N passed, N failed, N skipped)"
+	@echo "make test-gpu   run the GPU tests (needs a GPU)"
+	@echo "make sanitize   run the CPU suite under ASan and UBSan"
+	@echo "make install    install ddp.h and ddp.pc under PREFIX ($(PREFIX))"

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The test runner behind `make test` (and `make test-gpu` with --gpu). Runs every test program and
+# the shell-level checks below, and ends with one line: N passed, N failed, N skipped.
+# Each case reports one line, "ok   name", "FAIL name" or "skip name: reason"; a skip is never a pass.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+GPU_ONLY=0
+[ "${1:-}" = "--gpu" ] && GPU_ONLY=1
+pass=0 fail=0 skip=0
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+ok()   { echo "ok   $1"; pass=$((pass + 1)); }
+bad()  { echo "FAIL $1"; shift; for l in "$@"; do echo "    $l"; done; fail=$((fail + 1)); }
+skp()  { echo "skip $1: $2"; skip=$((skip + 1)); }
+
+# Run one test program and count the lines it prints; a crash without a FAIL line is a failure.
+run_prog() {
+    local name=$1; shift
+    local out rc p f s
+    echo "== $name"
+    out=$("$@" 2>&1); rc=$?
+    printf '%s\n' "$out"
+    p=$(grep -c '^ok ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out"); s=$(grep -c '^skip ' <<<"$out")
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then bad "$name" "exited with status $rc without reporting a failed case"; fi
+    if [ $((p + f + s)) -eq 0 ] && [ $rc -eq 0 ]; then bad "$name" "reported no case at all"; fi
+}
+
+# ---- the GPU suite (make test-gpu) -----------------------------------------------------------
+if [ $GPU_ONLY = 1 ]; then
+    run_prog test_gpu env DDP_REQUIRE_GPU=1 "$BUILD/tests/test_gpu"
+    out=$("$BUILD/examples/01_single_gpu" --device cuda --save-every 0 --checkpoint "$TMP/c" 2>&1)
+    acc=$(sed -n 's/^test accuracy: //p' <<<"$out")
+    if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= 0.95)}"; then ok "example01_gpu_wine_accuracy ($acc)"
+    else bad example01_gpu_wine_accuracy "$(tail -n 3 <<<"$out")"; fi
+    echo "$pass passed, $fail failed, $skip skipped"
+    [ $fail -eq 0 ]; exit
+fi
+
+# ---- unit tests ------------------------------------------------------------------------------
+for t in test_basics test_nn test_data test_gpu; do
+    run_prog "$t" "$BUILD/tests/$t"
+done
+
+# ---- the header in every compile mode, warnings as errors, linked and run ---------------------
+echo "== compile modes"
+WFLAGS="-Wall -Wextra -pedantic -Werror"
+compile_mode() {  # name, compiler, flags (one word list), libraries (one word list)
+    local name=$1 cc=$2 flags=$3 libs=$4 out run=""
+    # shellcheck disable=SC2086
+    if out=$($cc $flags -I. tests/compile_smoke.c -o "$TMP/$name" $libs -lpthread -lm 2>&1) &&
+       run=$("$TMP/$name" 2>&1); then
+        ok "compile_$name"
+    else
+        bad "compile_$name" "$cc $flags tests/compile_smoke.c $libs" "$(head -n 5 <<<"$out"$'\n'"$run")"
+    fi
+}
+CCX=${CC:-cc}
+compile_mode c99_no_cuda "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA" ""
+compile_mode c99_static "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_STATIC" ""
+HAVE_GXX=0; command -v g++ >/dev/null 2>&1 && HAVE_GXX=1
+if [ $HAVE_GXX = 1 ]; then compile_mode cxx_no_cuda g++ "-x c++ $WFLAGS -DDDP_NO_CUDA" "-x none"
+else skp compile_cxx_no_cuda "no g++ on this machine"; fi
+if [ "${HAVE_CUDA:-0}" = 1 ]; then
+    compile_mode c99_cuda "$CCX" "-std=c99 $WFLAGS ${CUDA_CFLAGS:-}" "${CUDA_LIBS:-}"
+    if [ $HAVE_GXX = 1 ]; then compile_mode cxx_cuda g++ "-x c++ $WFLAGS ${CUDA_CFLAGS:-}" "-x none ${CUDA_LIBS:-}"
+    else skp compile_cxx_cuda "no g++ on this machine"; fi
+else
+    skp compile_c99_cuda "this build is CPU-only (see the make line above)"
+    skp compile_cxx_cuda "this build is CPU-only (see the make line above)"
+fi
+
+# ---- make install: the pkg-config line a student uses builds and runs chapter 1 --------------
+echo "== install"
+if command -v pkg-config >/dev/null 2>&1; then
+    if out=$(make --no-print-directory install PREFIX="$TMP/prefix" BUILD="$BUILD" 2>&1) &&
+       flags=$(PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig" pkg-config --cflags --libs ddp 2>&1) &&
+       cp examples/01_single_gpu.c "$TMP/train.c" &&
+       out=$(cd "$TMP" && ${CC:-cc} train.c $flags -o train 2>&1) &&
+       out=$("$TMP/train" --device cpu --epochs 2 --save-every 0 2>&1); then
+        ok "install_pkg_config_build"
+    else
+        bad "install_pkg_config_build" "$(tail -n 5 <<<"$out")"
+    fi
+else
+    skp install_pkg_config_build "pkg-config is not installed"
+fi
+
+# ---- the chapter-1 example, end to end ----------------------------------------------------------
+echo "== example 01"
+ex="$BUILD/examples/01_single_gpu"
+check_accuracy() {  # name, minimum, args...
+    local name=$1 min=$2; shift 2
+    local out acc
+    out=$("$ex" "$@" 2>&1)
+    acc=$(sed -n 's/^test accuracy: //p' <<<"$out")
+    if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= $min)}"; then ok "$name ($acc >= $min)"
+    else bad "$name" "expected test accuracy >= $min" "$(tail -n 3 <<<"$out")"; fi
+}
+check_accuracy example01_wine_cpu 0.95 --device cpu --checkpoint "$TMP/wine.ckpt"
+check_accuracy example01_digits_cpu 0.95 --device cpu --data digits --epochs 30 --save-every 0
+
+if [ -s "$TMP/wine.ckpt" ] && [ ! -e "$TMP/wine.ckpt.tmp."* ]; then ok example01_checkpoint_written
+else bad example01_checkpoint_written "no checkpoint at $TMP/wine.ckpt after --save-every 50"; fi
+
+expect_error() {  # name, text the error must contain, args...
+    local name=$1 want=$2; shift 2
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    if [ $rc -ne 0 ] && grep -qF -- "$want" <<<"$out"; then ok "$name"
+    else bad "$name" "expected a non-zero exit and \"$want\"; got status $rc:" "$(tail -n 3 <<<"$out")"; fi
+}
+if [ "$(uname)" = Linux ] && [ "${HAVE_CUDA:-0}" = 1 ] && ! "$BUILD/tests/test_gpu" 2>/dev/null | grep -q '^ok   gpu_streams_events'; then
+    expect_error example01_cuda_without_gpu "DDP_ERR_NO_GPU" "$ex" --device cuda
+elif [ "${HAVE_CUDA:-0}" = 0 ]; then
+    expect_error example01_cuda_without_cuda "DDP_ERR_NOT_BUILT" "$ex" --device cuda
+else
+    skp example01_cuda_without_gpu "this machine has a GPU"
+fi
+expect_error example01_missing_data "DDP_DATA_DIR" "$ex" --data-dir "$TMP/nowhere"
+expect_error example01_bad_device "is not one of cpu, cuda" "$ex" --device tpu
+printf 'a,b,label\n1,2,0\n3,x,1\n' > "$TMP/bad.csv"
+expect_error example01_bad_csv "bad.csv:3: column 2" "$ex" --data "$TMP/bad.csv"
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]
