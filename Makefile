@@ -85,10 +85,16 @@ DDP_LIBS   := $(CUDA_LIBS) $(BLAS_LIBS) -lpthread -lm
 export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS
 
 EXAMPLES := $(BUILD)/examples/01_single_gpu
-TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu
+TOOLS    := $(BUILD)/ddprun
+TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu \
+            $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg
 
 .PHONY: all test test-gpu sanitize install uninstall clean help
-all: $(EXAMPLES) $(TESTS)
+all: $(EXAMPLES) $(TOOLS) $(TESTS)
+
+$(BUILD)/%: tools/%.c ddp.h
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
 
 $(BUILD)/examples/%: examples/%.c ddp.h
 	@mkdir -p $(@D)
@@ -118,16 +124,18 @@ sanitize:
 
 # Installs ddp.h and a pkg-config file, so a student's build line is
 #   cc train.c $(pkg-config --cflags --libs ddp)
-install:
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+install: $(TOOLS)
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 ddp.h $(DESTDIR)$(PREFIX)/include/ddp.h
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
 	printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$${prefix}/include' '' 'Name: ddp' \
 	  'Description: Distributed Data Parallel training in one C header' 'Version: $(VERSION)' \
 	  'Cflags: -I$${includedir} $(CUDA_CFLAGS) $(BLAS_CFLAGS)' 'Libs: $(DDP_LIBS)' \
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ddp.pc
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/include/ddp.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/ddp.pc
+	rm -f $(DESTDIR)$(PREFIX)/include/ddp.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/ddp.pc \
+	      $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(notdir $(TOOLS)))
 
 clean:
 	rm -rf $(BUILD)

@@ -49,13 +49,14 @@
         >>kernels   GPU kernels (compiled at run time by NVRTC), cuBLAS glue  1
         >>nn        parameters, Linear/ReLU/GELU, losses, SGD/Adam; backward   1
                     fires the per-parameter "gradient ready" hook
-        >>store     rendezvous key-value store                (not built yet: issue 4)
-        >>pg        process group, CPU ring and NCCL backends (not built yet: issue 4)
+        >>store     rendezvous key-value store                                2, 4
+        >>pg        process group: the CPU ring (>>ring), NCCL (>>nccl),      2-5
+                    collectives and their work handles
         >>data      data files, train/test split, batches; the distributed
                     sampler                                   (sampler: issue 5)
         >>reducer   buckets, hooks, overlap, no_sync          (not built yet: issue 5)
         >>snapshot  checkpoint files (simple format now; safetensors: issue 6)
-        >>launch    spawning ranks, ddprun                    (not built yet: issue 4)
+        >>launch    reading the launcher's environment, spawning ranks, ddprun 3-5
 
     GLOSSARY
     ========
@@ -184,7 +185,27 @@ extern "C" {
     X(DDP_ERR_DATA_FORMAT, "a data file is malformed",                                           \
       "the message names the file, line and column; compare with examples/data/README.md")      \
     X(DDP_ERR_CHECKPOINT, "a checkpoint file is damaged or belongs to another model",           \
-      "delete the file to start afresh, or load it into the model that wrote it")
+      "delete the file to start afresh, or load it into the model that wrote it")                \
+    X(DDP_ERR_ENV, "an environment variable that places this process in the job is wrong",      \
+      "the message names the variable: set it (a launcher such as build/ddprun sets them all)")  \
+    X(DDP_ERR_PORT_IN_USE, "MASTER_PORT is already in use on this machine",                      \
+      "pick another MASTER_PORT, stop the program holding it, or let ddprun --standalone choose")\
+    X(DDP_ERR_STORE_UNREACHABLE, "no rendezvous store answered at MASTER_ADDR:MASTER_PORT",      \
+      "start rank 0 too, and give every rank the same MASTER_ADDR and MASTER_PORT")              \
+    X(DDP_ERR_STORE_REFUSED, "the rendezvous store refused this process (another job's store?)",\
+      "every rank of one job needs the same DDP_JOB_TOKEN and library version; another job may "  \
+      "hold this port")                                                                          \
+    X(DDP_ERR_STORE_LOST, "the connection to the rendezvous store broke",                       \
+      "the process hosting it (rank 0) probably died: look at its output first")                 \
+    X(DDP_ERR_TIMEOUT, "a peer did not answer within the timeout",                               \
+      "a rank is stuck, stopped or calling another collective: see the message and each rank's " \
+      "last collectives; DDP_TIMEOUT sets the deadline")                                         \
+    X(DDP_ERR_PEER_LOST, "a connection to another rank broke",                                   \
+      "that rank died or its machine is unreachable: look at its output first")                  \
+    X(DDP_ERR_WORLD_MISMATCH, "the ranks disagree about the job (world size or rank numbers)",   \
+      "start every rank with the same WORLD_SIZE and a distinct RANK below it")                  \
+    X(DDP_ERR_LAUNCH, "a rank of the job failed or could not be started",                        \
+      "read that rank's output above: its own error comes first")
 
 #define DDP__STATUS_ENUM(name, cause, fix) name,
 typedef enum ddp_status { DDP__STATUS_TABLE(DDP__STATUS_ENUM) DDP__STATUS_COUNT } ddp_status;
@@ -480,6 +501,157 @@ DDP_API long ddp_optim_steps(const ddp_optim* o);
 DDP_API void ddp_optim_destroy(ddp_optim* o);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* >>store: the rendezvous key-value store                                       (chapters 2, 4) */
+/* ---------------------------------------------------------------------------------------------- */
+/* A small TCP key-value server that one process hosts (rank 0, at MASTER_ADDR:MASTER_PORT) and
+   every process uses as a client: the way ranks find each other before any collective exists.
+   The analogue of PyTorch's TCPStore. Every request carries the protocol version and the job
+   token; every length read from the network is bounded (DDP_STORE_MAX_KEY/VALUE); a connection
+   that sends garbage, the wrong token, or nothing at all is dropped with a log line. A job token
+   keeps stray jobs apart; it is not authentication against an attacker on your network. */
+
+#ifndef DDP_STORE_MAX_KEY
+#define DDP_STORE_MAX_KEY 256            /* bytes */
+#endif
+#ifndef DDP_STORE_MAX_VALUE
+#define DDP_STORE_MAX_VALUE (1 << 20)    /* bytes */
+#endif
+
+typedef struct ddp_store ddp_store;
+
+typedef struct ddp_store_desc {
+    const char* host;  /* where the server is; default MASTER_ADDR, else 127.0.0.1 */
+    int port;          /* default MASTER_PORT, else 29500; a server given port -1 picks a free one */
+    int is_server;     /* host the server in this process (on `port`, all interfaces) */
+    double timeout_s;  /* connect and every operation; default DDP_TIMEOUT, else 300 s (TCPStore's) */
+    const char* token; /* default DDP_JOB_TOKEN, else "" */
+} ddp_store_desc;
+
+/* Start a server (is_server) and connect a client to it, retrying with back-off until the
+   deadline. DDP_ERR_PORT_IN_USE when the port is taken, DDP_ERR_STORE_UNREACHABLE when no server
+   answers in time, DDP_ERR_STORE_REFUSED when the server rejects the token or version. */
+DDP_API ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out);
+/* Close the client and, if this process hosts it, stop the server. NULL is ignored. */
+DDP_API void ddp_store_destroy(ddp_store* s);
+/* The port the server listens on (useful after port -1). */
+DDP_API int ddp_store_port(const ddp_store* s);
+/* Set key to nbytes of value. DDP_ERR_INVALID_ARGUMENT for an oversized key or value;
+   DDP_ERR_STORE_LOST when the server is gone. */
+DDP_API ddp_status ddp_store_set(ddp_store* s, const char* key, const void* value, size_t nbytes);
+/* Wait until key exists (at most the timeout), then copy up to `capacity` bytes of its value into
+   buf; *nbytes gets the value's full size. DDP_ERR_TIMEOUT if it never appears. */
+DDP_API ddp_status ddp_store_get(ddp_store* s, const char* key, void* buf, size_t capacity, size_t* nbytes);
+/* Atomically add delta to the integer stored at key (missing = 0); *value gets the new value. */
+DDP_API ddp_status ddp_store_add(ddp_store* s, const char* key, int64_t delta, int64_t* value);
+/* Wait until every one of keys[0..n) exists, at most timeout_s (<= 0: the store's timeout).
+   DDP_ERR_TIMEOUT naming the first missing key. */
+DDP_API ddp_status ddp_store_wait(ddp_store* s, const char* const* keys, int n, double timeout_s);
+/* Block until `count` callers have reached the barrier called `name`. Each name is single-use. */
+DDP_API ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* >>pg: the process group, its backends and collectives                        (chapters 2-5)   */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef enum ddp_backend {
+    DDP_BACKEND_DEFAULT = 0, /* DDP_BACKEND in the environment, else nccl on a GPU, else cpu */
+    DDP_BACKEND_CPU,         /* the ring written out over sockets, on a communication thread */
+    DDP_BACKEND_NCCL         /* NVIDIA's library (one rank per GPU) */
+} ddp_backend;
+
+typedef enum ddp_reduce_op { DDP_SUM = 0, DDP_AVG, DDP_MAX } ddp_reduce_op;
+
+typedef struct ddp_desc {
+    ddp_backend backend;
+    ddp_device device;       /* where collective buffers live; default: cuda:LOCAL_RANK with a
+                                usable GPU, else cpu */
+    /* Explicit placement beats every environment variable. Rank 0 is a real rank, so the
+       numbers count only when `explicit_rank` is set. */
+    int explicit_rank;
+    int rank, world_size, local_rank, local_world_size;
+    const char* master_addr; /* default MASTER_ADDR (SLURM: the first host of the job) */
+    int master_port;         /* <= 0: MASTER_PORT, else (SLURM) 15000 + last 4 digits of
+                                SLURM_JOB_ID, else 29500 */
+    double timeout_s;        /* every store operation, connection and collective wait;
+                                default DDP_TIMEOUT, else 300 s */
+    const char* token;       /* default DDP_JOB_TOKEN, else "" */
+    ddp_log_fn log;          /* default: stderr */
+    void* log_user;
+} ddp_desc;
+
+/* Where this process sits in the job, as ddp_init resolves it (see ddp_env_resolve). */
+typedef struct ddp_env {
+    int rank, world_size, local_rank, local_world_size, node_rank;
+    char master_addr[256];
+    int master_port;
+    const char* source;      /* "explicit", "torchrun", "openmpi", "slurm" or "default" */
+} ddp_env;
+
+/* Resolve rank, world size, local rank and the master address from desc and the environment:
+   explicit beats torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK),
+   beats Open MPI's (OMPI_COMM_WORLD_*; MASTER_ADDR must be exported when there is more than one
+   process), beats SLURM's (counted when SLURM_PROCID and SLURM_NTASKS are set; the master is
+   the first host of SLURM_JOB_NODELIST and, without MASTER_PORT, the port is 15000 + the last
+   four digits of SLURM_JOB_ID); nothing set means a single process. Also sets the "[rank R/W]"
+   prefix of log lines. DDP_ERR_ENV naming the variable and what to set when one is missing,
+   non-numeric, out of range or inconsistent with the others; DDP_ERR_INVALID_ARGUMENT naming
+   the desc field for explicit values. */
+DDP_API ddp_status ddp_env_resolve(const ddp_desc* desc, ddp_env* out);
+/* The first host of a SLURM node list ("a,b", "node[1-4]", "gpu[01-02,07],cpu3") into out.
+   DDP_ERR_ENV for a malformed list. */
+DDP_API ddp_status ddp_slurm_first_host(const char* nodelist, char* out, size_t outsize);
+
+typedef struct ddp_pg ddp_pg;     /* a process group: every rank of the job */
+typedef struct ddp_work ddp_work; /* a collective in flight */
+
+/* Join the job (collective: every rank calls it): resolve the environment, start or reach the
+   store, check every rank agrees on the world size, and connect the backend. Errors: DDP_ERR_ENV,
+   the store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT, DDP_ERR_NCCL. */
+DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
+/* Leave the job and free everything (collective). NULL is ignored. */
+DDP_API void ddp_destroy(ddp_pg* pg);
+/* This process's rank, the world size, the local rank and local world size, the backend in use,
+   and the device collective buffers live on. */
+DDP_API int ddp_rank(const ddp_pg* pg);
+DDP_API int ddp_world_size(const ddp_pg* pg);
+DDP_API int ddp_local_rank(const ddp_pg* pg);
+DDP_API int ddp_local_world_size(const ddp_pg* pg);
+DDP_API ddp_backend ddp_pg_backend(const ddp_pg* pg);
+DDP_API ddp_device ddp_pg_device(const ddp_pg* pg);
+/* The store every rank shares (for your own keys; prefix them to avoid the library's "ddp/"). */
+DDP_API ddp_store* ddp_pg_store(ddp_pg* pg);
+/* Order later collectives after the work queued so far on `s` (e.g. the model's compute stream);
+   NULL: no ordering beyond the host's. */
+DDP_API void ddp_pg_set_stream(ddp_pg* pg, ddp_stream* s);
+/* Bytes this rank has sent and received through the backend since ddp_init. */
+DDP_API void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received);
+
+/* The collectives. Each is collective (every rank calls it, in the same order, with the same
+   count, dtype, op and root) and runs in the order issued. Buffers are on ddp_pg_device(pg);
+   counts are in elements. With work == NULL the call returns when the collective is done; with a
+   work pointer it returns at once and *work must be passed to ddp_work_wait. Errors:
+   DDP_ERR_INVALID_ARGUMENT before anything is sent; DDP_ERR_TIMEOUT, DDP_ERR_PEER_LOST naming the
+   collective, its sequence number and the peer. */
+/* buf[0..count) = op over all ranks of their buf (sum, average or maximum). */
+DDP_API ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
+                                  ddp_work** work);
+/* buf[0..count) = root's buf, on every rank. */
+DDP_API ddp_status ddp_broadcast(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, int root,
+                                 ddp_work** work);
+/* recv[r*count .. (r+1)*count) = rank r's send[0..count), for every r. */
+DDP_API ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
+                                  ddp_work** work);
+/* recv[0..count) = op over all ranks of their send[rank*count .. (rank+1)*count). */
+DDP_API ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv, size_t count,
+                                      ddp_dtype dtype, ddp_reduce_op op, ddp_work** work);
+/* Return when every rank has called it. */
+DDP_API ddp_status ddp_barrier(ddp_pg* pg);
+/* Wait for a collective (at most the group's timeout) and free the handle; returns its status. */
+DDP_API ddp_status ddp_work_wait(ddp_work* work);
+/* *done = 1 when the collective has finished (successfully or not), without blocking. */
+DDP_API ddp_status ddp_work_test(ddp_work* work, int* done);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* >>data: data files, train/test split, standardisation, batches                   (chapter 1)  */
 /* ---------------------------------------------------------------------------------------------- */
 
@@ -524,6 +696,24 @@ DDP_API ddp_status ddp_checkpoint_save(ddp_model* m, int epoch, const char* path
    version, parameter names and shapes, and a checksum before touching m: DDP_ERR_CHECKPOINT
    for a damaged or mismatched file (m unchanged), DDP_ERR_IO when it cannot be read. */
 DDP_API ddp_status ddp_checkpoint_load(ddp_model* m, const char* path, int* epoch);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* >>launch: reading the launcher's environment, spawning ranks, ddprun           (chapters 3-5) */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The function each spawned rank runs; its return value is the process's exit status. */
+typedef int (*ddp_spawn_fn)(int rank, void* arg);
+/* Run fn(rank, arg) in nproc new processes on this machine (torch.multiprocessing.spawn), each
+   with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT
+   a fresh DDP_JOB_TOKEN and GROUP_RANK=0 set, each in its own session. Returns when all have
+   ended: DDP_OK if every one returned 0, else DDP_ERR_LAUNCH naming the first rank that failed,
+   after stopping the others (SIGTERM, then SIGKILL after DDP_KILL_GRACE_S, default 5 s). Call
+   it early, before starting threads or any CUDA work: it forks, and a forked child can use
+   neither its parent's other threads nor its GPU context. */
+DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
+/* The ddprun launcher (build/ddprun; torchrun's analogue): parse torchrun-style flags from argv,
+   start the ranks and supervise them. Returns the exit status for main. */
+DDP_API int ddp_launcher_main(int argc, char** argv);
 
 #ifdef __cplusplus
 } /* extern "C" */
@@ -844,6 +1034,14 @@ DDP__DEF void ddp_permutation(int n, uint64_t seed, int* out) {
         out[i] = out[j];
         out[j] = t;
     }
+}
+
+/* FNV-1a, 64 bits: a checksum for files and a digest of the job token. */
+DDP__PRIVATE uint64_t ddp__fnv1a(const unsigned char* p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
 }
 
 DDP__PRIVATE void* ddp__malloc(size_t nbytes) { return nbytes ? DDP_MALLOC(nbytes) : NULL; }
@@ -1312,7 +1510,7 @@ DDP__DEF float ddp_bf16_to_f32(uint16_t h) {
 /* The kernel list: the name used in the source and the index used to launch it. */
 #define DDP__KERNEL_LIST(X)                                                                        \
     X(bias_add) X(bias_grad) X(relu_fwd) X(relu_bwd) X(gelu_fwd) X(gelu_bwd) X(xent) X(mse)        \
-    X(sgd) X(adam) X(f32_to_f16) X(f16_to_f32) X(f32_to_bf16) X(bf16_to_f32)
+    X(sgd) X(adam) X(f32_to_f16) X(f16_to_f32) X(f32_to_bf16) X(bf16_to_f32) X(reduce)
 
 #define DDP__KERNEL_ENUM(name) DDP__K_##name,
 enum { DDP__KERNEL_LIST(DDP__KERNEL_ENUM) DDP__K_COUNT };
@@ -1398,7 +1596,31 @@ static const char* const ddp__kernel_source[] = {
     "    d[i] = (x & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((x >> 16) | 0x40u)"
     " : (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16); } }\n",
     "extern \"C\" __global__ void ddp_k_bf16_to_f32(const unsigned short* s, float* d, long long n) {\n"
-    "  GRID_LOOP(i, n) d[i] = __uint_as_float((unsigned)s[i] << 16); }\n"
+    "  GRID_LOOP(i, n) d[i] = __uint_as_float((unsigned)s[i] << 16); }\n",
+    /* dst = (dst op src) / divisor for the NCCL ring: dtype 1 f32, 2 f16, 3 bf16; op 0 sum, 1 max.
+       Values are widened to f32, combined, and rounded back, as the CPU ring does. */
+    "__device__ float ddp_ld(const void* p, long long i, int t) {\n"
+    "  if (t == 2) { unsigned h = ((const unsigned short*)p)[i]; unsigned sg = (h & 0x8000u) << 16,"
+    " e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
+    "    if (e == 0) { float f = (float)m * 5.9604644775390625e-8f; return sg ? -f : f; }\n"
+    "    return __uint_as_float(e == 31 ? (sg | 0x7f800000u | (m << 13)) : (sg | ((e + 112u) << 23) | (m << 13))); }\n"
+    "  if (t == 3) return __uint_as_float((unsigned)((const unsigned short*)p)[i] << 16);\n"
+    "  return ((const float*)p)[i]; }\n"
+    "__device__ void ddp_st(void* p, long long i, int t, float v) {\n"
+    "  unsigned x = __float_as_uint(v);\n"
+    "  if (t == 2) { unsigned sg = (x >> 16) & 0x8000u, a = x & 0x7fffffffu; unsigned short h;\n"
+    "    if (a > 0x7f800000u) h = sg | 0x7e00u | ((a >> 13) & 0x3ffu);\n"
+    "    else if (a >= 0x477ff000u) h = sg | 0x7c00u;\n"
+    "    else if (a < 0x38800000u) h = sg | (__float_as_uint(__fadd_rn(__uint_as_float(a), 0.5f)) - 0x3f000000u);\n"
+    "    else h = sg | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13);\n"
+    "    ((unsigned short*)p)[i] = h; }\n"
+    "  else if (t == 3) ((unsigned short*)p)[i] = (x & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((x >> 16) | 0x40u)"
+    " : (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);\n"
+    "  else ((float*)p)[i] = v; }\n"
+    "extern \"C\" __global__ void ddp_k_reduce(void* dst, const void* src, long long n, int t, int op, float divisor) {\n"
+    "  GRID_LOOP(i, n) { float a = ddp_ld(dst, i, t), b = ddp_ld(src, i, t);\n"
+    "    float r = op == 1 ? fmaxf(a, b) : a + b; if (divisor != 1.f) r /= divisor;\n"
+    "    ddp_st(dst, i, t, r); } }\n"
 };
 #endif
 
@@ -2340,6 +2562,1898 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
 }
 
 /* ============================================================================================== */
+/* >>store: the rendezvous key-value store                                      (chapters 2, 4)  */
+/* ============================================================================================== */
+/*
+   Wire format (all integers little-endian). A request is a 20-byte header
+       u32 magic "DDPS"  u16 version  u16 op  u32 key bytes  u32 value bytes  u32 timeout (ms)
+   then the key, then the value. A reply is
+       u32 magic  u16 status  u16 0  u32 value bytes     then the value.
+   The first request on a connection must be HELLO with the job token as its value; the server
+   answers anything else, a wrong token or a wrong version by closing the connection. Lengths are
+   checked against DDP_STORE_MAX_KEY/VALUE before a byte of the body is read.
+
+   The server is one thread running poll() over every connection: a slow, silent or half-sent
+   client never blocks the others. GET and WAIT park the connection until the keys exist or the
+   request's own deadline passes, so a client's timeout is enforced by the server too.
+*/
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <arpa/inet.h>
+
+#define DDP__STORE_MAGIC 0x53504444u /* "DDPS" */
+#define DDP__STORE_VERSION 1
+enum { DDP__OP_HELLO = 1, DDP__OP_SET, DDP__OP_GET, DDP__OP_ADD, DDP__OP_WAIT, DDP__OP_CHECK };
+enum { DDP__ST_OK = 0, DDP__ST_TIMEOUT, DDP__ST_REFUSED, DDP__ST_BAD };
+
+/* ---- time and sockets: the portable pieces every network path uses ---------------------------- */
+
+DDP__PRIVATE double ddp__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+DDP__PRIVATE void ddp__sleep(double s) {
+    struct timespec ts;
+    if (s <= 0) return;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Milliseconds until `deadline` for poll(), at least 0 and at most a minute. */
+DDP__PRIVATE int ddp__ms_left(double deadline) {
+    double left = deadline - ddp__now();
+    if (left <= 0) return 0;
+    return left > 60 ? 60000 : (int)(left * 1000) + 1;
+}
+
+DDP__PRIVATE void ddp__sock_setup(int fd) {
+    int one = 1;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* small messages go at once */
+#ifdef SO_NOSIGPIPE
+    setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one); /* macOS: no SIGPIPE on a dead peer */
+#endif
+}
+#ifdef MSG_NOSIGNAL
+#define DDP__SEND_FLAGS MSG_NOSIGNAL /* Linux: a write to a dead peer is an error, not SIGPIPE */
+#else
+#define DDP__SEND_FLAGS 0
+#endif
+
+/* Send all n bytes before `deadline`. Returns 0, or -1 with errno (ETIMEDOUT on the deadline). */
+DDP__PRIVATE int ddp__send_all(int fd, const void* buf, size_t n, double deadline) {
+    const char* p = (const char*)buf;
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, DDP__SEND_FLAGS);
+        if (k > 0) {
+            p += k;
+            n -= (size_t)k;
+        } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            struct pollfd pf;
+            pf.fd = fd, pf.events = POLLOUT, pf.revents = 0;
+            if (ddp__now() >= deadline) { errno = ETIMEDOUT; return -1; }
+            poll(&pf, 1, ddp__ms_left(deadline));
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Receive exactly n bytes before `deadline`. Returns 0, or -1 with errno (ECONNRESET when the
+   peer closed the connection, ETIMEDOUT on the deadline). */
+DDP__PRIVATE int ddp__recv_all(int fd, void* buf, size_t n, double deadline) {
+    char* p = (char*)buf;
+    while (n > 0) {
+        ssize_t k = recv(fd, p, n, 0);
+        if (k > 0) {
+            p += k;
+            n -= (size_t)k;
+        } else if (k == 0) {
+            errno = ECONNRESET;
+            return -1;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            struct pollfd pf;
+            pf.fd = fd, pf.events = POLLIN, pf.revents = 0;
+            if (ddp__now() >= deadline) { errno = ETIMEDOUT; return -1; }
+            poll(&pf, 1, ddp__ms_left(deadline));
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* One non-blocking connect attempt to host:port, finished before `deadline`. Returns the socket
+   or -1 with errno (and, for a name that does not resolve, errno = EHOSTUNREACH). */
+DDP__PRIVATE int ddp__sock_connect(const char* host, int port, double deadline) {
+    struct addrinfo hints, *res = NULL, *ai;
+    char portstr[16];
+    int fd = -1, err = ECONNREFUSED;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(portstr, sizeof portstr, "%d", port);
+    if (getaddrinfo(host, portstr, &hints, &res) != 0 || !res) {
+        errno = EHOSTUNREACH;
+        return -1;
+    }
+    for (ai = res; ai; ai = ai->ai_next) {
+        struct pollfd pf;
+        int soerr = 0;
+        socklen_t len = sizeof soerr;
+        fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        if (fd < 0) { err = errno; continue; }
+        ddp__sock_setup(fd);
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
+        if (errno != EINPROGRESS) { err = errno; close(fd); fd = -1; continue; }
+        pf.fd = fd, pf.events = POLLOUT, pf.revents = 0;
+        if (poll(&pf, 1, ddp__ms_left(deadline)) == 1 &&
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr == 0)
+            break;
+        err = soerr ? soerr : ETIMEDOUT;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0) errno = err;
+    return fd;
+}
+
+/* Listen on all interfaces at `port` (0: any free port). Returns the socket or -1 with errno. */
+DDP__PRIVATE int ddp__sock_listen(int port, int* bound_port) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    /* SO_REUSEADDR lets a restarted job take the port while old connections linger in TIME_WAIT;
+       a port another program is listening on is still refused with EADDRINUSE. */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons((uint16_t)port);
+    if (bind(fd, (struct sockaddr*)&a, sizeof a) != 0 || listen(fd, 128) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    if (getsockname(fd, (struct sockaddr*)&a, &len) == 0 && bound_port) *bound_port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* "a.b.c.d:port" of a connected socket's far end, for log lines. */
+DDP__PRIVATE const char* ddp__peer_name(int fd, char* buf, size_t n) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char host[64] = "?", port[16] = "?";
+    if (getpeername(fd, (struct sockaddr*)&ss, &len) == 0)
+        getnameinfo((struct sockaddr*)&ss, len, host, sizeof host, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(buf, n, "%s:%s", host, port);
+    return buf;
+}
+
+DDP__PRIVATE void ddp__put_le32(unsigned char* p, uint32_t v) {
+    p[0] = (unsigned char)v, p[1] = (unsigned char)(v >> 8), p[2] = (unsigned char)(v >> 16), p[3] = (unsigned char)(v >> 24);
+}
+DDP__PRIVATE uint32_t ddp__le32(const unsigned char* p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+DDP__PRIVATE void ddp__put_le64(unsigned char* p, uint64_t v) {
+    ddp__put_le32(p, (uint32_t)v);
+    ddp__put_le32(p + 4, (uint32_t)(v >> 32));
+}
+DDP__PRIVATE uint64_t ddp__le64(const unsigned char* p) {
+    return (uint64_t)ddp__le32(p) | (uint64_t)ddp__le32(p + 4) << 32;
+}
+
+/* The timeout every blocking operation uses: desc value, else DDP_TIMEOUT (seconds), else 300. */
+DDP__PRIVATE double ddp__timeout(double from_desc) {
+    const char* v = getenv("DDP_TIMEOUT");
+    if (from_desc > 0) return from_desc;
+    if (v && *v) {
+        char* end;
+        double t = strtod(v, &end);
+        if (*end == 0 && t > 0) return t;
+        ddp_log(DDP_LOG_WARN, "DDP_TIMEOUT=%s is not a positive number of seconds; using 300", v);
+    }
+    return 300.0;
+}
+
+/* ---- the server ------------------------------------------------------------------------------------ */
+
+typedef struct ddp__kv { char* key; unsigned char* val; uint32_t len; } ddp__kv;
+
+typedef struct ddp__sconn {
+    int fd;
+    int hello;          /* 1 once the HELLO was accepted */
+    double since;       /* when the connection opened, or its partial message began */
+    unsigned char head[20];
+    size_t got;         /* bytes of header + body received so far */
+    unsigned char* body;
+    uint32_t op, klen, vlen, timeout_ms;
+    int parked;         /* a GET or WAIT waiting for keys */
+    double deadline;
+    char peer[64];
+} ddp__sconn;
+
+typedef struct ddp__server {
+    int listen_fd, port, wake[2];
+    pthread_t thread;
+    pthread_mutex_t lock; /* guards `stop` only; the data belongs to the server thread */
+    int stop;
+    double idle_s;        /* a silent newcomer or a stalled half message is dropped after this */
+    char token[128];
+    ddp__kv* kv;
+    int nkv, capkv;
+    ddp__sconn* conns;
+    int nconns, capconns;
+} ddp__server;
+
+DDP__PRIVATE ddp__kv* ddp__kv_find(ddp__server* s, const char* key, size_t klen) {
+    int i;
+    for (i = 0; i < s->nkv; i++)
+        if (strlen(s->kv[i].key) == klen && memcmp(s->kv[i].key, key, klen) == 0) return &s->kv[i];
+    return NULL;
+}
+
+/* Store a copy of value under key (replacing). Returns 0, or -1 when memory ran out. */
+DDP__PRIVATE int ddp__kv_set(ddp__server* s, const char* key, size_t klen, const void* val, uint32_t len) {
+    ddp__kv* e = ddp__kv_find(s, key, klen);
+    unsigned char* copy = (unsigned char*)ddp__malloc(len ? len : 1);
+    if (!copy) return -1;
+    if (len) memcpy(copy, val, len);
+    if (!e) {
+        if (s->nkv == s->capkv) {
+            int cap = s->capkv ? 2 * s->capkv : 64;
+            ddp__kv* grown = (ddp__kv*)ddp__malloc((size_t)cap * sizeof *grown);
+            if (!grown) { DDP_FREE(copy); return -1; }
+            if (s->nkv) memcpy(grown, s->kv, (size_t)s->nkv * sizeof *grown);
+            if (s->kv) DDP_FREE(s->kv);
+            s->kv = grown;
+            s->capkv = cap;
+        }
+        e = &s->kv[s->nkv];
+        e->key = (char*)ddp__malloc(klen + 1);
+        if (!e->key) { DDP_FREE(copy); return -1; }
+        memcpy(e->key, key, klen);
+        e->key[klen] = 0;
+        e->val = NULL;
+        s->nkv++;
+    }
+    if (e->val) DDP_FREE(e->val);
+    e->val = copy;
+    e->len = len;
+    return 0;
+}
+
+DDP__PRIVATE void ddp__sconn_close(ddp__server* s, int i, const char* why) {
+    ddp__sconn* c = &s->conns[i];
+    if (why) ddp_log(DDP_LOG_WARN, "store: dropped the connection from %s: %s", c->peer, why);
+    close(c->fd);
+    if (c->body) DDP_FREE(c->body);
+    s->conns[i] = s->conns[--s->nconns];
+}
+
+DDP__PRIVATE int ddp__sreply(ddp__sconn* c, int status, const void* val, uint32_t len) {
+    unsigned char h[12];
+    double deadline = ddp__now() + 5.0; /* a client that reads nothing cannot hold the server long */
+    ddp__put_le32(h, DDP__STORE_MAGIC);
+    h[4] = (unsigned char)status, h[5] = 0, h[6] = h[7] = 0;
+    ddp__put_le32(h + 8, len);
+    if (ddp__send_all(c->fd, h, 12, deadline) != 0) return -1;
+    if (len && ddp__send_all(c->fd, val, len, deadline) != 0) return -1;
+    return 0;
+}
+
+/* For WAIT and CHECK the value is a list of keys, each a u32 length and its bytes. Returns the
+   number of keys that exist, or -1 for a malformed list; *nkeys gets the list's length. */
+DDP__PRIVATE int ddp__count_present(ddp__server* s, const unsigned char* list, uint32_t len, int* nkeys) {
+    uint32_t pos = 0;
+    int present = 0;
+    *nkeys = 0;
+    while (pos < len) {
+        uint32_t k;
+        if (len - pos < 4) return -1;
+        k = ddp__le32(list + pos);
+        pos += 4;
+        if (k > DDP_STORE_MAX_KEY || k > len - pos) return -1;
+        present += ddp__kv_find(s, (const char*)list + pos, k) != NULL;
+        pos += k;
+        (*nkeys)++;
+    }
+    return present;
+}
+
+/* Try to answer a parked or new GET/WAIT: returns 1 if answered, 0 if it must keep waiting,
+   -1 if the connection must be dropped. */
+DDP__PRIVATE int ddp__serve_wait(ddp__server* s, ddp__sconn* c) {
+    const char* key = (const char*)c->body;
+    if (c->op == DDP__OP_GET) {
+        ddp__kv* e = ddp__kv_find(s, key, c->klen);
+        if (!e) return 0;
+        return ddp__sreply(c, DDP__ST_OK, e->val, e->len) == 0 ? 1 : -1;
+    } else {
+        int n, present = ddp__count_present(s, c->body + c->klen, c->vlen, &n);
+        if (present < 0) return -1;
+        if (present < n) return 0;
+        return ddp__sreply(c, DDP__ST_OK, NULL, 0) == 0 ? 1 : -1;
+    }
+}
+
+/* Act on one complete request. Returns 0 to keep the connection, -1 to drop it. */
+DDP__PRIVATE int ddp__serve(ddp__server* s, ddp__sconn* c) {
+    const char* key = (const char*)c->body;
+    const unsigned char* val = c->body + c->klen;
+    if (!c->hello) {
+        if (c->op != DDP__OP_HELLO) {
+            ddp_log(DDP_LOG_WARN, "store: %s sent a request before HELLO; dropped", c->peer);
+            return -1;
+        }
+        if (c->vlen != strlen(s->token) || memcmp(val, s->token, c->vlen) != 0) {
+            ddp__sreply(c, DDP__ST_REFUSED, "wrong job token", 15);
+            ddp_log(DDP_LOG_WARN, "store: refused %s: wrong job token (another job, or DDP_JOB_TOKEN "
+                    "differs between ranks)", c->peer);
+            return -1;
+        }
+        c->hello = 1;
+        return ddp__sreply(c, DDP__ST_OK, NULL, 0);
+    }
+    switch (c->op) {
+    case DDP__OP_SET:
+        if (ddp__kv_set(s, key, c->klen, val, c->vlen) != 0) return ddp__sreply(c, DDP__ST_BAD, "out of memory", 13);
+        return ddp__sreply(c, DDP__ST_OK, NULL, 0);
+    case DDP__OP_ADD: {
+        ddp__kv* e = ddp__kv_find(s, key, c->klen);
+        int64_t v = 0;
+        unsigned char out[8];
+        if (c->vlen != 8) return -1;
+        if (e) {
+            char num[32];
+            size_t n = e->len < sizeof num - 1 ? e->len : sizeof num - 1;
+            memcpy(num, e->val, n);
+            num[n] = 0;
+            v = strtoll(num, NULL, 10);
+        }
+        v += (int64_t)ddp__le64(val);
+        {
+            char num[32];
+            int n = snprintf(num, sizeof num, "%lld", (long long)v); /* stored as text, as TCPStore */
+            if (ddp__kv_set(s, key, c->klen, num, (uint32_t)n) != 0) return ddp__sreply(c, DDP__ST_BAD, "out of memory", 13);
+        }
+        ddp__put_le64(out, (uint64_t)v);
+        return ddp__sreply(c, DDP__ST_OK, out, 8);
+    }
+    case DDP__OP_CHECK: {
+        int n, present = ddp__count_present(s, val, c->vlen, &n);
+        unsigned char out[4];
+        if (present < 0) return -1;
+        ddp__put_le32(out, (uint32_t)present);
+        return ddp__sreply(c, DDP__ST_OK, out, 4);
+    }
+    case DDP__OP_GET:
+    case DDP__OP_WAIT: {
+        int r = ddp__serve_wait(s, c);
+        if (r != 0) return r > 0 ? 0 : -1;
+        c->parked = 1;
+        c->deadline = ddp__now() + c->timeout_ms / 1000.0;
+        return 0;
+    }
+    default:
+        ddp_log(DDP_LOG_WARN, "store: %s sent unknown operation %u; dropped", c->peer, c->op);
+        return -1;
+    }
+}
+
+/* Read what has arrived on connection i; act on a complete request. Returns -1 to drop. */
+DDP__PRIVATE int ddp__server_read(ddp__server* s, int i) {
+    ddp__sconn* c = &s->conns[i];
+    for (;;) {
+        size_t want;
+        unsigned char* dst;
+        ssize_t k;
+        if (c->parked) {
+            char b;
+            /* a parked client sends nothing; data or EOF here means it gave up or misbehaves */
+            k = recv(c->fd, &b, 1, MSG_PEEK);
+            if (k == 0) return -1;
+            if (k > 0) {
+                ddp_log(DDP_LOG_WARN, "store: %s sent data while waiting for a reply; dropped", c->peer);
+                return -1;
+            }
+            return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        }
+        if (c->got < 20) {
+            want = 20 - c->got;
+            dst = c->head + c->got;
+        } else {
+            want = (size_t)c->klen + c->vlen - (c->got - 20);
+            dst = c->body + (c->got - 20);
+        }
+        k = want ? recv(c->fd, dst, want, 0) : 0;
+        if (want && k == 0) return -1; /* the client closed */
+        if (want && k < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        if (c->got == 0 && k > 0) c->since = ddp__now();
+        c->got += (size_t)k;
+        if (c->got == 20 && !c->body) {
+            /* the header is complete: check it before accepting a byte of the body */
+            if (ddp__le32(c->head) != DDP__STORE_MAGIC) {
+                ddp_log(DDP_LOG_WARN, "store: %s is not speaking this protocol (bad magic); dropped", c->peer);
+                return -1;
+            }
+            if ((c->head[4] | c->head[5] << 8) != DDP__STORE_VERSION) {
+                ddp__sreply(c, DDP__ST_REFUSED, "protocol version mismatch", 25);
+                ddp_log(DDP_LOG_WARN, "store: %s speaks protocol version %d, this server %d: every rank must "
+                        "use the same ddp.h; dropped", c->peer, c->head[4] | c->head[5] << 8, DDP__STORE_VERSION);
+                return -1;
+            }
+            c->op = (uint32_t)(c->head[6] | c->head[7] << 8);
+            c->klen = ddp__le32(c->head + 8);
+            c->vlen = ddp__le32(c->head + 12);
+            c->timeout_ms = ddp__le32(c->head + 16);
+            if (c->klen > DDP_STORE_MAX_KEY || c->vlen > DDP_STORE_MAX_VALUE ||
+                (!c->hello && c->vlen > sizeof s->token)) {
+                ddp_log(DDP_LOG_WARN, "store: %s announced a %u-byte key and %u-byte value, over the limits "
+                        "(%d, %d); dropped", c->peer, c->klen, c->vlen, DDP_STORE_MAX_KEY, DDP_STORE_MAX_VALUE);
+                return -1;
+            }
+            c->body = (unsigned char*)ddp__malloc((size_t)c->klen + c->vlen + 1);
+            if (!c->body) return -1;
+        }
+        if (c->got >= 20 && c->got == 20 + (size_t)c->klen + c->vlen) {
+            int r = ddp__serve(s, c);
+            if (!c->parked) {
+                DDP_FREE(c->body);
+                c->body = NULL;
+                c->got = 0;
+            }
+            if (r != 0) return -1;
+        }
+    }
+}
+
+/* After a SET or ADD, answer every parked request whose keys now exist. */
+DDP__PRIVATE void ddp__server_wake_parked(ddp__server* s) {
+    int i;
+    for (i = 0; i < s->nconns; i++) {
+        ddp__sconn* c = &s->conns[i];
+        int r;
+        if (!c->parked) continue;
+        r = ddp__serve_wait(s, c);
+        if (r == 0) continue;
+        c->parked = 0;
+        DDP_FREE(c->body);
+        c->body = NULL;
+        c->got = 0;
+        if (r < 0) ddp__sconn_close(s, i--, "lost while answering");
+    }
+}
+
+static void* ddp__server_main(void* arg) {
+    ddp__server* s = (ddp__server*)arg;
+    struct pollfd* pf = NULL;
+    int cap = 0;
+    for (;;) {
+        int i, n = s->nconns + 2, stop;
+        double now = ddp__now(), next = now + 1.0;
+        pthread_mutex_lock(&s->lock);
+        stop = s->stop;
+        pthread_mutex_unlock(&s->lock);
+        if (stop) break;
+        if (n > cap) {
+            struct pollfd* grown = (struct pollfd*)ddp__malloc((size_t)n * 2 * sizeof *grown);
+            if (!grown) { ddp__sleep(0.01); continue; }
+            if (pf) DDP_FREE(pf);
+            pf = grown;
+            cap = n * 2;
+        }
+        /* Expire: parked requests past their deadline, silent newcomers, stalled partial messages. */
+        for (i = 0; i < s->nconns; i++) {
+            ddp__sconn* c = &s->conns[i];
+            if (c->parked && now >= c->deadline) {
+                c->parked = 0;
+                DDP_FREE(c->body);
+                c->body = NULL;
+                c->got = 0;
+                if (ddp__sreply(c, DDP__ST_TIMEOUT, NULL, 0) != 0) ddp__sconn_close(s, i--, NULL);
+            } else if (!c->hello && now - c->since > s->idle_s) {
+                ddp__sconn_close(s, i--, "it sent no valid HELLO in time");
+            } else if (c->hello && c->got > 0 && !c->parked && now - c->since > s->idle_s) {
+                ddp__sconn_close(s, i--, "it sent half a message and then nothing");
+            } else if (c->parked && c->deadline < next) {
+                next = c->deadline;
+            }
+        }
+        pf[0].fd = s->listen_fd, pf[0].events = POLLIN, pf[0].revents = 0;
+        pf[1].fd = s->wake[0], pf[1].events = POLLIN, pf[1].revents = 0;
+        for (i = 0; i < s->nconns; i++) pf[i + 2].fd = s->conns[i].fd, pf[i + 2].events = POLLIN, pf[i + 2].revents = 0;
+        n = s->nconns + 2;
+        if (poll(pf, (nfds_t)n, ddp__ms_left(next)) < 0 && errno != EINTR) ddp__sleep(0.01);
+        if (pf[1].revents) {
+            char b[16];
+            while (read(s->wake[0], b, sizeof b) > 0) {
+            }
+        }
+        /* Existing connections first (indexes shift when one closes, so walk from the end). */
+        for (i = n - 3; i >= 0; i--) {
+            int fd, r, j;
+            if (i >= s->nconns || !(pf[i + 2].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            fd = s->conns[i].fd;
+            r = ddp__server_read(s, i);
+            /* A request served just before the client hung up (set, then exit) must still wake
+               the requests waiting for its key, so wake first and drop afterwards. */
+            ddp__server_wake_parked(s);
+            if (r != 0)
+                for (j = 0; j < s->nconns; j++)
+                    if (s->conns[j].fd == fd) {
+                        ddp__sconn_close(s, j, NULL);
+                        break;
+                    }
+        }
+        if (pf[0].revents & POLLIN) {
+            for (;;) {
+                int fd = accept(s->listen_fd, NULL, NULL);
+                ddp__sconn* c;
+                if (fd < 0) break;
+                if (s->nconns == s->capconns) {
+                    int capc = s->capconns ? 2 * s->capconns : 16;
+                    ddp__sconn* grown = (ddp__sconn*)ddp__malloc((size_t)capc * sizeof *grown);
+                    if (!grown) { close(fd); break; }
+                    if (s->nconns) memcpy(grown, s->conns, (size_t)s->nconns * sizeof *grown);
+                    if (s->conns) DDP_FREE(s->conns);
+                    s->conns = grown;
+                    s->capconns = capc;
+                }
+                ddp__sock_setup(fd);
+                c = &s->conns[s->nconns++];
+                memset(c, 0, sizeof *c);
+                c->fd = fd;
+                c->since = ddp__now();
+                ddp__peer_name(fd, c->peer, sizeof c->peer);
+            }
+        }
+    }
+    if (pf) DDP_FREE(pf);
+    return NULL;
+}
+
+DDP__PRIVATE void ddp__server_free(ddp__server* s) {
+    int i;
+    while (s->nconns) ddp__sconn_close(s, s->nconns - 1, NULL);
+    for (i = 0; i < s->nkv; i++) {
+        DDP_FREE(s->kv[i].key);
+        if (s->kv[i].val) DDP_FREE(s->kv[i].val);
+    }
+    if (s->kv) DDP_FREE(s->kv);
+    if (s->conns) DDP_FREE(s->conns);
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    if (s->wake[0] >= 0) close(s->wake[0]);
+    if (s->wake[1] >= 0) close(s->wake[1]);
+    pthread_mutex_destroy(&s->lock);
+    DDP_FREE(s);
+}
+
+DDP__PRIVATE ddp_status ddp__server_start(int port, const char* token, double timeout, ddp__server** out) {
+    ddp__server* s = (ddp__server*)ddp__calloc(sizeof *s);
+    int e;
+    *out = NULL;
+    if (!s) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the store server failed");
+    s->wake[0] = s->wake[1] = -1;
+    s->idle_s = timeout < 10.0 ? timeout : 10.0;
+    pthread_mutex_init(&s->lock, NULL);
+    snprintf(s->token, sizeof s->token, "%s", token);
+    s->listen_fd = ddp__sock_listen(port < 0 ? 0 : port, &s->port);
+    if (s->listen_fd < 0) {
+        e = errno;
+        ddp__server_free(s);
+        if (e == EADDRINUSE)
+            return ddp__fail(DDP_ERR_PORT_IN_USE,
+                             "the rendezvous store cannot listen on port %d: it is already in use (another "
+                             "job or program holds it; `ss -ltnp | grep :%d` shows which). Pick another "
+                             "MASTER_PORT, or let ddprun --standalone choose a free one", port, port);
+        return ddp__fail(DDP_ERR_IO, "the rendezvous store cannot listen on port %d: %s", port, strerror(e));
+    }
+    if (pipe(s->wake) != 0 || pthread_create(&s->thread, NULL, ddp__server_main, s) != 0) {
+        e = errno;
+        ddp__server_free(s);
+        return ddp__fail(DDP_ERR_IO, "starting the store server thread failed: %s", strerror(e));
+    }
+    fcntl(s->wake[0], F_SETFL, fcntl(s->wake[0], F_GETFL) | O_NONBLOCK);
+    *out = s;
+    return DDP_OK;
+}
+
+DDP__PRIVATE void ddp__server_stop(ddp__server* s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->lock);
+    s->stop = 1;
+    pthread_mutex_unlock(&s->lock);
+    if (write(s->wake[1], "x", 1) < 0) {
+    }
+    pthread_join(s->thread, NULL);
+    ddp__server_free(s);
+}
+
+/* ---- the client ------------------------------------------------------------------------------------ */
+
+struct ddp_store {
+    int fd;
+    char host[256];
+    int port;
+    double timeout;
+    char token[128];
+    pthread_mutex_t lock; /* one request at a time: the training and communication threads share it */
+    ddp__server* server;  /* when this process hosts the store */
+};
+
+/* One request and its reply. *reply (may be NULL) gets DDP_MALLOC'd bytes. */
+DDP__PRIVATE ddp_status ddp__store_call(ddp_store* s, int op, const char* key, const void* val, size_t vlen,
+                                        double timeout, int* status, unsigned char** reply, uint32_t* rlen) {
+    unsigned char h[20], r[12];
+    size_t klen = key ? strlen(key) : 0;
+    /* the server enforces the request's own timeout; the extra seconds only detect a dead server */
+    double deadline = ddp__now() + timeout + 10.0;
+    uint32_t n;
+    int fail = 0;
+    if (klen > DDP_STORE_MAX_KEY || vlen > DDP_STORE_MAX_VALUE)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "store key of %zu bytes or value of %zu bytes is over the limit "
+                         "(DDP_STORE_MAX_KEY %d, DDP_STORE_MAX_VALUE %d)", klen, vlen, DDP_STORE_MAX_KEY,
+                         DDP_STORE_MAX_VALUE);
+    if (reply) *reply = NULL;
+    ddp__put_le32(h, DDP__STORE_MAGIC);
+    h[4] = DDP__STORE_VERSION & 0xff, h[5] = DDP__STORE_VERSION >> 8;
+    h[6] = (unsigned char)op, h[7] = 0;
+    ddp__put_le32(h + 8, (uint32_t)klen);
+    ddp__put_le32(h + 12, (uint32_t)vlen);
+    ddp__put_le32(h + 16, (uint32_t)(timeout * 1000 > 4e9 ? 4e9 : timeout * 1000));
+    pthread_mutex_lock(&s->lock);
+    if (ddp__send_all(s->fd, h, 20, deadline) || (klen && ddp__send_all(s->fd, key, klen, deadline)) ||
+        (vlen && ddp__send_all(s->fd, val, vlen, deadline)) || ddp__recv_all(s->fd, r, 12, deadline))
+        fail = 1;
+    if (!fail && ddp__le32(r) != DDP__STORE_MAGIC) fail = 2;
+    n = fail ? 0 : ddp__le32(r + 8);
+    if (!fail && n > DDP_STORE_MAX_VALUE) fail = 2;
+    if (!fail && n) {
+        unsigned char* b = (unsigned char*)ddp__malloc(n);
+        if (!b || ddp__recv_all(s->fd, b, n, deadline) != 0) fail = 1;
+        if (b && (fail || !reply)) DDP_FREE(b);
+        else if (b) *reply = b;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (fail)
+        return ddp__fail(DDP_ERR_STORE_LOST, "the rendezvous store at %s:%d %s (key \"%s\"): the process "
+                         "hosting it (rank 0) has probably exited or crashed", s->host, s->port,
+                         fail == 2 ? "sent a malformed reply" : errno == ETIMEDOUT ? "stopped answering" : "closed the connection",
+                         key ? key : "");
+    *status = r[4];
+    if (rlen) *rlen = n;
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s) {
+    int st = 0;
+    unsigned char* msg = NULL;
+    uint32_t n = 0;
+    DDP__TRY(ddp__store_call(s, DDP__OP_HELLO, NULL, s->token, strlen(s->token), 5.0, &st, &msg, &n));
+    if (st != DDP__ST_OK) {
+        char why[64] = "refused";
+        if (msg) snprintf(why, sizeof why, "%.*s", (int)(n < 60 ? n : 60), (const char*)msg);
+        if (msg) DDP_FREE(msg);
+        return ddp__fail(DDP_ERR_STORE_REFUSED,
+                         "the process listening at %s:%d refused this rank: %s. Either another job holds "
+                         "that port (pick another MASTER_PORT) or the ranks were given different "
+                         "DDP_JOB_TOKEN values (launch them together, e.g. with ddprun)", s->host, s->port, why);
+    }
+    if (msg) DDP_FREE(msg);
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out) {
+    ddp_store* s;
+    ddp_store_desc d;
+    const char* env;
+    double deadline, backoff = 0.01;
+    int last_err = 0;
+    ddp_status st;
+    *out = NULL;
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    s = (ddp_store*)ddp__calloc(sizeof *s);
+    if (!s) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a store failed");
+    s->fd = -1;
+    pthread_mutex_init(&s->lock, NULL);
+    env = getenv("MASTER_ADDR");
+    snprintf(s->host, sizeof s->host, "%s", d.host ? d.host : (env && *env) ? env : "127.0.0.1");
+    env = getenv("MASTER_PORT");
+    s->port = d.port ? d.port : (env && *env) ? atoi(env) : 29500;
+    s->timeout = ddp__timeout(d.timeout_s);
+    env = getenv("DDP_JOB_TOKEN");
+    snprintf(s->token, sizeof s->token, "%s", d.token ? d.token : (env ? env : ""));
+    if (d.is_server) {
+        st = ddp__server_start(s->port, s->token, s->timeout, &s->server);
+        if (st != DDP_OK) {
+            ddp_store_destroy(s);
+            return st;
+        }
+        s->port = s->server->port;
+    }
+    /* Connect, retrying with doubling back-off: the server may not be up yet. */
+    deadline = ddp__now() + s->timeout;
+    for (;;) {
+        s->fd = ddp__sock_connect(d.is_server ? "127.0.0.1" : s->host, s->port,
+                                  ddp__now() + 2.0 < deadline ? ddp__now() + 2.0 : deadline);
+        if (s->fd >= 0) break;
+        last_err = errno;
+        if (ddp__now() >= deadline) {
+            st = ddp__fail(DDP_ERR_STORE_UNREACHABLE,
+                           "no rendezvous store answered at %s:%d within %.0f s (last error: %s). Is rank 0 "
+                           "running, and do all ranks use the same MASTER_ADDR and MASTER_PORT?",
+                           s->host, s->port, s->timeout,
+                           last_err == EHOSTUNREACH ? "the address does not resolve or is unreachable"
+                                                    : strerror(last_err));
+            ddp_store_destroy(s); /* after the message: it quotes s */
+            return st;
+        }
+        ddp__sleep(deadline - ddp__now() < backoff ? deadline - ddp__now() : backoff);
+        backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
+    }
+    st = ddp__store_hello(s);
+    if (st != DDP_OK) {
+        ddp_store_destroy(s);
+        return st;
+    }
+    *out = s;
+    return DDP_OK;
+}
+
+DDP__DEF void ddp_store_destroy(ddp_store* s) {
+    if (!s) return;
+    if (s->fd >= 0) close(s->fd);
+    ddp__server_stop(s->server);
+    pthread_mutex_destroy(&s->lock);
+    DDP_FREE(s);
+}
+
+DDP__DEF int ddp_store_port(const ddp_store* s) { return s->port; }
+
+DDP__DEF ddp_status ddp_store_set(ddp_store* s, const char* key, const void* value, size_t nbytes) {
+    int st;
+    DDP__TRY(ddp__store_call(s, DDP__OP_SET, key, value, nbytes, s->timeout, &st, NULL, NULL));
+    return st == DDP__ST_OK ? DDP_OK : ddp__fail(DDP_ERR_OUT_OF_MEMORY, "the store could not keep \"%s\"", key);
+}
+
+DDP__DEF ddp_status ddp_store_get(ddp_store* s, const char* key, void* buf, size_t capacity, size_t* nbytes) {
+    int st;
+    unsigned char* v = NULL;
+    uint32_t n = 0;
+    DDP__TRY(ddp__store_call(s, DDP__OP_GET, key, NULL, 0, s->timeout, &st, &v, &n));
+    if (st == DDP__ST_TIMEOUT)
+        return ddp__fail(DDP_ERR_TIMEOUT, "key \"%s\" did not appear in the store within %.0f s: the rank that "
+                         "should set it is missing or stuck", key, s->timeout);
+    if (buf && n) memcpy(buf, v, n < capacity ? n : capacity);
+    if (v) DDP_FREE(v);
+    if (nbytes) *nbytes = n;
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_store_add(ddp_store* s, const char* key, int64_t delta, int64_t* value) {
+    int st;
+    unsigned char d[8], *v = NULL;
+    uint32_t n = 0;
+    ddp__put_le64(d, (uint64_t)delta);
+    DDP__TRY(ddp__store_call(s, DDP__OP_ADD, key, d, 8, s->timeout, &st, &v, &n));
+    if (n == 8 && value) *value = (int64_t)ddp__le64(v);
+    if (v) DDP_FREE(v);
+    return n == 8 ? DDP_OK : ddp__fail(DDP_ERR_STORE_LOST, "the store answered add(\"%s\") without a value", key);
+}
+
+/* Pack keys as a WAIT/CHECK list into a DDP_MALLOC'd buffer. */
+DDP__PRIVATE ddp_status ddp__key_list(const char* const* keys, int n, unsigned char** out, size_t* len) {
+    size_t total = 0, pos = 0;
+    int i;
+    for (i = 0; i < n; i++) {
+        if (strlen(keys[i]) > DDP_STORE_MAX_KEY)
+            return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "store key \"%.40s...\" is longer than %d bytes", keys[i],
+                             DDP_STORE_MAX_KEY);
+        total += 4 + strlen(keys[i]);
+    }
+    *out = (unsigned char*)ddp__malloc(total ? total : 1);
+    if (!*out) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a key list failed");
+    for (i = 0; i < n; i++) {
+        size_t k = strlen(keys[i]);
+        ddp__put_le32(*out + pos, (uint32_t)k);
+        memcpy(*out + pos + 4, keys[i], k);
+        pos += 4 + k;
+    }
+    *len = total;
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_store_wait(ddp_store* s, const char* const* keys, int n, double timeout_s) {
+    unsigned char* list;
+    size_t len;
+    int st;
+    ddp_status r;
+    double t = timeout_s > 0 ? timeout_s : s->timeout;
+    DDP__TRY(ddp__key_list(keys, n, &list, &len));
+    r = ddp__store_call(s, DDP__OP_WAIT, "", list, len, t, &st, NULL, NULL);
+    DDP_FREE(list);
+    DDP__TRY(r);
+    if (st == DDP__ST_TIMEOUT) {
+        int i, present = 0;
+        for (i = 0; i < n; i++) {
+            unsigned char* one;
+            size_t olen;
+            int st2;
+            uint32_t cnt = 0;
+            unsigned char* rep = NULL;
+            if (ddp__key_list(keys + i, 1, &one, &olen) != DDP_OK) break;
+            r = ddp__store_call(s, DDP__OP_CHECK, "", one, olen, 1.0, &st2, &rep, &cnt);
+            DDP_FREE(one);
+            if (r == DDP_OK && rep && cnt == 4) present = (int)ddp__le32(rep);
+            if (rep) DDP_FREE(rep);
+            if (r != DDP_OK || !present) break;
+        }
+        return ddp__fail(DDP_ERR_TIMEOUT, "waited %.0f s for %d store key%s; \"%s\" never appeared: the rank "
+                         "that should set it is missing or stuck", t, n, n == 1 ? "" : "s", i < n ? keys[i] : "?");
+    }
+    return DDP_OK;
+}
+
+/* How many of keys[0..n) exist now, without waiting. */
+DDP__PRIVATE ddp_status ddp__store_check(ddp_store* s, const char* const* keys, int n, int* present) {
+    unsigned char *list, *rep = NULL;
+    size_t len;
+    uint32_t cnt = 0;
+    int st;
+    ddp_status r;
+    DDP__TRY(ddp__key_list(keys, n, &list, &len));
+    r = ddp__store_call(s, DDP__OP_CHECK, "", list, len, s->timeout, &st, &rep, &cnt);
+    DDP_FREE(list);
+    if (r == DDP_OK) *present = (rep && cnt == 4) ? (int)ddp__le32(rep) : 0;
+    if (rep) DDP_FREE(rep);
+    return r;
+}
+
+DDP__DEF ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count) {
+    char key[DDP_STORE_MAX_KEY], done[DDP_STORE_MAX_KEY];
+    const char* keys[1];
+    int64_t arrived = 0;
+    snprintf(key, sizeof key, "ddp/barrier/%s", name);
+    snprintf(done, sizeof done, "ddp/barrier/%s/done", name);
+    DDP__TRY(ddp_store_add(s, key, 1, &arrived));
+    if (arrived == count) DDP__TRY(ddp_store_set(s, done, "1", 1));
+    keys[0] = done;
+    if (ddp_store_wait(s, keys, 1, 0) != DDP_OK)
+        return ddp__fail(DDP_ERR_TIMEOUT, "barrier \"%s\": only %lld of %d processes arrived within %.0f s",
+                         name, (long long)arrived, count, s->timeout);
+    return DDP_OK;
+}
+
+/* ============================================================================================== */
+/* >>pg: the process group, its backends and collectives                        (chapters 2-5)   */
+/* ============================================================================================== */
+/*
+   A collective is described by a ddp_work and handed to the backend. The CPU backend queues it
+   for its communication thread, which runs collectives one at a time in the order they were
+   issued (the order every rank must agree on) while the caller goes on computing; the NCCL
+   backend queues it on a CUDA stream. ddp_work_wait waits for one.
+
+   Backends sit behind one small table of function pointers, so that one binary runs the CPU ring
+   on a laptop and NCCL on a GPU node, and one test suite can run every backend:
+     connect  set up connections once the store is up (collective);
+     submit   start one collective (must not block on peers);
+     wait     block until that collective is done or its deadline passes;
+     destroy  close everything.
+*/
+
+enum { DDP__ALL_REDUCE = 1, DDP__BROADCAST, DDP__ALL_GATHER, DDP__REDUCE_SCATTER };
+
+struct ddp_work {
+    ddp_pg* pg;
+    int kind;
+    void* buf;             /* all-reduce and broadcast: in place; others: the output */
+    const void* send;      /* all-gather, reduce-scatter: the input */
+    size_t count;          /* elements (per rank for all-gather and reduce-scatter) */
+    ddp_dtype dtype;
+    ddp_reduce_op op;
+    int root;
+    uint64_t seq;          /* 1, 2, 3, ...: the same on every rank for the same collective */
+    ddp_event* ready;      /* GPU buffers: recorded on the producer's stream at submit */
+    int done;              /* guarded by pg->lock */
+    int abandoned;         /* the waiter gave up: the communication thread frees it */
+    ddp_status status;
+    char msg[sizeof ddp__err_msg]; /* the failure's message, carried to the waiting thread */
+    ddp_work* next;
+};
+
+typedef struct ddp__backend_vt {
+    const char* name;
+    ddp_status (*connect)(ddp_pg* pg);
+    ddp_status (*submit)(ddp_pg* pg, ddp_work* w);
+    ddp_status (*wait)(ddp_pg* pg, ddp_work* w);
+    void (*destroy)(ddp_pg* pg);
+} ddp__backend_vt;
+
+struct ddp_pg {
+    ddp_env env;
+    int rank, world;
+    ddp_backend backend;
+    ddp_device device;
+    double timeout;
+    ddp_store* store;
+    const ddp__backend_vt* vt;
+    uint64_t seq;              /* collectives issued */
+    ddp_stream* user_stream;   /* later collectives wait for work queued here */
+    uint64_t bytes_sent, bytes_received;
+    ddp_status broken;         /* after a failed collective the group cannot be trusted */
+    char broken_msg[sizeof ddp__err_msg];
+    /* the CPU backend */
+    int left_fd, right_fd;     /* ring: we receive from rank-1 and send to rank+1 */
+    pthread_t thread;
+    int thread_started, stop;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    ddp_work *head, *tail;
+    unsigned char* staging;    /* host copy of GPU buffers and scratch space */
+    size_t staging_bytes;
+    unsigned char* piece;      /* one received piece before it is reduced */
+    size_t piece_elems;
+    void* nccl;                /* the NCCL backend's state */
+};
+
+DDP__DEF int ddp_rank(const ddp_pg* pg) { return pg->rank; }
+DDP__DEF int ddp_world_size(const ddp_pg* pg) { return pg->world; }
+DDP__DEF int ddp_local_rank(const ddp_pg* pg) { return pg->env.local_rank; }
+DDP__DEF int ddp_local_world_size(const ddp_pg* pg) { return pg->env.local_world_size; }
+DDP__DEF ddp_backend ddp_pg_backend(const ddp_pg* pg) { return pg->backend; }
+DDP__DEF ddp_device ddp_pg_device(const ddp_pg* pg) { return pg->device; }
+DDP__DEF ddp_store* ddp_pg_store(ddp_pg* pg) { return pg->store; }
+DDP__DEF void ddp_pg_set_stream(ddp_pg* pg, ddp_stream* s) { pg->user_stream = s; }
+DDP__DEF void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received) {
+    if (sent) *sent = pg->bytes_sent;
+    if (received) *received = pg->bytes_received;
+}
+
+DDP__PRIVATE const char* ddp__coll_name(int kind) {
+    switch (kind) {
+    case DDP__ALL_REDUCE: return "all_reduce";
+    case DDP__BROADCAST: return "broadcast";
+    case DDP__ALL_GATHER: return "all_gather";
+    case DDP__REDUCE_SCATTER: return "reduce_scatter";
+    }
+    return "?";
+}
+DDP__PRIVATE const char* ddp__op_name(ddp_reduce_op op) {
+    return op == DDP_SUM ? "sum" : op == DDP_AVG ? "avg" : op == DDP_MAX ? "max" : "?";
+}
+
+/* ---- element-wise reduction: dst[i] = dst[i] (op) src[i], computed in f32 ---------------------- */
+
+DDP__PRIVATE void ddp__reduce(void* dst, const void* src, size_t n, ddp_dtype t, ddp_reduce_op op) {
+    size_t i;
+    if (t == DDP_F32 || t == DDP_DTYPE_DEFAULT) {
+        float* d = (float*)dst;
+        const float* s = (const float*)src;
+        if (op == DDP_MAX)
+            for (i = 0; i < n; i++) d[i] = s[i] > d[i] ? s[i] : d[i];
+        else
+            for (i = 0; i < n; i++) d[i] += s[i];
+    } else {
+        uint16_t* d = (uint16_t*)dst;
+        const uint16_t* s = (const uint16_t*)src;
+        int h = t == DDP_F16;
+        for (i = 0; i < n; i++) {
+            float a = h ? ddp_f16_to_f32(d[i]) : ddp_bf16_to_f32(d[i]);
+            float b = h ? ddp_f16_to_f32(s[i]) : ddp_bf16_to_f32(s[i]);
+            float r = op == DDP_MAX ? (b > a ? b : a) : a + b;
+            d[i] = h ? ddp_f32_to_f16(r) : ddp_f32_to_bf16(r);
+        }
+    }
+}
+
+/* dst[i] /= world: the last step of an average, done once by the rank that owns the segment. */
+DDP__PRIVATE void ddp__divide(void* buf, size_t n, ddp_dtype t, int world) {
+    size_t i;
+    if (t == DDP_F32 || t == DDP_DTYPE_DEFAULT) {
+        float* d = (float*)buf;
+        for (i = 0; i < n; i++) d[i] /= (float)world;
+    } else {
+        uint16_t* d = (uint16_t*)buf;
+        int h = t == DDP_F16;
+        for (i = 0; i < n; i++) {
+            float a = (h ? ddp_f16_to_f32(d[i]) : ddp_bf16_to_f32(d[i])) / (float)world;
+            d[i] = h ? ddp_f32_to_f16(a) : ddp_f32_to_bf16(a);
+        }
+    }
+}
+
+/* ---- the ring (>>ring) ---------------------------------------------------------------------------- */
+/*
+   The buffer is cut into `world` segments; segment s starts at seg_start(s) (the first count %
+   world segments hold one element more). Rank r sends to rank r+1 and receives from rank r-1.
+   One rule gives every step of both phases:
+
+       at step t, send segment (r - t + shift) mod W and receive segment (r - t - 1 + shift) mod W
+
+   Steps 0 .. W-2 are the reduce-scatter: the received segment is ADDED into ours, so after
+   W-1 steps rank r holds the full sum of segment (r + 1 + shift). Steps W-1 .. 2W-3 are the
+   all-gather: the received segment is COPIED over ours, passing every finished segment once
+   round the ring. What we send at step t is exactly what we received at step t-1, so each rank
+   sends 2(W-1) segments: 2(W-1)/W of the buffer, whatever the number of ranks (the relay that
+   sends the whole buffer W-1 times moves W/2 times more).
+
+   all-reduce runs steps 0 .. 2W-3 with shift 0; reduce-scatter runs 0 .. W-2 with shift -1 (so
+   rank r ends owning segment r); all-gather runs W-1 .. 2W-3 with shift -1 (rank r starts
+   owning segment r).
+
+   Pipelining: each segment travels in pieces of at most `piece` elements, and piece j of step t
+   may leave as soon as piece j of step t-1 has arrived and been reduced. One thread drives both
+   sockets with poll(): it sends while the kernel receives, and reduces while the kernel sends.
+*/
+
+DDP__PRIVATE size_t ddp__seg_start(size_t count, int world, int s) {
+    size_t base = count / (size_t)world, extra = count % (size_t)world;
+    return (size_t)s * base + ((size_t)s < extra ? (size_t)s : extra);
+}
+DDP__PRIVATE int ddp__mod(int a, int w) { return ((a % w) + w) % w; }
+
+typedef struct ddp__ring_cursor {
+    int t;        /* step */
+    size_t off;   /* elements of this step's segment already done */
+    size_t done;  /* pieces finished over all steps */
+} ddp__ring_cursor;
+
+/* Pieces in step t's segment. */
+DDP__PRIVATE size_t ddp__pieces(size_t seglen, size_t piece) { return (seglen + piece - 1) / piece; }
+
+/* The ring engine. Runs steps [t0, t1) of the rule above on buf (count elements of dtype) with
+   the given shift; reduce-scatter steps combine with `op` (dividing the owned segment by the world
+   size at the last such step for an average). Returns DDP_OK or a failure naming the peer. */
+DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, size_t count, int t0, int t1,
+                                  int shift) {
+    const int W = pg->world, r = pg->rank, left = ddp__mod(r - 1, W), right = ddp__mod(r + 1, W);
+    const size_t es = ddp_dtype_size(w->dtype), piece = pg->piece_elems;
+    const int detail = ddp_log_level_enabled() >= DDP_LOG_DETAIL;
+    ddp__ring_cursor snd, rcv;
+    size_t snd_sent = 0, rcv_got = 0; /* bytes of the current piece */
+    size_t *prefix;                   /* prefix[t - t0] = pieces received before step t */
+    double deadline = ddp__now() + pg->timeout;
+    int t;
+    prefix = (size_t*)ddp__malloc((size_t)(t1 - t0 + 1) * sizeof *prefix);
+    if (!prefix) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating ring bookkeeping failed");
+    prefix[0] = 0;
+    for (t = t0; t < t1; t++) {
+        int seg = ddp__mod(r - t - 1 + shift, W);
+        size_t len = ddp__seg_start(count, W, seg + 1) - ddp__seg_start(count, W, seg);
+        prefix[t - t0 + 1] = prefix[t - t0] + ddp__pieces(len, piece);
+    }
+    memset(&snd, 0, sizeof snd);
+    memset(&rcv, 0, sizeof rcv);
+    snd.t = rcv.t = t0;
+    while (snd.t < t1 || rcv.t < t1) {
+        struct pollfd pf[2];
+        int sseg = ddp__mod(r - snd.t + shift, W), rseg = ddp__mod(r - rcv.t - 1 + shift, W);
+        size_t s0 = ddp__seg_start(count, W, sseg), slen = ddp__seg_start(count, W, sseg + 1) - s0;
+        size_t r0 = ddp__seg_start(count, W, rseg), rlen = ddp__seg_start(count, W, rseg + 1) - r0;
+        size_t sn = slen - snd.off < piece ? slen - snd.off : piece;
+        size_t rn = rlen - rcv.off < piece ? rlen - rcv.off : piece;
+        /* piece j of step t leaves once piece j of step t-1 was received (same segment) */
+        int can_send = snd.t < t1 &&
+                       (snd.t == t0 || rcv.done > prefix[snd.t - 1 - t0] + snd.off / piece);
+        int n = 0, si = -1, ri = -1;
+        /* Steps whose segment is empty (count < world) pass at once. */
+        if (snd.t < t1 && slen == 0 && can_send) { snd.t++; continue; }
+        if (rcv.t < t1 && rlen == 0) { rcv.t++; continue; }
+        if (detail && snd.t < t1 && snd.off == 0 && snd_sent == 0 && can_send)
+            ddp_log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): send segment %d [%zu, %zu) to rank %d",
+                    ddp__coll_name(w->kind), (unsigned long long)w->seq, snd.t + 1, 2 * W - 2,
+                    snd.t < W - 1 ? "reduce-scatter" : "all-gather", sseg, s0, s0 + slen, right);
+        if (can_send) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
+        if (rcv.t < t1) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, ri = n++;
+        if (n == 0) break; /* cannot happen: a send waits only for a receive that is pending */
+        if (poll(pf, (nfds_t)n, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline) {
+            DDP_FREE(prefix);
+            return ddp__fail(DDP_ERR_TIMEOUT,
+                             "%s #%llu (%zu x %s) timed out after %.0f s at step %d waiting for rank %d "
+                             "(it sends to this rank): that rank is stuck, stopped, or calling a different "
+                             "collective (every rank must issue the same collectives in the same order)",
+                             ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
+                             ddp_dtype_name(w->dtype), pg->timeout, rcv.t + 1, left);
+        }
+        if (si >= 0 && (pf[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
+            ssize_t k = send(pg->right_fd, buf + (s0 + snd.off) * es + snd_sent, sn * es - snd_sent, DDP__SEND_FLAGS);
+            if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                int e = errno;
+                DDP_FREE(prefix);
+                return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): that rank has "
+                                 "probably died; look at its output", ddp__coll_name(w->kind),
+                                 (unsigned long long)w->seq, right, strerror(e));
+            }
+            if (k > 0) {
+                snd_sent += (size_t)k;
+                pg->bytes_sent += (uint64_t)k;
+                if (snd_sent == sn * es) {
+                    snd_sent = 0;
+                    snd.off += sn;
+                    snd.done++;
+                    if (snd.off == slen) snd.off = 0, snd.t++;
+                }
+            }
+        }
+        if (ri >= 0 && (pf[ri].revents & (POLLIN | POLLERR | POLLHUP))) {
+            int reducing = rcv.t < W - 1;
+            /* reduce-scatter pieces land in scratch and are then combined; all-gather pieces are
+               final and land in place */
+            unsigned char* dst = reducing ? pg->piece + rcv_got : buf + (r0 + rcv.off) * es + rcv_got;
+            ssize_t k = recv(pg->left_fd, dst, rn * es - rcv_got, 0);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                int e = k == 0 ? ECONNRESET : errno;
+                DDP_FREE(prefix);
+                return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection at step %d (%s): "
+                                 "that rank has probably died; look at its output", ddp__coll_name(w->kind),
+                                 (unsigned long long)w->seq, left, rcv.t + 1, k == 0 ? "end of stream" : strerror(e));
+            }
+            if (k > 0) {
+                rcv_got += (size_t)k;
+                pg->bytes_received += (uint64_t)k;
+                if (rcv_got == rn * es) {
+                    if (reducing) {
+                        unsigned char* mine = buf + (r0 + rcv.off) * es;
+                        ddp__reduce(mine, pg->piece, rn, w->dtype, w->op);
+                        if (rcv.t == W - 2 && w->op == DDP_AVG) ddp__divide(mine, rn, w->dtype, W);
+                    }
+                    if (detail && rcv.off == 0)
+                        ddp_log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): received segment %d [%zu, %zu) from "
+                                "rank %d and %s it", ddp__coll_name(w->kind), (unsigned long long)w->seq,
+                                rcv.t + 1, 2 * W - 2, reducing ? "reduce-scatter" : "all-gather", rseg, r0,
+                                r0 + rlen, left, reducing ? (w->op == DDP_MAX ? "took the maximum with" : "added") : "copied");
+                    rcv_got = 0;
+                    rcv.off += rn;
+                    rcv.done++;
+                    if (rcv.off == rlen) rcv.off = 0, rcv.t++;
+                }
+            }
+        }
+    }
+    DDP_FREE(prefix);
+    return DDP_OK;
+}
+
+/* Broadcast down the ring from the root: rank root sends to root+1, which passes each piece on
+   as soon as it has it, ... up to the rank before the root. Pipelined, so the time is close to
+   one transfer of the buffer rather than W-1 of them. */
+DDP__PRIVATE ddp_status ddp__ring_broadcast(ddp_pg* pg, ddp_work* w, unsigned char* buf) {
+    const int W = pg->world, r = pg->rank, left = ddp__mod(r - 1, W), right = ddp__mod(r + 1, W);
+    const size_t nbytes = w->count * ddp_dtype_size(w->dtype);
+    const int receives = r != w->root, sends = right != w->root;
+    size_t got = receives ? 0 : nbytes, sent = 0;
+    double deadline = ddp__now() + pg->timeout;
+    while ((sends && sent < nbytes) || got < nbytes) {
+        struct pollfd pf[2];
+        int n = 0, si = -1, ri = -1;
+        if (sends && sent < got) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
+        if (got < nbytes) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, ri = n++;
+        if (poll(pf, (nfds_t)n, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline)
+            return ddp__fail(DDP_ERR_TIMEOUT, "broadcast #%llu from rank %d timed out after %.0f s waiting for rank "
+                             "%d: that rank is stuck, stopped, or calling a different collective",
+                             (unsigned long long)w->seq, w->root, pg->timeout, got < nbytes ? left : right);
+        if (si >= 0 && (pf[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
+            ssize_t k = send(pg->right_fd, buf + sent, got - sent, DDP__SEND_FLAGS);
+            if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                return ddp__fail(DDP_ERR_PEER_LOST, "broadcast #%llu: sending to rank %d failed (%s): it has "
+                                 "probably died", (unsigned long long)w->seq, right, strerror(errno));
+            if (k > 0) sent += (size_t)k, pg->bytes_sent += (uint64_t)k;
+        }
+        if (ri >= 0 && (pf[ri].revents & (POLLIN | POLLERR | POLLHUP))) {
+            ssize_t k = recv(pg->left_fd, buf + got, nbytes - got, 0);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                return ddp__fail(DDP_ERR_PEER_LOST, "broadcast #%llu: rank %d closed its connection: it has "
+                                 "probably died", (unsigned long long)w->seq, left);
+            if (k > 0) got += (size_t)k, pg->bytes_received += (uint64_t)k;
+        }
+    }
+    return DDP_OK;
+}
+
+/* Make sure the host scratch holds nbytes; grown, never shrunk (fresh memory is slow to touch). */
+DDP__PRIVATE ddp_status ddp__staging(ddp_pg* pg, size_t nbytes) {
+    if (nbytes <= pg->staging_bytes) return DDP_OK;
+    ddp_free_pinned(pg->staging);
+    pg->staging = NULL;
+    pg->staging_bytes = 0;
+    DDP__TRY(ddp_alloc_pinned(nbytes, (void**)&pg->staging));
+    pg->staging_bytes = nbytes;
+    return DDP_OK;
+}
+
+/* Run one collective on the CPU backend's thread. GPU buffers are staged through pinned host
+   memory: copied down, reduced on the host, copied back. */
+DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w) {
+    const int W = pg->world;
+    const size_t es = ddp_dtype_size(w->dtype);
+    const int on_gpu = pg->device.type == DDP_DEVICE_CUDA;
+    size_t total = (w->kind == DDP__ALL_GATHER || w->kind == DDP__REDUCE_SCATTER) ? w->count * (size_t)W : w->count;
+    unsigned char* host;
+    ddp_status s = DDP_OK;
+    if (w->ready) DDP__TRY(ddp_event_sync(w->ready));
+    /* The buffer the ring works on: the user's own (host, in-place collectives), else scratch. */
+    if (!on_gpu && (w->kind == DDP__ALL_REDUCE || w->kind == DDP__BROADCAST)) {
+        host = (unsigned char*)w->buf;
+    } else {
+        DDP__TRY(ddp__staging(pg, total * es));
+        host = pg->staging;
+        if (w->kind == DDP__ALL_REDUCE || w->kind == DDP__BROADCAST)
+            DDP__TRY(ddp_copy(ddp__cpu(), host, pg->device, w->buf, total * es, NULL));
+        else if (w->kind == DDP__REDUCE_SCATTER)
+            DDP__TRY(ddp_copy(ddp__cpu(), host, pg->device, w->send, total * es, NULL));
+        else /* all-gather: our part goes to its place */
+            DDP__TRY(ddp_copy(ddp__cpu(), host + (size_t)pg->rank * w->count * es, pg->device, w->send,
+                              w->count * es, NULL));
+    }
+    if (W > 1) {
+        if (w->kind == DDP__ALL_REDUCE) s = ddp__ring(pg, w, host, w->count, 0, 2 * W - 2, 0);
+        else if (w->kind == DDP__REDUCE_SCATTER) s = ddp__ring(pg, w, host, total, 0, W - 1, -1);
+        else if (w->kind == DDP__ALL_GATHER) s = ddp__ring(pg, w, host, total, W - 1, 2 * W - 2, -1);
+        else s = ddp__ring_broadcast(pg, w, host);
+    }
+    if (s != DDP_OK) return s;
+    if (W == 1 && w->op == DDP_AVG && w->kind == DDP__REDUCE_SCATTER) {
+        /* nothing to divide: the average of one rank is itself */
+    }
+    if (w->kind == DDP__REDUCE_SCATTER)
+        return ddp_copy(pg->device, w->buf, ddp__cpu(), host + (size_t)pg->rank * w->count * es, w->count * es, NULL);
+    if (host != (unsigned char*)w->buf) return ddp_copy(pg->device, w->buf, ddp__cpu(), host, total * es, NULL);
+    return DDP_OK;
+}
+
+/* The communication thread: take collectives in issue order, run each, mark it done. */
+static void* ddp__comm_main(void* arg) {
+    ddp_pg* pg = (ddp_pg*)arg;
+#if DDP__CUDA
+    if (pg->device.type == DDP_DEVICE_CUDA) ddp_device_activate(pg->device);
+#endif
+    for (;;) {
+        ddp_work* w;
+        ddp_status s;
+        pthread_mutex_lock(&pg->lock);
+        while (!pg->head && !pg->stop) pthread_cond_wait(&pg->cond, &pg->lock);
+        if (!pg->head) {
+            pthread_mutex_unlock(&pg->lock);
+            break;
+        }
+        w = pg->head;
+        pthread_mutex_unlock(&pg->lock);
+        s = pg->broken ? pg->broken : ddp__cpu_run(pg, w);
+        pthread_mutex_lock(&pg->lock);
+        pg->head = w->next;
+        if (!pg->head) pg->tail = NULL;
+        w->status = s;
+        if (s != DDP_OK) {
+            snprintf(w->msg, sizeof w->msg, "%s", pg->broken ? pg->broken_msg : ddp_error_string());
+            if (!pg->broken) {
+                pg->broken = s;
+                snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+            }
+        }
+        w->done = 1;
+        if (w->abandoned) {
+            ddp_event_destroy(w->ready);
+            DDP_FREE(w);
+        }
+        pthread_cond_broadcast(&pg->cond);
+        pthread_mutex_unlock(&pg->lock);
+    }
+    return NULL;
+}
+
+DDP__PRIVATE ddp_status ddp__cpu_submit(ddp_pg* pg, ddp_work* w) {
+    pthread_mutex_lock(&pg->lock);
+    if (pg->tail) pg->tail->next = w;
+    else pg->head = w;
+    pg->tail = w;
+    pthread_cond_broadcast(&pg->cond);
+    pthread_mutex_unlock(&pg->lock);
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__cpu_wait(ddp_pg* pg, ddp_work* w) {
+    /* The communication thread enforces the collective's deadline on every socket wait; this
+       longer one only guards against the thread itself being stuck. */
+    double deadline = ddp__now() + pg->timeout * 2 + 10;
+    ddp_status s;
+    pthread_mutex_lock(&pg->lock);
+    while (!w->done) {
+        struct timespec ts;
+        struct timeval tv;
+        double at;
+        if (ddp__now() >= deadline) {
+            w->abandoned = 1;
+            pthread_mutex_unlock(&pg->lock);
+            return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu did not finish: the communication thread is stuck",
+                             ddp__coll_name(w->kind), (unsigned long long)w->seq);
+        }
+        /* pthread_cond_timedwait takes wall-clock time */
+        gettimeofday(&tv, NULL);
+        at = (double)tv.tv_sec + tv.tv_usec * 1e-6 + 0.5;
+        ts.tv_sec = (time_t)at;
+        ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&pg->cond, &pg->lock, &ts);
+    }
+    pthread_mutex_unlock(&pg->lock);
+    s = w->status;
+    if (s != DDP_OK) ddp__fail(s, "%s", w->msg);
+    return s;
+}
+
+/* Connect the ring: listen, publish our address, connect to rank+1, accept rank-1. */
+DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
+    char key[64], addr[300], host[256] = "127.0.0.1";
+    int lport = 0, lfd, r = pg->rank, W = pg->world, right = (r + 1) % W, left = (r - 1 + W) % W;
+    size_t n = 0;
+    double deadline = ddp__now() + pg->timeout;
+    unsigned char hello[16];
+    uint64_t tok = ddp__fnv1a((const unsigned char*)pg->store->token, strlen(pg->store->token));
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    const char* piece_env = getenv("DDP_RING_PIECE_BYTES");
+    size_t piece_bytes = piece_env && atol(piece_env) > 0 ? (size_t)atol(piece_env) : (size_t)256 << 10;
+    pg->left_fd = pg->right_fd = -1;
+    pg->piece_elems = piece_bytes / 4 ? piece_bytes / 4 : 1;
+    /* the scratch for one received piece, sized for the widest dtype (f32) */
+    pg->piece = (unsigned char*)ddp__malloc(pg->piece_elems * 4);
+    if (!pg->piece) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the ring's receive piece failed");
+    if (W == 1) return DDP_OK;
+    lfd = ddp__sock_listen(0, &lport);
+    if (lfd < 0) return ddp__fail(DDP_ERR_IO, "rank %d cannot listen for its ring neighbour: %s", r, strerror(errno));
+    /* The address peers reach us at: the one our store connection leaves from, since that
+       interface reaches the master and so, presumably, the other nodes too. */
+    if (getsockname(pg->store->fd, (struct sockaddr*)&ss, &sl) == 0)
+        getnameinfo((struct sockaddr*)&ss, sl, host, sizeof host, NULL, 0, NI_NUMERICHOST);
+    snprintf(addr, sizeof addr, "%s %d", host, lport);
+    snprintf(key, sizeof key, "ddp/ring/%d", r);
+    if (ddp_store_set(pg->store, key, addr, strlen(addr)) != DDP_OK) { close(lfd); return ddp_last_status(); }
+    snprintf(key, sizeof key, "ddp/ring/%d", right);
+    memset(addr, 0, sizeof addr);
+    if (ddp_store_get(pg->store, key, addr, sizeof addr - 1, &n) != DDP_OK) { close(lfd); return ddp_last_status(); }
+    {
+        char rhost[256];
+        int rport = 0;
+        if (sscanf(addr, "%255s %d", rhost, &rport) != 2) {
+            close(lfd);
+            return ddp__fail(DDP_ERR_WORLD_MISMATCH, "rank %d published a malformed ring address \"%s\"", right, addr);
+        }
+        pg->right_fd = ddp__sock_connect(rhost, rport, deadline);
+        if (pg->right_fd < 0) {
+            int e = errno;
+            close(lfd);
+            return ddp__fail(DDP_ERR_PEER_LOST, "rank %d cannot connect to rank %d at %s:%d: %s (a firewall, or "
+                             "the wrong network interface?)", r, right, rhost, rport, strerror(e));
+        }
+    }
+    /* Introduce ourselves: token digest and rank, so a stray connection is never taken for a peer. */
+    ddp__put_le64(hello, tok);
+    ddp__put_le32(hello + 8, (uint32_t)r);
+    ddp__put_le32(hello + 12, DDP__STORE_VERSION);
+    if (ddp__send_all(pg->right_fd, hello, 16, deadline) != 0) {
+        close(lfd);
+        return ddp__fail(DDP_ERR_PEER_LOST, "rank %d could not greet rank %d: %s", r, right, strerror(errno));
+    }
+    while (pg->left_fd < 0) {
+        struct pollfd pf;
+        int fd;
+        unsigned char got[16];
+        pf.fd = lfd, pf.events = POLLIN, pf.revents = 0;
+        if (poll(&pf, 1, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline) {
+            close(lfd);
+            return ddp__fail(DDP_ERR_TIMEOUT, "rank %d waited %.0f s for rank %d to connect", r, pg->timeout, left);
+        }
+        fd = accept(lfd, NULL, NULL);
+        if (fd < 0) continue;
+        ddp__sock_setup(fd);
+        if (ddp__recv_all(fd, got, 16, ddp__now() + 5.0) == 0 && ddp__le64(got) == tok &&
+            (int)ddp__le32(got + 8) == left && ddp__le32(got + 12) == DDP__STORE_VERSION) {
+            pg->left_fd = fd;
+        } else {
+            char peer[64];
+            ddp_log(DDP_LOG_WARN, "ring: refused a connection from %s that is not rank %d of this job",
+                    ddp__peer_name(fd, peer, sizeof peer), left);
+            close(fd);
+        }
+    }
+    close(lfd);
+    {
+        /* Big socket buffers let a whole piece sit in the kernel while the thread reduces. */
+        int big = 4 << 20;
+        setsockopt(pg->right_fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+        setsockopt(pg->left_fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+    }
+    return DDP_OK;
+}
+
+DDP__PRIVATE void ddp__cpu_destroy(ddp_pg* pg) {
+    if (pg->thread_started) {
+        pthread_mutex_lock(&pg->lock);
+        pg->stop = 1;
+        pthread_cond_broadcast(&pg->cond);
+        pthread_mutex_unlock(&pg->lock);
+        pthread_join(pg->thread, NULL);
+        pg->thread_started = 0;
+    }
+    if (pg->left_fd >= 0) close(pg->left_fd);
+    if (pg->right_fd >= 0) close(pg->right_fd);
+    pg->left_fd = pg->right_fd = -1;
+    ddp_free_pinned(pg->staging);
+    if (pg->piece) DDP_FREE(pg->piece);
+    pg->staging = pg->piece = NULL;
+}
+
+static const ddp__backend_vt ddp__cpu_backend = {"cpu", ddp__cpu_connect, ddp__cpu_submit, ddp__cpu_wait,
+                                                 ddp__cpu_destroy};
+
+/* ---- the NCCL backend (>>nccl) ------------------------------------------------------------------ */
+/*
+   One communicator per process group, made from an id that rank 0 draws and shares through the
+   store, created non-blocking so that every wait can keep a deadline. Collectives run on the
+   group's own stream, which first waits (by an event, not a host sync) for the work queued on the
+   producer's stream. ddp_work_wait polls the collective's end event and NCCL's asynchronous error
+   until the deadline; on a timeout the communicator is aborted so that no rank hangs.
+
+   DDP_NCCL_RING=1 swaps ncclAllReduce for the ring of >>ring written with ncclSend/ncclRecv and a
+   reduction kernel, so the tutorial can put the library call and the algorithm side by side.
+*/
+#if DDP__CUDA
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpedantic"
+#endif
+#include <nccl.h>
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+typedef struct ddp__nccl {
+    ncclComm_t comm;
+    ddp_stream* stream;
+    int own_ring;
+    void* scratch;          /* one received segment, for the hand-written ring */
+    size_t scratch_bytes;
+} ddp__nccl;
+
+DDP__PRIVATE ddp_status ddp__fail_nccl(ddp_pg* pg, ncclResult_t r, const char* call, int line) {
+    const char* last = (pg && pg->nccl) ? ncclGetLastError(((ddp__nccl*)pg->nccl)->comm) : "";
+    return ddp__fail(DDP_ERR_NCCL, "%s failed (ddp.h:%d): %s%s%s; likely cause: %s", call, line, ncclGetErrorString(r),
+                     last && *last ? " - " : "", last ? last : "",
+                     r == ncclSystemError ? "a network or system problem (NCCL_DEBUG=INFO shows which; on several "
+                                            "nodes check NCCL_SOCKET_IFNAME)"
+                     : r == ncclInvalidUsage ? "two ranks on one GPU, or collectives called in different orders"
+                     : r == ncclRemoteError ? "another rank failed or died"
+                                            : "see the NCCL documentation");
+}
+#define DDP__NCCL_TRY(call)                                                                              \
+    do {                                                                                           \
+        ncclResult_t nc_r_ = (call);                                                               \
+        if (nc_r_ != ncclSuccess && nc_r_ != ncclInProgress)                                       \
+            return ddp__fail_nccl(pg, nc_r_, #call, __LINE__);                                     \
+    } while (0)
+
+/* Wait until the non-blocking communicator has no operation in progress, or the deadline. */
+DDP__PRIVATE ddp_status ddp__nccl_settle(ddp_pg* pg, double deadline, const char* what) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    for (;;) {
+        ncclResult_t st = ncclSuccess;
+        DDP__NCCL_TRY(ncclCommGetAsyncError(n->comm, &st));
+        if (st == ncclSuccess) return DDP_OK;
+        if (st != ncclInProgress) return ddp__fail_nccl(pg, st, what, __LINE__);
+        if (ddp__now() >= deadline) {
+            ncclCommAbort(n->comm);
+            n->comm = NULL;
+            return ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the communicator was aborted "
+                             "(a rank is missing, stuck or on another collective)", what, pg->timeout);
+        }
+        ddp__sleep(0.0005);
+    }
+}
+
+DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
+    ddp__nccl* n;
+    ncclUniqueId id;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    size_t got = 0;
+    const char* ring = getenv("DDP_NCCL_RING");
+    n = (ddp__nccl*)ddp__calloc(sizeof *n);
+    if (!n) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the NCCL state failed");
+    pg->nccl = n;
+    n->own_ring = ring && *ring == '1';
+    DDP__TRY(ddp_device_activate(pg->device));
+    if (pg->rank == 0) {
+        DDP__NCCL_TRY(ncclGetUniqueId(&id));
+        DDP__TRY(ddp_store_set(pg->store, "ddp/nccl/id", &id, sizeof id));
+    } else {
+        DDP__TRY(ddp_store_get(pg->store, "ddp/nccl/id", &id, sizeof id, &got));
+        if (got != sizeof id)
+            return ddp__fail(DDP_ERR_NCCL, "the NCCL id in the store has %zu bytes, not %zu", got, sizeof id);
+    }
+    cfg.blocking = 0; /* so that creating the communicator, too, can time out */
+    DDP__NCCL_TRY(ncclCommInitRankConfig(&n->comm, pg->world, id, pg->rank, &cfg));
+    DDP__TRY(ddp__nccl_settle(pg, ddp__now() + pg->timeout, "ncclCommInitRankConfig"));
+    DDP__TRY(ddp_stream_create(pg->device, &n->stream));
+    return DDP_OK;
+}
+
+DDP__PRIVATE ncclDataType_t ddp__nccl_type(ddp_dtype t) {
+    return t == DDP_F16 ? ncclFloat16 : t == DDP_BF16 ? ncclBfloat16 : ncclFloat32;
+}
+
+/* The >>ring algorithm over NCCL point-to-point calls: the same segments and steps as the CPU
+   ring, each step one send to rank+1 and one receive from rank-1, then a reduction kernel. */
+DDP__PRIVATE ddp_status ddp__nccl_ring(ddp_pg* pg, ddp_work* w) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    const int W = pg->world, r = pg->rank, left = (r - 1 + W) % W, right = (r + 1) % W;
+    const size_t es = ddp_dtype_size(w->dtype);
+    unsigned char* buf = (unsigned char*)w->buf;
+    int t;
+    size_t maxseg = w->count / (size_t)W + 1;
+    if (maxseg * es > n->scratch_bytes) {
+        ddp_free(pg->device, n->scratch);
+        n->scratch = NULL;
+        n->scratch_bytes = 0;
+        DDP__TRY(ddp_alloc(pg->device, maxseg * es, &n->scratch));
+        n->scratch_bytes = maxseg * es;
+    }
+    for (t = 0; t < 2 * W - 2; t++) {
+        int sseg = ddp__mod(r - t, W), rseg = ddp__mod(r - t - 1, W);
+        size_t s0 = ddp__seg_start(w->count, W, sseg), slen = ddp__seg_start(w->count, W, sseg + 1) - s0;
+        size_t r0 = ddp__seg_start(w->count, W, rseg), rlen = ddp__seg_start(w->count, W, rseg + 1) - r0;
+        int reducing = t < W - 1;
+        void* dst = reducing ? n->scratch : (void*)(buf + r0 * es);
+        DDP__NCCL_TRY(ncclGroupStart());
+        if (slen) DDP__NCCL_TRY(ncclSend(buf + s0 * es, slen, ddp__nccl_type(w->dtype), right, n->comm, n->stream->s));
+        if (rlen) DDP__NCCL_TRY(ncclRecv(dst, rlen, ddp__nccl_type(w->dtype), left, n->comm, n->stream->s));
+        DDP__NCCL_TRY(ncclGroupEnd());
+        if (reducing && rlen) {
+            void* mine = buf + r0 * es;
+            long long cnt = (long long)rlen;
+            int dt = (int)w->dtype, op = w->op == DDP_MAX ? 1 : 0;
+            float divisor = (t == W - 2 && w->op == DDP_AVG) ? (float)W : 1.f; /* as ddp__divide */
+            void* args[6];
+            args[0] = &mine, args[1] = &n->scratch, args[2] = &cnt, args[3] = &dt, args[4] = &op, args[5] = &divisor;
+            DDP__TRY(ddp__launch(pg->device, n->stream, DDP__K_reduce, cnt, args));
+        }
+    }
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__nccl_submit(ddp_pg* pg, ddp_work* w) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    ddp_event* produced = NULL;
+    ncclDataType_t t = ddp__nccl_type(w->dtype);
+    ncclRedOp_t op = w->op == DDP_MAX ? ncclMax : w->op == DDP_AVG ? ncclAvg : ncclSum;
+    ddp_status s;
+    DDP__TRY(ddp_device_activate(pg->device));
+    /* order after the producer's stream without blocking the host */
+    DDP__TRY(ddp_event_create(pg->device, &produced));
+    s = ddp_event_record(produced, pg->user_stream);
+    if (s == DDP_OK) s = ddp_stream_wait_event(n->stream, produced);
+    ddp_event_destroy(produced);
+    DDP__TRY(s);
+    switch (w->kind) {
+    case DDP__ALL_REDUCE:
+        if (n->own_ring && pg->world > 1) DDP__TRY(ddp__nccl_ring(pg, w));
+        else DDP__NCCL_TRY(ncclAllReduce(w->buf, w->buf, w->count, t, op, n->comm, n->stream->s));
+        break;
+    case DDP__BROADCAST:
+        DDP__NCCL_TRY(ncclBroadcast(w->buf, w->buf, w->count, t, w->root, n->comm, n->stream->s));
+        break;
+    case DDP__ALL_GATHER:
+        DDP__NCCL_TRY(ncclAllGather(w->send, w->buf, w->count, t, n->comm, n->stream->s));
+        break;
+    default:
+        DDP__NCCL_TRY(ncclReduceScatter(w->send, w->buf, w->count, t, op, n->comm, n->stream->s));
+        break;
+    }
+    /* w->ready marks the collective's end on the group's stream */
+    DDP__TRY(ddp_event_create(pg->device, &w->ready));
+    DDP__TRY(ddp_event_record(w->ready, n->stream));
+    /* later work on the producer's stream waits for the result, as PyTorch's Work.wait() does */
+    if (pg->user_stream) DDP__TRY(ddp_stream_wait_event(pg->user_stream, w->ready));
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__nccl_wait(ddp_pg* pg, ddp_work* w) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    double deadline = ddp__now() + pg->timeout;
+    for (;;) {
+        int done = 0;
+        ncclResult_t st = ncclSuccess;
+        DDP__TRY(ddp_event_query(w->ready, &done));
+        if (done) break;
+        if (n->comm) DDP__NCCL_TRY(ncclCommGetAsyncError(n->comm, &st));
+        if (st != ncclSuccess && st != ncclInProgress) return ddp__fail_nccl(pg, st, ddp__coll_name(w->kind), __LINE__);
+        if (ddp__now() >= deadline) {
+            if (n->comm) ncclCommAbort(n->comm);
+            n->comm = NULL;
+            pg->broken = DDP_ERR_TIMEOUT;
+            return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) did not finish within %.0f s; the NCCL "
+                             "communicator was aborted: a rank is stuck, stopped, or calling a different "
+                             "collective", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
+                             ddp_dtype_name(w->dtype), pg->timeout);
+        }
+        ddp__sleep(0.0002);
+    }
+    return DDP_OK;
+}
+
+DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    if (!n) return;
+    if (n->stream) ddp_stream_sync(n->stream);
+    if (n->comm) ncclCommDestroy(n->comm);
+    ddp_stream_destroy(n->stream);
+    ddp_free(pg->device, n->scratch);
+    DDP_FREE(n);
+    pg->nccl = NULL;
+}
+
+static const ddp__backend_vt ddp__nccl_backend = {"nccl", ddp__nccl_connect, ddp__nccl_submit, ddp__nccl_wait,
+                                                  ddp__nccl_destroy};
+#endif
+
+/* ---- joining the job --------------------------------------------------------------------------- */
+
+/* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
+   disagreement publishes it under ddp/abort so that the others fail at once with the same
+   explanation instead of waiting out the timeout. */
+DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
+    char key[64], mine[64], theirs[64];
+    const char* abort_key[1] = {"ddp/abort"};
+    int i, present;
+    int64_t claims = 0;
+    double deadline = ddp__now() + pg->timeout;
+    snprintf(mine, sizeof mine, "%d", pg->world);
+    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
+    DDP__TRY(ddp_store_add(pg->store, key, 1, &claims));
+    if (claims > 1) {
+        char why[256];
+        snprintf(why, sizeof why, "two processes were started with RANK=%d: give each process its own rank "
+                 "0..%d", pg->rank, pg->world - 1);
+        ddp_store_set(pg->store, "ddp/abort", why, strlen(why));
+        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "%s", why);
+    }
+    snprintf(key, sizeof key, "ddp/world/%d", pg->rank);
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
+    for (i = 0; i < pg->world; i++) {
+        const char* k[1];
+        size_t n = 0;
+        snprintf(key, sizeof key, "ddp/world/%d", i);
+        k[0] = key;
+        for (;;) {
+            DDP__TRY(ddp__store_check(pg->store, abort_key, 1, &present));
+            if (present) {
+                char why[256] = "";
+                ddp_store_get(pg->store, "ddp/abort", why, sizeof why - 1, &n);
+                return ddp__fail(DDP_ERR_WORLD_MISMATCH, "another rank stopped the job: %s", why);
+            }
+            DDP__TRY(ddp__store_check(pg->store, k, 1, &present));
+            if (present) break;
+            if (ddp__now() >= deadline)
+                return ddp__fail(DDP_ERR_TIMEOUT, "rank %d never joined within %.0f s (this rank expects WORLD_SIZE=%d): "
+                                 "start all %d processes, or fix WORLD_SIZE", i, pg->timeout, pg->world, pg->world);
+            ddp__sleep(0.02);
+        }
+        memset(theirs, 0, sizeof theirs);
+        DDP__TRY(ddp_store_get(pg->store, key, theirs, 15, &n)); /* a world size: a few digits */
+        if (strcmp(theirs, mine) != 0) {
+            char why[256];
+            snprintf(why, sizeof why, "rank %d was started with WORLD_SIZE=%s but rank %d with WORLD_SIZE=%s: every "
+                     "rank needs the same WORLD_SIZE", i, theirs, pg->rank, mine);
+            ddp_store_set(pg->store, "ddp/abort", why, strlen(why));
+            return ddp__fail(DDP_ERR_WORLD_MISMATCH, "%s", why);
+        }
+    }
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__pick_backend(const ddp_desc* d, ddp_device dev, ddp_backend* out) {
+    const char* env = getenv("DDP_BACKEND");
+    *out = d->backend;
+    if (*out == DDP_BACKEND_DEFAULT && env && *env) {
+        if (!strcmp(env, "cpu") || !strcmp(env, "gloo")) *out = DDP_BACKEND_CPU;
+        else if (!strcmp(env, "nccl")) *out = DDP_BACKEND_NCCL;
+        else return ddp__fail(DDP_ERR_ENV, "DDP_BACKEND=%s is not cpu or nccl", env);
+    }
+    if (*out == DDP_BACKEND_DEFAULT) *out = dev.type == DDP_DEVICE_CUDA ? DDP_BACKEND_NCCL : DDP_BACKEND_CPU;
+    if (*out == DDP_BACKEND_NCCL && dev.type != DDP_DEVICE_CUDA)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "the nccl backend needs GPU buffers, but this rank's device is "
+                         "the CPU (%s): use the cpu backend", ddp_cuda_unavailable_reason());
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_store_desc sd;
+    ddp_device want;
+    ddp_status s;
+    char devname[32];
+    *out = NULL;
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (d.log) ddp_set_log(d.log, d.log_user);
+    pg = (ddp_pg*)ddp__calloc(sizeof *pg);
+    if (!pg) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a process group failed");
+    pg->left_fd = pg->right_fd = -1;
+    pthread_mutex_init(&pg->lock, NULL);
+    pthread_cond_init(&pg->cond, NULL);
+    s = ddp_env_resolve(&d, &pg->env);
+    if (s != DDP_OK) goto fail;
+    pg->rank = pg->env.rank;
+    pg->world = pg->env.world_size;
+    pg->timeout = ddp__timeout(d.timeout_s);
+    want = d.device;
+    if (want.type == DDP_DEVICE_AUTO) want.index = pg->env.local_rank;
+    s = ddp_device_resolve(want, &pg->device);
+    if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
+    if (s != DDP_OK) goto fail;
+#if DDP__CUDA
+    if (pg->backend == DDP_BACKEND_NCCL) pg->vt = &ddp__nccl_backend;
+    else
+#endif
+        pg->vt = &ddp__cpu_backend;
+    memset(&sd, 0, sizeof sd);
+    sd.host = pg->env.master_addr;
+    sd.port = pg->env.master_port;
+    sd.is_server = pg->rank == 0;
+    sd.timeout_s = pg->timeout;
+    sd.token = d.token;
+    s = ddp_store_create(&sd, &pg->store);
+    if (s == DDP_OK) s = ddp__agree(pg);
+    if (s == DDP_OK) s = pg->vt->connect(pg);
+    if (s != DDP_OK) goto fail;
+    if (pg->vt == &ddp__cpu_backend) {
+        if (pthread_create(&pg->thread, NULL, ddp__comm_main, pg) != 0) {
+            s = ddp__fail(DDP_ERR_IO, "starting the communication thread failed");
+            goto fail;
+        }
+        pg->thread_started = 1;
+    }
+    /* Nobody leaves init before everyone has read what it needs from the store. */
+    s = ddp_store_barrier(pg->store, "init", pg->world);
+    if (s != DDP_OK) goto fail;
+    ddp_log(DDP_LOG_INFO, "joined the job: backend %s, device %s, store %s:%d (placement from %s)", pg->vt->name,
+            ddp_device_name(pg->device, devname, sizeof devname), pg->env.master_addr, pg->env.master_port,
+            pg->env.source);
+    *out = pg;
+    return DDP_OK;
+fail:
+    {
+        char msg[sizeof ddp__err_msg];
+        memcpy(msg, ddp__err_msg, sizeof msg);
+        ddp_destroy(pg);
+        ddp__fail(s, "%s", msg);
+    }
+    return s;
+}
+
+DDP__DEF void ddp_destroy(ddp_pg* pg) {
+    if (!pg) return;
+    if (pg->vt) pg->vt->destroy(pg);
+    ddp_store_destroy(pg->store);
+    pthread_mutex_destroy(&pg->lock);
+    pthread_cond_destroy(&pg->cond);
+    DDP_FREE(pg);
+}
+
+/* ---- the collectives' common entrance -------------------------------------------------------------- */
+
+DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const void* send, size_t count,
+                                        ddp_dtype dtype, ddp_reduce_op op, int root, ddp_work** work) {
+    ddp_work* w;
+    ddp_status s;
+    if (work) *work = NULL;
+    if (dtype == DDP_DTYPE_DEFAULT) dtype = DDP_F32;
+    if (ddp_dtype_size(dtype) == 0)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", ddp__coll_name(kind), (int)dtype);
+    if (op != DDP_SUM && op != DDP_AVG && op != DDP_MAX)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", ddp__coll_name(kind), (int)op);
+    if (root < 0 || root >= pg->world)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d is not a rank (0..%d)", root, pg->world - 1);
+    if (count > 0 && (!buf || ((kind == DDP__ALL_GATHER || kind == DDP__REDUCE_SCATTER) && !send)))
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: a buffer is NULL", ddp__coll_name(kind));
+    if (pg->broken)
+        return ddp__fail(pg->broken, "an earlier collective failed, so this group can no longer be used: %s",
+                         pg->broken_msg);
+    w = (ddp_work*)ddp__calloc(sizeof *w);
+    if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a work handle failed");
+    w->pg = pg, w->kind = kind, w->buf = buf, w->send = send, w->count = count;
+    w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq;
+    if (pg->device.type == DDP_DEVICE_CUDA && pg->vt == &ddp__cpu_backend) {
+        /* the host thread must not read GPU memory before the kernels writing it are done */
+        s = ddp_event_create(pg->device, &w->ready);
+        if (s == DDP_OK) s = ddp_event_record(w->ready, pg->user_stream);
+        if (s != DDP_OK) {
+            ddp_event_destroy(w->ready);
+            DDP_FREE(w);
+            return s;
+        }
+    }
+    s = pg->vt->submit(pg, w);
+    if (s != DDP_OK) {
+        ddp_event_destroy(w->ready);
+        DDP_FREE(w);
+        return s;
+    }
+    if (work) {
+        *work = w;
+        return DDP_OK;
+    }
+    return ddp_work_wait(w);
+}
+
+DDP__DEF ddp_status ddp_work_wait(ddp_work* w) {
+    ddp_status s;
+    if (!w) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_work_wait: work is NULL");
+    s = w->pg->vt->wait(w->pg, w);
+    if (!w->abandoned) {
+        ddp_event_destroy(w->ready);
+        DDP_FREE(w);
+    }
+    return s;
+}
+
+DDP__DEF ddp_status ddp_work_test(ddp_work* w, int* done) {
+    pthread_mutex_lock(&w->pg->lock);
+    *done = w->done;
+    pthread_mutex_unlock(&w->pg->lock);
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
+                                   ddp_work** work) {
+    return ddp__collective(pg, DDP__ALL_REDUCE, buf, NULL, count, dtype, op, 0, work);
+}
+DDP__DEF ddp_status ddp_broadcast(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, int root, ddp_work** work) {
+    return ddp__collective(pg, DDP__BROADCAST, buf, NULL, count, dtype, DDP_SUM, root, work);
+}
+DDP__DEF ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
+                                   ddp_work** work) {
+    return ddp__collective(pg, DDP__ALL_GATHER, recv, send, count, dtype, DDP_SUM, 0, work);
+}
+DDP__DEF ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
+                                       ddp_reduce_op op, ddp_work** work) {
+    return ddp__collective(pg, DDP__REDUCE_SCATTER, recv, send, count, dtype, op, 0, work);
+}
+DDP__DEF ddp_status ddp_barrier(ddp_pg* pg) {
+    /* an all-reduce of one number: ordered with the other collectives, and done by every rank
+       only when every rank has contributed */
+    float one = 1.f;
+    void* buf = &one;
+    ddp_status s;
+    if (pg->device.type == DDP_DEVICE_CUDA) {
+        DDP__TRY(ddp_alloc(pg->device, sizeof one, &buf));
+    }
+    s = ddp_all_reduce(pg, buf, 1, DDP_F32, DDP_SUM, NULL);
+    if (buf != &one) ddp_free(pg->device, buf);
+    return s;
+}
+
+/* ============================================================================================== */
 /* >>data: data files, train/test split, standardisation, batches                  (chapter 1)   */
 /*         (the distributed sampler joins this section in chapter 2)                             */
 /* ============================================================================================== */
@@ -2597,12 +4711,6 @@ DDP__DEF void ddp_dataset_gather(const ddp_dataset* d, const int* idx, int count
    into the model, so a bad file changes nothing.
 */
 
-DDP__PRIVATE uint64_t ddp__fnv1a(const unsigned char* p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    size_t i;
-    for (i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
 
 /* A growable byte buffer for building the file in memory. */
 typedef struct ddp__bytes { unsigned char* p; size_t n, cap; int oom; } ddp__bytes;
@@ -2749,6 +4857,1023 @@ DDP__DEF ddp_status ddp_checkpoint_load(ddp_model* m, const char* path, int* epo
     if (s == DDP_OK && epoch) *epoch = (int)ddp__get_u32(buf + 16);
     DDP_FREE(buf);
     return s;
+}
+
+/* ============================================================================================== */
+/* >>launch: reading the launcher's environment, spawning ranks, the ddprun launcher (chapters 3-5) */
+/* ============================================================================================== */
+/*
+   Three jobs live here, in the order a process meets them:
+     1. ddp_env_resolve: "who am I in this job?" A launcher (ddprun, torchrun, mpirun, srun) puts
+        the answer in environment variables, each launcher under its own names.
+     2. ddp_spawn: start N copies of a C function on this machine (torch.multiprocessing.spawn).
+     3. ddp_launcher_main: the ddprun program (torchrun's analogue) that starts N copies of a
+        program, prefixes their output with the rank, and stops all of them when one fails.
+   2 and 3 share the supervision code: reap children without blocking, stop the others when one
+   fails (SIGTERM, then SIGKILL after a grace period), pass the launcher's own SIGINT/SIGTERM on.
+*/
+
+#include <fcntl.h>      /* open, fcntl(FD_CLOEXEC) */
+#include <limits.h>     /* INT_MAX */
+#include <poll.h>       /* poll over the children's pipes */
+#include <signal.h>     /* sigaction, kill */
+#include <sys/types.h>
+#include <sys/socket.h> /* a free port: bind to port 0 and ask which one we got */
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <sys/wait.h>   /* waitpid and the W* macros */
+#include <time.h>       /* clock_gettime, nanosleep */
+#if defined(__linux__)
+#include <sys/prctl.h>  /* PR_SET_PDEATHSIG: a rank dies with its launcher */
+#endif
+
+#define DDP__MAX_SPAWN 256          /* ranks one ddp_spawn or ddprun starts on a machine */
+#define DDP__DEFAULT_PORT 29500     /* torchrun's and TCPStore's default MASTER_PORT */
+
+/* ---- reading the environment -------------------------------------------------------------------- */
+
+/* The variable names one launcher uses. The first one that is present decides everything: mixing
+   torchrun's RANK with SLURM's SLURM_NTASKS would give nonsense. */
+typedef struct ddp__env_src {
+    const char* source;                                        /* ddp_env.source */
+    const char *rank, *world, *local_rank, *local_world, *node; /* node may be NULL */
+    const char* setter;                                        /* who normally sets them */
+} ddp__env_src;
+
+static const char* const ddp__env_what_rank = "this process's number, 0 to the world size - 1";
+static const char* const ddp__env_what_world = "the number of processes";
+static const char* const ddp__env_what_local_rank = "this process's number on its machine";
+static const char* const ddp__env_what_local_world = "the number of processes on this machine";
+static const char* const ddp__env_what_node = "this machine's number, 0 to the number of machines - 1";
+
+/* A whole decimal number: strtol must use every character, so "3x", "" and " 3" are refused. */
+DDP__PRIVATE int ddp__env_parse_int(const char* s, long* out) {
+    char* end;
+    long v;
+    if (!s || !*s || isspace((unsigned char)*s)) return 0;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno != 0 || *end != 0 || v > INT_MAX || v < -INT_MAX) return 0;
+    *out = v;
+    return 1;
+}
+
+/* Read the integer variable `name` (at least `min`) into *out. `because` names the variable that
+   made this source count (for "X is not set but Y is"); `what` completes "set X to ...". */
+DDP__PRIVATE ddp_status ddp__env_read(const ddp__env_src* s, const char* name, const char* because,
+                                      const char* what, int min, int* out) {
+    const char* v = getenv(name);
+    long x;
+    if (!v)
+        return ddp__fail(DDP_ERR_ENV, "%s is not set but %s is: set %s to %s (%s sets it)", name,
+                         because, name, what, s->setter);
+    if (!*v)
+        return ddp__fail(DDP_ERR_ENV, "%s is set but empty: set %s to %s (%s sets it)", name, name,
+                         what, s->setter);
+    if (!ddp__env_parse_int(v, &x))
+        return ddp__fail(DDP_ERR_ENV, "%s=%s is not a whole number: set %s to %s (%s sets it)", name, v,
+                         name, what, s->setter);
+    if (x < min)
+        return ddp__fail(DDP_ERR_ENV, "%s=%s is %s: set %s to %s (%s sets it)", name, v,
+                         min == 0 ? "negative" : "below 1", name, what, s->setter);
+    *out = (int)x;
+    return DDP_OK;
+}
+
+/* The numbers must fit together: rank below world size, local rank below local world size. The
+   names are the variables' (or desc fields') so the message points at what to change. */
+DDP__PRIVATE ddp_status ddp__env_check(const ddp__env_src* s, const ddp_env* e, ddp_status bad) {
+    if (e->world_size < 1)
+        return ddp__fail(bad, "%s=%d is below 1: set it to %s", s->world, e->world_size, ddp__env_what_world);
+    if (e->rank < 0 || e->rank >= e->world_size)
+        return ddp__fail(bad, "%s=%d is not below %s=%d: ranks run 0..%d", s->rank, e->rank, s->world,
+                         e->world_size, e->world_size - 1);
+    if (e->local_world_size < 1 || e->local_world_size > e->world_size)
+        return ddp__fail(bad, "%s=%d is not between 1 and %s=%d: set it to %s", s->local_world,
+                         e->local_world_size, s->world, e->world_size, ddp__env_what_local_world);
+    if (e->local_rank < 0 || e->local_rank >= e->local_world_size)
+        return ddp__fail(bad, "%s=%d is not below %s=%d: local ranks run 0..%d", s->local_rank,
+                         e->local_rank, s->local_world, e->local_world_size, e->local_world_size - 1);
+    return DDP_OK;
+}
+
+/* Explicit placement from ddp_desc. A desc without local numbers means one machine. */
+DDP__PRIVATE ddp_status ddp__env_explicit(const ddp_desc* d, ddp_env* e) {
+    static const ddp__env_src src = {"explicit", "desc.rank", "desc.world_size", "desc.local_rank",
+                                     "desc.local_world_size", NULL, "your program"};
+    e->rank = d->rank;
+    e->world_size = d->world_size;
+    e->local_rank = d->local_world_size > 0 ? d->local_rank : d->rank;
+    e->local_world_size = d->local_world_size > 0 ? d->local_world_size : d->world_size;
+    if (d->local_world_size <= 0 && d->local_rank != 0)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "desc.local_rank=%d is set but desc.local_world_size "
+                         "is not: set both, or neither for ranks that all run on this machine", d->local_rank);
+    DDP__TRY(ddp__env_check(&src, e, DDP_ERR_INVALID_ARGUMENT));
+    e->node_rank = e->rank / e->local_world_size;
+    e->source = src.source;
+    return DDP_OK;
+}
+
+/* torchrun's (and ddprun's) variables. LOCAL_RANK and LOCAL_WORLD_SIZE may both be missing (a
+   hand-made launch on one machine); one without the other is a mistake. */
+DDP__PRIVATE ddp_status ddp__env_torchrun(ddp_env* e) {
+    static const ddp__env_src s = {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                   "GROUP_RANK", "ddprun"};
+    int has_lr = getenv("LOCAL_RANK") != NULL, has_lw = getenv("LOCAL_WORLD_SIZE") != NULL;
+    DDP__TRY(ddp__env_read(&s, "RANK", "RANK", ddp__env_what_rank, 0, &e->rank));
+    DDP__TRY(ddp__env_read(&s, "WORLD_SIZE", "RANK", ddp__env_what_world, 1, &e->world_size));
+    if (!has_lr && !has_lw) {
+        e->local_rank = e->rank;
+        e->local_world_size = e->world_size;
+        ddp_log(DDP_LOG_INFO, "LOCAL_RANK and LOCAL_WORLD_SIZE are not set: assuming all %d ranks run on "
+                "this machine (local rank = rank)", e->world_size);
+    } else {
+        DDP__TRY(ddp__env_read(&s, "LOCAL_RANK", has_lr ? "RANK" : "LOCAL_WORLD_SIZE",
+                               ddp__env_what_local_rank, 0, &e->local_rank));
+        DDP__TRY(ddp__env_read(&s, "LOCAL_WORLD_SIZE", "LOCAL_RANK", ddp__env_what_local_world, 1,
+                               &e->local_world_size));
+    }
+    DDP__TRY(ddp__env_check(&s, e, DDP_ERR_ENV));
+    if (getenv("GROUP_RANK")) DDP__TRY(ddp__env_read(&s, "GROUP_RANK", "RANK", ddp__env_what_node, 0, &e->node_rank));
+    else e->node_rank = e->rank / e->local_world_size;
+    e->source = s.source;
+    return DDP_OK;
+}
+
+/* Open MPI's variables (mpirun -np N): all four are always exported together. */
+DDP__PRIVATE ddp_status ddp__env_openmpi(ddp_env* e) {
+    static const ddp__env_src s = {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                   "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL, "mpirun"};
+    DDP__TRY(ddp__env_read(&s, s.rank, s.rank, ddp__env_what_rank, 0, &e->rank));
+    DDP__TRY(ddp__env_read(&s, s.world, s.rank, ddp__env_what_world, 1, &e->world_size));
+    DDP__TRY(ddp__env_read(&s, s.local_rank, s.rank, ddp__env_what_local_rank, 0, &e->local_rank));
+    DDP__TRY(ddp__env_read(&s, s.local_world, s.rank, ddp__env_what_local_world, 1, &e->local_world_size));
+    DDP__TRY(ddp__env_check(&s, e, DDP_ERR_ENV));
+    e->node_rank = e->rank / e->local_world_size; /* mpirun fills each node's slots in turn */
+    e->source = s.source;
+    return DDP_OK;
+}
+
+/* SLURM writes tasks per node as "2", "2(x3)" (2 on each of 3 nodes) or "3,2" (3 on the first
+   node, 2 on the second). We take the first number: the usual case is the same on every node. */
+DDP__PRIVATE ddp_status ddp__env_slurm_local_world(ddp__env_src* s, int* out) {
+    const char* name = getenv("SLURM_NTASKS_PER_NODE") ? "SLURM_NTASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+    const char* v = getenv(name);
+    char* end;
+    long x;
+    s->local_world = name;
+    if (!v)
+        return ddp__fail(DDP_ERR_ENV, "neither SLURM_NTASKS_PER_NODE nor SLURM_TASKS_PER_NODE is set but "
+                         "SLURM_PROCID is: run the program through srun, which sets them");
+    errno = 0;
+    x = isdigit((unsigned char)v[0]) ? strtol(v, &end, 10) : -1;
+    if (x < 1 || errno != 0 || x > INT_MAX || (*end != 0 && *end != '(' && *end != ','))
+        return ddp__fail(DDP_ERR_ENV, "%s=%s is not a task count such as 2 or 2(x3): set it to %s "
+                         "(srun sets it)", name, v, ddp__env_what_local_world);
+    *out = (int)x;
+    return DDP_OK;
+}
+
+/* SLURM's variables under srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID. */
+DDP__PRIVATE ddp_status ddp__env_slurm(ddp_env* e) {
+    ddp__env_src s = {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE",
+                      "SLURM_NODEID", "srun"};
+    DDP__TRY(ddp__env_read(&s, s.rank, s.rank, ddp__env_what_rank, 0, &e->rank));
+    DDP__TRY(ddp__env_read(&s, s.world, s.rank, ddp__env_what_world, 1, &e->world_size));
+    DDP__TRY(ddp__env_read(&s, s.local_rank, s.rank, ddp__env_what_local_rank, 0, &e->local_rank));
+    DDP__TRY(ddp__env_slurm_local_world(&s, &e->local_world_size));
+    DDP__TRY(ddp__env_read(&s, s.node, s.rank, ddp__env_what_node, 0, &e->node_rank));
+    DDP__TRY(ddp__env_check(&s, e, DDP_ERR_ENV));
+    e->source = s.source;
+    return DDP_OK;
+}
+
+/* Where rank 0's store listens: desc, MASTER_ADDR, SLURM's first host, or this machine for a job
+   that cannot span machines. A multi-machine job without an address is an error, never a guess. */
+DDP__PRIVATE ddp_status ddp__env_master_addr(const ddp_desc* d, ddp_env* e) {
+    const char* a = d && d->master_addr && *d->master_addr ? d->master_addr : getenv("MASTER_ADDR");
+    const char* list = getenv("SLURM_JOB_NODELIST") ? getenv("SLURM_JOB_NODELIST") : getenv("SLURM_NODELIST");
+    if (a && *a) {
+        if (strlen(a) >= sizeof e->master_addr)
+            return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is %d characters long; at most %d fit",
+                             (int)strlen(a), (int)sizeof e->master_addr - 1);
+        strcpy(e->master_addr, a);
+        return DDP_OK;
+    }
+    if (!strcmp(e->source, "slurm") && list)
+        return ddp_slurm_first_host(list, e->master_addr, sizeof e->master_addr);
+    if (e->world_size > 1 && !strcmp(e->source, "openmpi"))
+        return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is not set: Open MPI exports no master address, so "
+                         "MASTER_ADDR and MASTER_PORT must be set and passed on, e.g. "
+                         "mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500 ...");
+    if (e->world_size > 1 && !strcmp(e->source, "torchrun"))
+        return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is not set but WORLD_SIZE=%d: set MASTER_ADDR to the "
+                         "address of rank 0's machine, 127.0.0.1 when every rank runs here (ddprun sets it)",
+                         e->world_size);
+    if (e->world_size > 1 && !strcmp(e->source, "slurm"))
+        return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is not set and neither is SLURM_JOB_NODELIST: set "
+                         "MASTER_ADDR to the host of rank 0");
+    strcpy(e->master_addr, "127.0.0.1"); /* one process, or explicit ranks: all on this machine */
+    return DDP_OK;
+}
+
+/* The store's port: desc, MASTER_PORT, SLURM's job id (Lightning's rule, so that two jobs sharing
+   a node get different ports), else 29500. */
+DDP__PRIVATE ddp_status ddp__env_master_port(const ddp_desc* d, ddp_env* e) {
+    const char* p = getenv("MASTER_PORT");
+    const char* job = getenv("SLURM_JOB_ID");
+    long x;
+    if (d && d->master_port > 0) {
+        if (d->master_port > 65535)
+            return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "desc.master_port=%d is not a port: use 1..65535",
+                             d->master_port);
+        e->master_port = d->master_port;
+    } else if (p) {
+        if (!ddp__env_parse_int(p, &x) || x < 1 || x > 65535)
+            return ddp__fail(DDP_ERR_ENV, "MASTER_PORT=%s is not a port number: set MASTER_PORT to a free TCP "
+                             "port, 1..65535 (ddprun --standalone picks one)", p);
+        e->master_port = (int)x;
+    } else if (!strcmp(e->source, "slurm") && job && *job) {
+        size_t n = strlen(job);
+        const char* last4 = n > 4 ? job + n - 4 : job;
+        e->master_port = ddp__env_parse_int(last4, &x) && x >= 0 ? 15000 + (int)x : DDP__DEFAULT_PORT;
+    } else {
+        e->master_port = DDP__DEFAULT_PORT;
+    }
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_env_resolve(const ddp_desc* desc, ddp_env* out) {
+    ddp_env e;
+    ddp_status s;
+    if (!out) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_env_resolve: out is NULL");
+    memset(&e, 0, sizeof e);
+    if (desc && desc->explicit_rank) s = ddp__env_explicit(desc, &e);
+    else if (getenv("RANK")) s = ddp__env_torchrun(&e);
+    else if (getenv("OMPI_COMM_WORLD_RANK")) s = ddp__env_openmpi(&e);
+    else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS")) s = ddp__env_slurm(&e);
+    else if (getenv("WORLD_SIZE"))
+        /* Half a torchrun setup: without this check the process would quietly run alone. */
+        s = ddp__fail(DDP_ERR_ENV, "WORLD_SIZE=%s is set but RANK is not: set RANK to %s (ddprun sets it)",
+                      getenv("WORLD_SIZE"), ddp__env_what_rank);
+    else {
+        e.world_size = e.local_world_size = 1; /* nothing set: a single process */
+        e.source = "default";
+        s = DDP_OK;
+    }
+    if (s == DDP_OK) s = ddp__env_master_addr(desc, &e);
+    if (s == DDP_OK) s = ddp__env_master_port(desc, &e);
+    if (s != DDP_OK) return s;
+    *out = e;
+    ddp__g.rank = e.rank; /* from now on log lines read "[rank R/W]" */
+    ddp__g.world = e.world_size;
+    ddp_log(DDP_LOG_INFO, "placement from %s: rank %d of %d, local rank %d of %d, node %d, master %s:%d",
+            e.source, e.rank, e.world_size, e.local_rank, e.local_world_size, e.node_rank, e.master_addr,
+            e.master_port);
+    return DDP_OK;
+}
+
+/* ---- SLURM node lists ----------------------------------------------------------------------------- */
+/* A node list names hosts compactly: "a,b", "node[1-4]", "gpu[07,09-12],cpu3", "rack1-node[3-5]".
+   The first host is the first name with each [...] replaced by its first number, zero padding
+   kept (node[001-004] -> node001). */
+
+DDP__PRIVATE ddp_status ddp__slurm_bad(const char* list, const char* why) {
+    return ddp__fail(DDP_ERR_ENV, "the SLURM node list \"%s\" is malformed (%s): expected forms such as "
+                     "\"node1,node2\" or \"node[1-4]\"; set MASTER_ADDR to rank 0's host instead", list, why);
+}
+
+/* Check one bracket's contents "07,09-12" from p (just after '['); on success *first and *len give the
+   first number and the return value points just after ']'. NULL if malformed. */
+DDP__PRIVATE const char* ddp__slurm_bracket(const char* p, const char** first, size_t* len) {
+    *first = p;
+    *len = 0;
+    for (;;) {
+        const char* a = p;
+        long lo, hi;
+        while (isdigit((unsigned char)*p)) p++;
+        if (p == a) return NULL; /* "[]", "[a-b]", "[1,]" */
+        if (*len == 0) *len = (size_t)(p - a);
+        lo = strtol(a, NULL, 10);
+        if (*p == '-') {
+            const char* b = ++p;
+            while (isdigit((unsigned char)*p)) p++;
+            if (p == b) return NULL;
+            hi = strtol(b, NULL, 10);
+            if (hi < lo) return NULL; /* "[4-1]" */
+        }
+        if (*p == ']') return p + 1;
+        if (*p != ',') return NULL; /* unclosed, or a stray character */
+        p++;
+    }
+}
+
+DDP__DEF ddp_status ddp_slurm_first_host(const char* nodelist, char* out, size_t outsize) {
+    const char* p = nodelist ? nodelist : "";
+    size_t n = 0;
+    if (!out || outsize == 0)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_slurm_first_host: out is NULL or outsize is 0");
+    out[0] = 0;
+    while (*p == ' ') p++;
+    /* The first host ends at a ',' or ' ' outside brackets (inside, ',' separates numbers). */
+    while (*p && *p != ',' && *p != ' ') {
+        const char* src = p;
+        size_t len = 1;
+        if (*p == '[') {
+            if (n == 0) return ddp__slurm_bad(p, "a host name must come before \"[\"");
+            p = ddp__slurm_bracket(p + 1, &src, &len);
+            if (!p) return ddp__slurm_bad(nodelist, "a \"[...]\" must hold numbers and ranges like 1-4, "
+                                          "separated by commas, and be closed");
+        } else if (*p == ']') {
+            return ddp__slurm_bad(nodelist, "a \"]\" without its \"[\"");
+        } else {
+            p++;
+        }
+        if (n + len >= outsize) return ddp__fail(DDP_ERR_ENV, "the first host of \"%s\" is longer than %d "
+                                                 "characters", nodelist, (int)outsize - 1);
+        memcpy(out + n, src, len);
+        n += len;
+        out[n] = 0;
+    }
+    if (n == 0) return ddp__slurm_bad(nodelist ? nodelist : "(null)", "it names no host");
+    return DDP_OK;
+}
+
+/* ---- supervising child processes (shared by ddp_spawn and ddprun) ------------------------------- */
+
+/* Monotonic seconds: a supervisor's deadlines must not jump when the wall clock is set. */
+DDP__PRIVATE double ddp__ln_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+DDP__PRIVATE void ddp__ln_sleep_ms(int ms) {
+    struct timespec t;
+    t.tv_sec = ms / 1000;
+    t.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&t, NULL); /* a signal may cut it short: the callers loop anyway */
+}
+
+/* How long a stopped rank gets to exit after SIGTERM before SIGKILL: DDP_KILL_GRACE_S, else 5 s
+   (torchrun waits 30 s; our ranks have nothing large to save). */
+DDP__PRIVATE double ddp__ln_grace(void) {
+    const char* v = getenv("DDP_KILL_GRACE_S");
+    char* end;
+    double g;
+    if (!v || !*v) return 5.0;
+    g = strtod(v, &end);
+    if (*end != 0 || !(g >= 0) || g > 86400) {
+        ddp_log(DDP_LOG_WARN, "DDP_KILL_GRACE_S=%s is not a number of seconds; using 5", v);
+        return 5.0;
+    }
+    return g;
+}
+
+DDP__PRIVATE const char* ddp__ln_signame(int sig) {
+    switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    default: return "unknown";
+    }
+}
+
+/* "exited with status 3", "was killed by signal 9 (SIGKILL)": how one rank ended. */
+DDP__PRIVATE void ddp__ln_how(int status, char* buf, size_t n) {
+    if (status == -1) snprintf(buf, n, "ended, but its exit status was lost (is SIGCHLD ignored?)");
+    else if (WIFSIGNALED(status))
+        snprintf(buf, n, "was killed by signal %d (%s)", WTERMSIG(status), ddp__ln_signame(WTERMSIG(status)));
+    else snprintf(buf, n, "exited with status %d", WEXITSTATUS(status));
+}
+
+/* The exit status a shell would show for a rank: its own, or 128 + signal. */
+DDP__PRIVATE int ddp__ln_exit_code(int status) {
+    if (status == -1) return 1;
+    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+/* The ranks a launcher watches. Each rank leads its own session and process group (its pid is the
+   group's id), so stopping a rank also stops what it started: `sh -c 'prog'` leaves no orphaned
+   prog. A session of its own also means no terminal can stop a rank for reading from it. */
+typedef struct ddp__ln_job {
+    int n;           /* ranks */
+    pid_t* pid;      /* 0 once reaped (so no signal can reach a recycled pid) */
+    int* status;     /* waitpid's status for each reaped rank; -1 if lost */
+    int alive;       /* ranks not reaped yet */
+    int first_fail;  /* the rank that failed first, -1 while none has */
+    int fail_after_signal; /* it failed after we passed on a SIGINT/SIGTERM: the signal is the cause */
+    double grace;    /* seconds between SIGTERM and SIGKILL */
+    double kill_at;  /* when stopping: when survivors get SIGKILL; 0 while not stopping */
+    int killed;      /* SIGKILL sent */
+} ddp__ln_job;
+
+/* What the signal handler needs, in globals because a handler gets no argument. Only one launcher
+   runs in a process at a time. */
+static pid_t* volatile ddp__ln_fwd_pid;
+static volatile int ddp__ln_fwd_n;
+static volatile sig_atomic_t ddp__ln_got_signal; /* the SIGINT or SIGTERM we received, 0 if none */
+
+/* Signal a rank's process group; a rank that has not reached setsid() yet has no group, so then
+   the rank itself. Safe in a signal handler (kill is async-signal-safe). */
+DDP__PRIVATE void ddp__ln_kill(pid_t pid, int sig) {
+    if (kill(-pid, sig) != 0 && errno == ESRCH) kill(pid, sig);
+}
+
+/* Ctrl-C reaches only the launcher (the ranks sit in their own sessions), so pass it on. */
+DDP__PRIVATE void ddp__ln_on_signal(int sig) {
+    int i, saved = errno;
+    ddp__ln_got_signal = sig;
+    for (i = 0; i < ddp__ln_fwd_n; i++)
+        if (ddp__ln_fwd_pid[i] > 0) ddp__ln_kill(ddp__ln_fwd_pid[i], sig);
+    errno = saved;
+}
+
+typedef struct ddp__ln_signals { struct sigaction old_int, old_term; sigset_t old_mask; } ddp__ln_signals;
+
+/* Block SIGINT/SIGTERM while forking: a child must never run our handler (it would signal its
+   siblings), and a signal arriving mid-start is forwarded once every pid is known. */
+DDP__PRIVATE void ddp__ln_signals_begin(ddp__ln_job* j, ddp__ln_signals* sv) {
+    struct sigaction sa;
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigprocmask(SIG_BLOCK, &block, &sv->old_mask);
+    ddp__ln_got_signal = 0;
+    ddp__ln_fwd_pid = j->pid;
+    ddp__ln_fwd_n = j->n;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = ddp__ln_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &sv->old_int);
+    sigaction(SIGTERM, &sa, &sv->old_term);
+}
+/* After the forks: let the (possibly pending) signals in. */
+DDP__PRIVATE void ddp__ln_signals_unblock(const ddp__ln_signals* sv) { sigprocmask(SIG_SETMASK, &sv->old_mask, NULL); }
+/* Put back the caller's handlers and mask (in the parent when done; in each child at once). */
+DDP__PRIVATE void ddp__ln_signals_end(const ddp__ln_signals* sv) {
+    ddp__ln_fwd_n = 0;
+    ddp__ln_fwd_pid = NULL;
+    sigaction(SIGINT, &sv->old_int, NULL);
+    sigaction(SIGTERM, &sv->old_term, NULL);
+    sigprocmask(SIG_SETMASK, &sv->old_mask, NULL);
+}
+
+/* First steps of every child: default signals, own session, and (Linux) death with the
+   launcher, so that a launcher killed by SIGKILL leaves no rank running. */
+DDP__PRIVATE void ddp__ln_child_setup(const ddp__ln_signals* sv, pid_t launcher) {
+    ddp__ln_signals_end(sv);
+    setsid();
+#if defined(__linux__)
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != launcher) _exit(1); /* the launcher died before prctl took effect */
+#else
+    (void)launcher;
+#endif
+}
+
+DDP__PRIVATE ddp_status ddp__ln_job_init(ddp__ln_job* j, int n) {
+    memset(j, 0, sizeof *j);
+    j->pid = (pid_t*)ddp__calloc((size_t)n * sizeof(pid_t));
+    j->status = (int*)ddp__calloc((size_t)n * sizeof(int));
+    if (!j->pid || !j->status) {
+        if (j->pid) DDP_FREE(j->pid);
+        if (j->status) DDP_FREE(j->status);
+        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "cannot allocate the table of %d ranks", n);
+    }
+    j->n = n;
+    j->first_fail = -1;
+    j->grace = ddp__ln_grace();
+    return DDP_OK;
+}
+DDP__PRIVATE void ddp__ln_job_free(ddp__ln_job* j) {
+    DDP_FREE(j->pid);
+    DDP_FREE(j->status);
+}
+
+/* Send `sig` to every rank still running (to its whole process group). */
+DDP__PRIVATE void ddp__ln_signal_all(ddp__ln_job* j, int sig) {
+    int i;
+    for (i = 0; i < j->n; i++)
+        if (j->pid[i] > 0) ddp__ln_kill(j->pid[i], sig);
+}
+
+/* Begin stopping every rank: SIGTERM now, SIGKILL when the grace period is over. */
+DDP__PRIVATE void ddp__ln_stop(ddp__ln_job* j) {
+    if (j->kill_at > 0) return;
+    ddp__ln_signal_all(j, SIGTERM);
+    j->kill_at = ddp__ln_now() + j->grace;
+}
+
+/* One supervision step, never blocking: reap the ranks that ended, start stopping the others at
+   the first failure (or when the launcher itself got SIGINT/SIGTERM, already passed on by the
+   handler), and SIGKILL the survivors once the grace period is over. */
+DDP__PRIVATE void ddp__ln_tick(ddp__ln_job* j) {
+    int i, st = 0;
+    for (i = 0; i < j->n; i++) {
+        pid_t r;
+        if (j->pid[i] <= 0) continue;
+        r = waitpid(j->pid[i], &st, WNOHANG);
+        if (r == 0 || (r < 0 && errno == EINTR)) continue;
+        j->status[i] = r == j->pid[i] ? st : -1;
+        /* The group may outlive its leader (a program the rank started); stop it too when failing. */
+        if (j->kill_at > 0) kill(-j->pid[i], j->killed ? SIGKILL : SIGTERM);
+        j->pid[i] = 0;
+        j->alive--;
+        if (j->first_fail < 0 && (j->status[i] == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+            j->first_fail = i;
+            j->fail_after_signal = ddp__ln_got_signal != 0;
+            ddp__ln_stop(j);
+        }
+    }
+    if (ddp__ln_got_signal && j->kill_at == 0) j->kill_at = ddp__ln_now() + j->grace;
+    if (j->kill_at > 0 && !j->killed && ddp__ln_now() >= j->kill_at) {
+        ddp__ln_signal_all(j, SIGKILL);
+        j->killed = 1;
+    }
+}
+
+/* A free TCP port on this machine: bind to port 0 and ask which port the kernel chose. Another
+   program could take it before rank 0 binds it; torchrun --standalone accepts the same race. */
+DDP__PRIVATE int ddp__ln_free_port(void) {
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int port = 0, fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fd, (struct sockaddr*)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr*)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* A random job token (16 hex characters), which keeps a stray rank of another job out of our
+   store. /dev/urandom when it can be read, else the time and pid mixed by splitmix64. */
+DDP__PRIVATE void ddp__ln_token(char out[17]) {
+    uint64_t v = 0;
+    int fd = open("/dev/urandom", O_RDONLY);
+    if (fd < 0 || read(fd, &v, sizeof v) != (ssize_t)sizeof v) {
+        ddp_rng r = ddp_rng_seed((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^
+                                 (uint64_t)(ddp__ln_now() * 1e9));
+        v = ddp_rng_next(&r);
+    }
+    if (fd >= 0) close(fd);
+    snprintf(out, 17, "%016llx", (unsigned long long)v);
+}
+
+DDP__PRIVATE void ddp__ln_setenv_int(const char* name, int v) {
+    char b[24];
+    snprintf(b, sizeof b, "%d", v);
+    setenv(name, b, 1);
+}
+
+/* ---- ddp_spawn ---------------------------------------------------------------------------------- */
+
+/* The child's side of ddp_spawn: the launcher variables, then fn; its return value becomes the
+   exit status (outside 0..255 it becomes 255, so a negative "error" never reads as success). */
+DDP__PRIVATE void ddp__spawn_child(int rank, int nproc, int port, const char* token, ddp_spawn_fn fn, void* arg) {
+    int rc;
+    ddp__ln_setenv_int("RANK", rank);
+    ddp__ln_setenv_int("WORLD_SIZE", nproc);
+    ddp__ln_setenv_int("LOCAL_RANK", rank);
+    ddp__ln_setenv_int("LOCAL_WORLD_SIZE", nproc);
+    setenv("GROUP_RANK", "0", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ddp__ln_setenv_int("MASTER_PORT", port);
+    setenv("DDP_JOB_TOKEN", token, 1);
+    ddp__g.rank = rank;
+    ddp__g.world = nproc;
+    rc = fn(rank, arg);
+    fflush(NULL);
+    _exit(rc < 0 || rc > 255 ? 255 : rc); /* _exit: no atexit handlers of the parent's copy */
+}
+
+/* Wait for every rank, stopping the rest at the first failure; the result names that failure. */
+DDP__PRIVATE ddp_status ddp__spawn_wait(ddp__ln_job* j) {
+    char how[96];
+    while (j->alive > 0) {
+        ddp__ln_tick(j);
+        if (j->alive > 0) ddp__ln_sleep_ms(5);
+    }
+    if (j->first_fail >= 0 && !j->fail_after_signal) {
+        ddp__ln_how(j->status[j->first_fail], how, sizeof how);
+        return ddp__fail(DDP_ERR_LAUNCH, "rank %d %s%s", j->first_fail, how,
+                         j->n > 1 ? "; the other ranks were stopped" : "");
+    }
+    if (ddp__ln_got_signal)
+        return ddp__fail(DDP_ERR_LAUNCH, "interrupted by %s, which was passed to every rank",
+                         ddp__ln_signame((int)ddp__ln_got_signal));
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg) {
+    ddp__ln_job j;
+    ddp__ln_signals sv;
+    char token[17];
+    int i, port;
+    pid_t me = getpid();
+    ddp_status s;
+    if (nproc < 1 || nproc > DDP__MAX_SPAWN)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_spawn: nproc=%d is not between 1 and %d", nproc,
+                         DDP__MAX_SPAWN);
+    if (!fn) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_spawn: fn is NULL");
+    port = ddp__ln_free_port();
+    if (port <= 0) return ddp__fail(DDP_ERR_LAUNCH, "ddp_spawn: cannot find a free TCP port on 127.0.0.1: %s",
+                                    strerror(errno));
+    ddp__ln_token(token);
+    DDP__TRY(ddp__ln_job_init(&j, nproc));
+    fflush(NULL); /* or each child would print the parent's buffered output again */
+    ddp__ln_signals_begin(&j, &sv);
+    for (i = 0; i < nproc; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            ddp__ln_child_setup(&sv, me);
+            ddp__spawn_child(i, nproc, port, token, fn, arg);
+        }
+        if (pid < 0) {
+            int e = errno;
+            ddp__ln_signal_all(&j, SIGKILL); /* a partial job is useless: take it down */
+            while (j.alive > 0) {
+                ddp__ln_tick(&j);
+                ddp__ln_sleep_ms(5);
+            }
+            ddp__ln_signals_end(&sv);
+            ddp__ln_job_free(&j);
+            return ddp__fail(DDP_ERR_LAUNCH, "ddp_spawn: cannot start rank %d: fork failed: %s", i, strerror(e));
+        }
+        j.pid[i] = pid;
+        j.alive++;
+    }
+    ddp__ln_signals_unblock(&sv);
+    s = ddp__spawn_wait(&j);
+    ddp__ln_signals_end(&sv);
+    ddp__ln_job_free(&j);
+    return s;
+}
+
+/* ---- ddprun: the flags ---------------------------------------------------------------------------- */
+
+typedef struct ddp__ln_opts {
+    int nproc, nnodes, node_rank, port, standalone, max_restarts;
+    int addr_given, port_given;
+    const char* addr;
+    const char* backend; /* NULL: the program chooses */
+    char** prog;         /* the program and its arguments, NULL-terminated (inside argv) */
+} ddp__ln_opts;
+
+static const char ddp__ln_usage[] =
+    "usage: ddprun [flags] PROGRAM [ARGS...]     (torchrun's analogue: start one process per rank)\n"
+    "  --nproc-per-node N   processes on this machine (default 1)\n"
+    "  --nnodes N           machines in the job (default 1)\n"
+    "  --node-rank R        this machine's number, 0..nnodes-1 (default 0)\n"
+    "  --master-addr A      rank 0's machine (default 127.0.0.1)\n"
+    "  --master-port P      rank 0's store port (default 29500)\n"
+    "  --standalone         one machine: 127.0.0.1 and a free port (no clash with other jobs)\n"
+    "  --backend cpu|nccl   exported as DDP_BACKEND (default: the program chooses)\n"
+    "  --max-restarts N     restart the job after a failure (only 0 is built so far)\n"
+    "  -h, --help           this text\n"
+    "Flags may be written --a-b or --a_b, and --flag=value. \"--\" ends the flags.\n"
+    "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
+    "MASTER_PORT and DDP_JOB_TOKEN (every node of a job must share DDP_JOB_TOKEN). Output lines are\n"
+    "prefixed \"[rank R]: \". When one rank fails the others are stopped (SIGTERM, then SIGKILL\n"
+    "after DDP_KILL_GRACE_S, default 5 s) and ddprun exits with that rank's status.\n";
+
+/* Does `arg` (after its "--") name `flag`? '_' matches '-', so --nproc_per_node works too. The
+   name ends at the end of arg or at '='; *value gets what follows '=' (NULL if none). */
+DDP__PRIVATE int ddp__ln_flag_is(const char* arg, const char* flag, const char** value) {
+    const char* a = arg + 2;
+    for (; *flag; a++, flag++)
+        if (*a != *flag && !(*a == '_' && *flag == '-')) return 0;
+    if (*a != 0 && *a != '=') return 0;
+    *value = *a == '=' ? a + 1 : NULL;
+    return 1;
+}
+
+/* A flag's integer value in [lo, hi]; prints the message and returns 0 if it is not one. */
+DDP__PRIVATE int ddp__ln_int_flag(const char* flag, const char* v, int lo, int hi, int* out) {
+    long x;
+    if (!ddp__env_parse_int(v, &x) || x < lo || x > hi) {
+        fprintf(stderr, "ddprun: %s must be a whole number from %d to %d, not \"%s\"\n", flag, lo, hi, v);
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+/* Parse argv into *o. Returns -1 to go on, else the exit status (0 after --help, 2 on an error). */
+DDP__PRIVATE int ddp__ln_parse(int argc, char** argv, ddp__ln_opts* o) {
+    static const char* const value_flags[] = {"nproc-per-node", "nnodes", "node-rank", "master-addr",
+                                              "master-port", "backend", "max-restarts"};
+    int i, k;
+    memset(o, 0, sizeof *o);
+    o->nproc = o->nnodes = 1;
+    o->port = DDP__DEFAULT_PORT;
+    o->addr = "127.0.0.1";
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int known = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(ddp__ln_usage, stdout); return 0; }
+        if (!strcmp(a, "--")) { i++; break; }
+        if (a[0] != '-' || a[1] == 0) break; /* the program */
+        if (a[1] != '-') { fprintf(stderr, "ddprun: unknown flag %s (ddprun --help lists them)\n", a); return 2; }
+        if (ddp__ln_flag_is(a, "standalone", &v) && !v) { o->standalone = 1; continue; }
+        for (k = 0; k < (int)(sizeof value_flags / sizeof value_flags[0]) && !known; k++) {
+            if (!ddp__ln_flag_is(a, value_flags[k], &v)) continue;
+            known = 1;
+            if (!v && i + 1 >= argc) { fprintf(stderr, "ddprun: --%s needs a value\n", value_flags[k]); return 2; }
+            if (!v) v = argv[++i];
+            switch (k) {
+            case 0: if (!ddp__ln_int_flag("--nproc-per-node", v, 1, DDP__MAX_SPAWN, &o->nproc)) return 2; break;
+            case 1: if (!ddp__ln_int_flag("--nnodes", v, 1, 65536, &o->nnodes)) return 2; break;
+            case 2: if (!ddp__ln_int_flag("--node-rank", v, 0, 65535, &o->node_rank)) return 2; break;
+            case 3: o->addr = v; o->addr_given = 1; break;
+            case 4: if (!ddp__ln_int_flag("--master-port", v, 1, 65535, &o->port)) return 2; o->port_given = 1; break;
+            case 5: o->backend = v; break;
+            default: if (!ddp__ln_int_flag("--max-restarts", v, 0, 1000000, &o->max_restarts)) return 2; break;
+            }
+        }
+        if (!known) { fprintf(stderr, "ddprun: unknown flag %s (ddprun --help lists them)\n", a); return 2; }
+    }
+    if (i >= argc) {
+        fprintf(stderr, "ddprun: no program to run: name it after the flags, e.g. "
+                        "ddprun --standalone --nproc-per-node 2 ./train\n");
+        return 2;
+    }
+    o->prog = argv + i;
+    return -1;
+}
+
+/* The checks that need all the flags at once. Returns -1 when fine, else 2 after a message. */
+DDP__PRIVATE int ddp__ln_validate(ddp__ln_opts* o) {
+    if (o->standalone && o->nnodes != 1) {
+        fprintf(stderr, "ddprun: --standalone runs on one machine; it cannot be combined with --nnodes %d\n",
+                o->nnodes);
+        return 2;
+    }
+    if (o->node_rank >= o->nnodes) {
+        fprintf(stderr, "ddprun: --node-rank %d is not below --nnodes %d: node ranks run 0..%d\n",
+                o->node_rank, o->nnodes, o->nnodes - 1);
+        return 2;
+    }
+    if ((long)o->nnodes * o->nproc > INT_MAX / 2) {
+        fprintf(stderr, "ddprun: --nnodes %d times --nproc-per-node %d is too many ranks\n", o->nnodes, o->nproc);
+        return 2;
+    }
+    if (!*o->addr) {
+        fprintf(stderr, "ddprun: --master-addr is empty: give rank 0's host name or address\n");
+        return 2;
+    }
+    if (o->backend && strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "nccl") != 0) {
+        fprintf(stderr, "ddprun: --backend %s is not one of cpu, nccl\n", o->backend);
+        return 2;
+    }
+    if (o->max_restarts > 0) {
+        fprintf(stderr, "ddprun: warning: --max-restarts %d: restarts are not built yet; a failure ends "
+                        "the job (as --max-restarts 0)\n", o->max_restarts);
+        o->max_restarts = 0;
+    }
+    if (o->standalone) {
+        if (o->addr_given || o->port_given)
+            fprintf(stderr, "ddprun: warning: --standalone picks 127.0.0.1 and a free port; "
+                            "--master-addr/--master-port are ignored\n");
+        o->addr = "127.0.0.1";
+        o->port = ddp__ln_free_port();
+        if (o->port <= 0) {
+            fprintf(stderr, "ddprun: --standalone: cannot find a free TCP port on 127.0.0.1: %s\n", strerror(errno));
+            return 1;
+        }
+    }
+    return -1;
+}
+
+/* ---- ddprun: starting the ranks and relaying their output ------------------------------------------ */
+
+/* One of a rank's output pipes, and the unfinished line read from it so far. */
+typedef struct ddp__ln_stream {
+    int fd;   /* -1 once closed */
+    int rank;
+    FILE* to; /* the launcher's stdout or stderr */
+    size_t n;
+    char buf[4096];
+} ddp__ln_stream;
+
+/* Write buf[0..len) as one line with the rank's prefix. */
+DDP__PRIVATE void ddp__ln_emit(ddp__ln_stream* st, const char* line, size_t len) {
+    fprintf(st->to, "[rank %d]: ", st->rank);
+    fwrite(line, 1, len, st->to);
+    if (len == 0 || line[len - 1] != '\n') fputc('\n', st->to);
+    fflush(st->to); /* line by line, so ranks' lines interleave whole and appear at once */
+}
+
+/* Read what the pipe has and print every complete line; at end of file print the rest and close.
+   A line longer than the buffer is cut into buffer-sized lines. */
+DDP__PRIVATE void ddp__ln_pump(ddp__ln_stream* st) {
+    ssize_t got = read(st->fd, st->buf + st->n, sizeof st->buf - st->n);
+    size_t start = 0, i;
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (got <= 0) { /* end of file (or a broken pipe): flush the partial last line */
+        if (st->n > 0) ddp__ln_emit(st, st->buf, st->n);
+        st->n = 0;
+        close(st->fd);
+        st->fd = -1;
+        return;
+    }
+    st->n += (size_t)got;
+    for (i = 0; i < st->n; i++)
+        if (st->buf[i] == '\n') {
+            ddp__ln_emit(st, st->buf + start, i + 1 - start);
+            start = i + 1;
+        }
+    if (start == 0 && st->n == sizeof st->buf) { /* no newline in a full buffer: cut the line here */
+        ddp__ln_emit(st, st->buf, st->n);
+        start = st->n;
+    }
+    memmove(st->buf, st->buf + start, st->n - start);
+    st->n -= start;
+}
+
+/* In the child: the job's variables, the pipes as stdout/stderr, then the program. Never returns. */
+DDP__PRIVATE void ddp__ln_exec(const ddp__ln_opts* o, const char* token, int local, int out_fd, int err_fd) {
+    ddp__ln_setenv_int("RANK", o->node_rank * o->nproc + local);
+    ddp__ln_setenv_int("WORLD_SIZE", o->nnodes * o->nproc);
+    ddp__ln_setenv_int("LOCAL_RANK", local);
+    ddp__ln_setenv_int("LOCAL_WORLD_SIZE", o->nproc);
+    ddp__ln_setenv_int("GROUP_RANK", o->node_rank);
+    setenv("MASTER_ADDR", o->addr, 1);
+    ddp__ln_setenv_int("MASTER_PORT", o->port);
+    setenv("DDP_JOB_TOKEN", token, 1);
+    setenv("DDP_RESTART_COUNT", "0", 1);
+    setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
+    if (o->backend) setenv("DDP_BACKEND", o->backend, 1);
+    /* N ranks each starting a thread per core would oversubscribe the machine (torchrun does this) */
+    if (o->nproc > 1) setenv("OMP_NUM_THREADS", "1", 0);
+    if (dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(127);
+    close(out_fd);
+    close(err_fd);
+    execvp(o->prog[0], o->prog);
+    fprintf(stderr, "ddprun: cannot run %s: %s\n", o->prog[0], strerror(errno));
+    fflush(stderr);
+    _exit(127); /* the shell's status for "command not found" */
+}
+
+/* Start local rank `local`: a pipe pair for its output, then fork. The read ends stay in the
+   launcher (close-on-exec, so later ranks do not inherit them); the write ends only in the child. */
+DDP__PRIVATE int ddp__ln_start(const ddp__ln_opts* o, const char* token, int local, ddp__ln_job* j,
+                               ddp__ln_stream* out, ddp__ln_stream* err, const ddp__ln_signals* sv) {
+    int po[2], pe[2];
+    pid_t pid, me = getpid();
+    if (pipe(po) != 0) return -1;
+    if (pipe(pe) != 0) { close(po[0]); close(po[1]); return -1; }
+    fcntl(po[0], F_SETFD, FD_CLOEXEC);
+    fcntl(pe[0], F_SETFD, FD_CLOEXEC);
+    pid = fork();
+    if (pid == 0) {
+        ddp__ln_child_setup(sv, me);
+        close(po[0]);
+        close(pe[0]);
+        ddp__ln_exec(o, token, local, po[1], pe[1]);
+    }
+    close(po[1]);
+    close(pe[1]);
+    if (pid < 0) { close(po[0]); close(pe[0]); return -1; }
+    j->pid[local] = pid;
+    j->alive++;
+    out->fd = po[0]; out->rank = err->rank = o->node_rank * o->nproc + local; out->to = stdout; out->n = 0;
+    err->fd = pe[0]; err->to = stderr; err->n = 0;
+    return 0;
+}
+
+/* Relay output and supervise until every rank has ended. Once all are reaped, what is left in the
+   pipes is drained; a pipe still held open by something a rank started is given up after 100 ms
+   of silence (or 2 s in all), so a leftover background program cannot hang the launcher. */
+DDP__PRIVATE void ddp__ln_relay(ddp__ln_job* j, ddp__ln_stream* st, int nst, struct pollfd* pf) {
+    int i, k, m, open_n;
+    double drain_until = 0;
+    for (;;) {
+        ddp__ln_tick(j);
+        if (j->alive == 0 && drain_until == 0) drain_until = ddp__ln_now() + 2.0;
+        if (j->alive == 0 && ddp__ln_now() > drain_until) break;
+        for (i = 0, open_n = 0; i < nst; i++)
+            if (st[i].fd >= 0) {
+                pf[open_n].fd = st[i].fd;
+                pf[open_n].events = POLLIN;
+                pf[open_n].revents = 0;
+                open_n++;
+            }
+        if (open_n == 0) {
+            if (j->alive == 0) break;
+            ddp__ln_sleep_ms(10);
+            continue;
+        }
+        k = poll(pf, (nfds_t)open_n, j->alive > 0 ? 20 : 100);
+        if (k == 0 && j->alive == 0) break; /* all ended and the pipes are quiet */
+        if (k < 0) continue;                /* EINTR: a forwarded signal */
+        /* pf lists the open streams in order; a stream closed before this poll has fd -1 */
+        for (i = 0, m = 0; i < nst && m < open_n; i++) {
+            if (st[i].fd != pf[m].fd) continue;
+            if (pf[m].revents & (POLLIN | POLLHUP | POLLERR)) ddp__ln_pump(&st[i]);
+            m++;
+        }
+    }
+    for (i = 0; i < nst; i++)
+        if (st[i].fd >= 0) {
+            if (st[i].n > 0) ddp__ln_emit(&st[i], st[i].buf, st[i].n);
+            close(st[i].fd);
+            st[i].fd = -1;
+        }
+}
+
+/* The job token: the environment's (every node of a job must share one), else a fresh one. */
+DDP__PRIVATE void ddp__ln_job_token(const ddp__ln_opts* o, char* token, size_t n) {
+    const char* t = getenv("DDP_JOB_TOKEN");
+    if (t && *t) {
+        snprintf(token, n, "%s", t);
+        return;
+    }
+    ddp__ln_token(token);
+    if (o->nnodes > 1)
+        fprintf(stderr, "ddprun: warning: DDP_JOB_TOKEN is not set, so this node made its own (%s); every "
+                        "node of the job must be given the same one: export DDP_JOB_TOKEN=<same value> "
+                        "before ddprun on each node\n", token);
+}
+
+/* The final word: the first failure (or the signal we got) and the exit status for main. */
+DDP__PRIVATE int ddp__ln_summary(const ddp__ln_opts* o, const ddp__ln_job* j, const pid_t* pids) {
+    char how[96];
+    if (j->first_fail >= 0 && !j->fail_after_signal) {
+        int st = j->status[j->first_fail];
+        ddp__ln_how(st, how, sizeof how);
+        fprintf(stderr, "ddprun: rank %d (pid %ld) %s%s%s\n", o->node_rank * o->nproc + j->first_fail,
+                (long)pids[j->first_fail], how, ddp__ln_exit_code(st) == 127 ? " (the program could not be run)" : "",
+                j->n > 1 ? "; stopped the other ranks" : "");
+        return ddp__ln_exit_code(st);
+    }
+    if (ddp__ln_got_signal) {
+        fprintf(stderr, "ddprun: received %s and passed it to every rank; all have stopped\n",
+                ddp__ln_signame((int)ddp__ln_got_signal));
+        return 128 + (int)ddp__ln_got_signal;
+    }
+    return 0;
+}
+
+DDP__DEF int ddp_launcher_main(int argc, char** argv) {
+    ddp__ln_opts o;
+    ddp__ln_job j;
+    ddp__ln_signals sv;
+    ddp__ln_stream* st;
+    struct pollfd* pf;
+    pid_t* pids;
+    char token[256];
+    int i, rc, start_failed = 0;
+    if ((rc = ddp__ln_parse(argc, argv, &o)) >= 0) return rc;
+    if ((rc = ddp__ln_validate(&o)) >= 0) return rc;
+    ddp__ln_job_token(&o, token, sizeof token);
+    st = (ddp__ln_stream*)ddp__calloc((size_t)o.nproc * 2 * sizeof(ddp__ln_stream));
+    pf = (struct pollfd*)ddp__calloc((size_t)o.nproc * 2 * sizeof(struct pollfd));
+    pids = (pid_t*)ddp__calloc((size_t)o.nproc * sizeof(pid_t)); /* for the summary: j.pid is zeroed */
+    if (!st || !pf || !pids || ddp__ln_job_init(&j, o.nproc) != DDP_OK) {
+        fprintf(stderr, "ddprun: out of memory\n");
+        if (st) DDP_FREE(st);
+        if (pf) DDP_FREE(pf);
+        if (pids) DDP_FREE(pids);
+        return 1;
+    }
+    for (i = 0; i < 2 * o.nproc; i++) st[i].fd = -1;
+    fflush(NULL);
+    ddp__ln_signals_begin(&j, &sv);
+    for (i = 0; i < o.nproc; i++) {
+        if (ddp__ln_start(&o, token, i, &j, &st[2 * i], &st[2 * i + 1], &sv) != 0) {
+            fprintf(stderr, "ddprun: cannot start local rank %d: %s; stopping the others\n", i, strerror(errno));
+            start_failed = 1;
+            ddp__ln_stop(&j);
+            break;
+        }
+        pids[i] = j.pid[i];
+    }
+    ddp__ln_signals_unblock(&sv);
+    ddp__ln_relay(&j, st, 2 * o.nproc, pf);
+    ddp__ln_signals_end(&sv);
+    rc = start_failed ? 1 : ddp__ln_summary(&o, &j, pids);
+    ddp__ln_job_free(&j);
+    DDP_FREE(st);
+    DDP_FREE(pf);
+    DDP_FREE(pids);
+    return rc;
 }
 
 #endif /* DDP_IMPLEMENTATION */

@@ -40,9 +40,10 @@ if [ $GPU_ONLY = 1 ]; then
 fi
 
 # ---- unit tests ------------------------------------------------------------------------------
-for t in test_basics test_nn test_data test_gpu; do
+for t in test_basics test_nn test_data test_gpu test_store test_env test_pg; do
     run_prog "$t" "$BUILD/tests/$t"
 done
+run_prog test_ddprun bash tests/test_ddprun.sh "$BUILD/ddprun"
 
 # ---- the header in every compile mode, warnings as errors, linked and run ---------------------
 echo "== compile modes"
