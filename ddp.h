@@ -5201,20 +5201,6 @@ DDP__DEF ddp_status ddp_slurm_first_host(const char* nodelist, char* out, size_t
 
 /* ---- supervising child processes (shared by ddp_spawn and ddprun) ------------------------------- */
 
-/* Monotonic seconds: a supervisor's deadlines must not jump when the wall clock is set. */
-DDP__PRIVATE double ddp__ln_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-DDP__PRIVATE void ddp__ln_sleep_ms(int ms) {
-    struct timespec t;
-    t.tv_sec = ms / 1000;
-    t.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&t, NULL); /* a signal may cut it short: the callers loop anyway */
-}
-
 /* How long a stopped rank gets to exit after SIGTERM before SIGKILL: DDP_KILL_GRACE_S, else 5 s
    (torchrun waits 30 s; our ranks have nothing large to save). */
 DDP__PRIVATE double ddp__ln_grace(void) {
@@ -5375,7 +5361,7 @@ DDP__PRIVATE void ddp__ln_signal_all(ddp__ln_job* j, int sig) {
 DDP__PRIVATE void ddp__ln_stop(ddp__ln_job* j) {
     if (j->kill_at > 0) return;
     ddp__ln_signal_all(j, SIGTERM);
-    j->kill_at = ddp__ln_now() + j->grace;
+    j->kill_at = ddp__now() + j->grace;
 }
 
 /* One supervision step, never blocking: reap the ranks that ended, start stopping the others at
@@ -5399,25 +5385,18 @@ DDP__PRIVATE void ddp__ln_tick(ddp__ln_job* j) {
             ddp__ln_stop(j);
         }
     }
-    if (ddp__ln_got_signal && j->kill_at == 0) j->kill_at = ddp__ln_now() + j->grace;
-    if (j->kill_at > 0 && !j->killed && ddp__ln_now() >= j->kill_at) {
+    if (ddp__ln_got_signal && j->kill_at == 0) j->kill_at = ddp__now() + j->grace;
+    if (j->kill_at > 0 && !j->killed && ddp__now() >= j->kill_at) {
         ddp__ln_signal_all(j, SIGKILL);
         j->killed = 1;
     }
 }
 
-/* A free TCP port on this machine: bind to port 0 and ask which port the kernel chose. Another
-   program could take it before rank 0 binds it; torchrun --standalone accepts the same race. */
+/* A free TCP port: listen on port 0 and ask which port the kernel chose. Another program could
+   take it before rank 0 binds it; torchrun --standalone accepts the same race. */
 DDP__PRIVATE int ddp__ln_free_port(void) {
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int port = 0, fd = socket(AF_INET, SOCK_STREAM, 0);
+    int port = 0, fd = ddp__sock_listen(0, &port);
     if (fd < 0) return 0;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr*)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr*)&a, &len) == 0)
-        port = ntohs(a.sin_port);
     close(fd);
     return port;
 }
@@ -5429,7 +5408,7 @@ DDP__PRIVATE void ddp__ln_token(char out[17]) {
     int fd = open("/dev/urandom", O_RDONLY);
     if (fd < 0 || read(fd, &v, sizeof v) != (ssize_t)sizeof v) {
         ddp_rng r = ddp_rng_seed((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^
-                                 (uint64_t)(ddp__ln_now() * 1e9));
+                                 (uint64_t)(ddp__now() * 1e9));
         v = ddp_rng_next(&r);
     }
     if (fd >= 0) close(fd);
@@ -5468,7 +5447,7 @@ DDP__PRIVATE ddp_status ddp__spawn_wait(ddp__ln_job* j) {
     char how[96];
     while (j->alive > 0) {
         ddp__ln_tick(j);
-        if (j->alive > 0) ddp__ln_sleep_ms(5);
+        if (j->alive > 0) ddp__sleep(0.005);
     }
     if (j->first_fail >= 0 && !j->fail_after_signal) {
         ddp__ln_how(j->status[j->first_fail], how, sizeof how);
@@ -5510,7 +5489,7 @@ DDP__DEF ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg) {
             ddp__ln_signal_all(&j, SIGKILL); /* a partial job is useless: take it down */
             while (j.alive > 0) {
                 ddp__ln_tick(&j);
-                ddp__ln_sleep_ms(5);
+                ddp__sleep(0.005);
             }
             ddp__ln_signals_end(&sv);
             ddp__ln_job_free(&j);
@@ -5766,8 +5745,8 @@ DDP__PRIVATE void ddp__ln_relay(ddp__ln_job* j, ddp__ln_stream* st, int nst, str
     double drain_until = 0;
     for (;;) {
         ddp__ln_tick(j);
-        if (j->alive == 0 && drain_until == 0) drain_until = ddp__ln_now() + 2.0;
-        if (j->alive == 0 && ddp__ln_now() > drain_until) break;
+        if (j->alive == 0 && drain_until == 0) drain_until = ddp__now() + 2.0;
+        if (j->alive == 0 && ddp__now() > drain_until) break;
         for (i = 0, open_n = 0; i < nst; i++)
             if (st[i].fd >= 0) {
                 pf[open_n].fd = st[i].fd;
@@ -5777,7 +5756,7 @@ DDP__PRIVATE void ddp__ln_relay(ddp__ln_job* j, ddp__ln_stream* st, int nst, str
             }
         if (open_n == 0) {
             if (j->alive == 0) break;
-            ddp__ln_sleep_ms(10);
+            ddp__sleep(0.01);
             continue;
         }
         k = poll(pf, (nfds_t)open_n, j->alive > 0 ? 20 : 100);
