@@ -31,6 +31,7 @@ run_prog() {
 # ---- the GPU suite (make test-gpu) -----------------------------------------------------------
 if [ $GPU_ONLY = 1 ]; then
     run_prog test_gpu env DDP_REQUIRE_GPU=1 "$BUILD/tests/test_gpu"
+    run_prog test_gpu_pg env DDP_REQUIRE_GPU=1 "$BUILD/tests/test_gpu_pg"
     out=$("$BUILD/examples/01_single_gpu" --device cuda --save-every 0 --checkpoint "$TMP/c" 2>&1)
     acc=$(sed -n 's/^test accuracy: //p' <<<"$out")
     if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= 0.95)}"; then ok "example01_gpu_wine_accuracy ($acc)"
@@ -40,10 +41,43 @@ if [ $GPU_ONLY = 1 ]; then
 fi
 
 # ---- unit tests ------------------------------------------------------------------------------
-for t in test_basics test_nn test_data test_gpu test_store test_env test_pg; do
+for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg; do
     run_prog "$t" "$BUILD/tests/$t"
 done
 run_prog test_ddprun bash tests/test_ddprun.sh "$BUILD/ddprun"
+
+# ---- whole jobs: ddprun and mpirun starting real ranks that join through the store ----------
+echo "== jobs"
+perf="$BUILD/allreduce_perf"
+job_ok() {  # name, command...: the all-reduce table must end with "Out of bounds values : 0 OK"
+    local name=$1; shift
+    local out
+    out=$(timeout 120 "$@" 2>&1)
+    if grep -q "Out of bounds values : 0 OK" <<<"$out"; then ok "$name"
+    else bad "$name" "$*" "$(tail -n 6 <<<"$out")"; fi
+}
+job_ok ddprun_standalone_4_ranks "$BUILD/ddprun" --standalone --nproc-per-node 4 "$perf" -b 4K -e 1M -f 4 -n 5 -w 1
+port=$((20000 + RANDOM % 20000))
+job_ok ddprun_explicit_master "$BUILD/ddprun" --master-addr 127.0.0.1 --master-port $port --nproc-per-node 3 "$perf" -b 1K -e 64K -f 8 -n 3 -w 1 -d bf16 -o avg
+# two "nodes" on one machine: two ddprun, node ranks 0 and 1, one shared token
+port=$((20000 + RANDOM % 20000))
+out=$( { DDP_JOB_TOKEN=twonodes timeout 120 "$BUILD/ddprun" --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port "$perf" -b 4K -e 64K -n 3 -w 1 >/dev/null 2>&1 & }
+        DDP_JOB_TOKEN=twonodes timeout 120 "$BUILD/ddprun" --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port "$perf" -b 4K -e 64K -n 3 -w 1 2>&1; wait)
+if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "world size 4" <<<"$out"; then ok ddprun_two_nodes_loopback
+else bad ddprun_two_nodes_loopback "$(tail -n 6 <<<"$out")"; fi
+# a rank that dies before joining: the others must not wait for it; ddprun ends promptly
+start=$(date +%s)
+out=$(DDP_TIMEOUT=60 timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 sh -c 'if [ "$RANK" = 2 ]; then exit 5; fi; exec "$0" -b 4K -e 4K' "$perf" 2>&1); rc=$?
+if [ $rc = 5 ] && [ $(( $(date +%s) - start )) -lt 20 ]; then ok ddprun_real_job_rank_dies
+else bad ddprun_real_job_rank_dies "exit status $rc after $(( $(date +%s) - start )) s (want 5, promptly)" "$(tail -n 4 <<<"$out")"; fi
+if command -v mpirun >/dev/null 2>&1; then
+    port=$((20000 + RANDOM % 20000))
+    out=$(DDP_DEBUG=INFO timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port -x DDP_DEBUG "$perf" -b 4K -e 256K -n 3 -w 1 2>&1)
+    if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "placement from openmpi" <<<"$out"; then ok mpirun_openmpi_env
+    else bad mpirun_openmpi_env "$(tail -n 6 <<<"$out")"; fi
+else
+    skp mpirun_openmpi_env "Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
+fi
 
 # ---- the header in every compile mode, warnings as errors, linked and run ---------------------
 echo "== compile modes"
