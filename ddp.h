@@ -3511,6 +3511,8 @@ struct ddp_pg {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     ddp_work *head, *tail;
+    int inline_busy;           /* a blocking collective is running on the caller's thread */
+    float* one;                /* ddp_barrier's number, on the group's device */
     unsigned char* staging;    /* host copy of GPU buffers and scratch space */
     size_t staging_bytes;
     unsigned char* piece;      /* one received piece before it is reduced */
@@ -3833,7 +3835,7 @@ static void* ddp__comm_main(void* arg) {
         ddp_work* w;
         ddp_status s;
         pthread_mutex_lock(&pg->lock);
-        while (!pg->head && !pg->stop) pthread_cond_wait(&pg->cond, &pg->lock);
+        while ((!pg->head || pg->inline_busy) && !pg->stop) pthread_cond_wait(&pg->cond, &pg->lock);
         if (!pg->head) {
             pthread_mutex_unlock(&pg->lock);
             break;
@@ -3916,6 +3918,7 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     size_t piece_bytes = piece_env && atol(piece_env) > 0 ? (size_t)atol(piece_env) : (size_t)256 << 10;
     pg->left_fd = pg->right_fd = -1;
     pg->piece_elems = piece_bytes / 4 ? piece_bytes / 4 : 1;
+
     /* the scratch for one received piece, sized for the widest dtype (f32) */
     pg->piece = (unsigned char*)ddp__malloc(pg->piece_elems * 4);
     if (!pg->piece) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the ring's receive piece failed");
@@ -4195,7 +4198,8 @@ DDP__PRIVATE ddp_status ddp__nccl_wait(ddp_pg* pg, ddp_work* w) {
                              "collective", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
                              ddp_dtype_name(w->dtype), pg->timeout);
         }
-        ddp__sleep(0.0002);
+        /* a small collective finishes in microseconds: poll freely for the first millisecond */
+        if (ddp__now() > deadline - pg->timeout + 1e-3) ddp__sleep(0.0001);
     }
     return DDP_OK;
 }
@@ -4354,6 +4358,7 @@ fail:
 DDP__DEF void ddp_destroy(ddp_pg* pg) {
     if (!pg) return;
     if (pg->vt) pg->vt->destroy(pg);
+    ddp_free(pg->device, pg->one);
     ddp_store_destroy(pg->store);
     pthread_mutex_destroy(&pg->lock);
     pthread_cond_destroy(&pg->cond);
@@ -4388,6 +4393,29 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
         s = ddp_event_create(pg->device, &w->ready);
         if (s == DDP_OK) s = ddp_event_record(w->ready, pg->user_stream);
         if (s != DDP_OK) {
+            ddp_event_destroy(w->ready);
+            DDP_FREE(w);
+            return s;
+        }
+    }
+    if (!work && pg->vt == &ddp__cpu_backend) {
+        /* A blocking call with nothing queued runs right here: handing it to the communication
+           thread and waiting for it to finish would only add two thread switches. */
+        int idle;
+        pthread_mutex_lock(&pg->lock);
+        idle = !pg->head && !pg->inline_busy;
+        if (idle) pg->inline_busy = 1;
+        pthread_mutex_unlock(&pg->lock);
+        if (idle) {
+            s = ddp__cpu_run(pg, w);
+            pthread_mutex_lock(&pg->lock);
+            pg->inline_busy = 0;
+            if (s != DDP_OK && !pg->broken) {
+                pg->broken = s;
+                snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+            }
+            pthread_cond_broadcast(&pg->cond);
+            pthread_mutex_unlock(&pg->lock);
             ddp_event_destroy(w->ready);
             DDP_FREE(w);
             return s;
@@ -4442,15 +4470,8 @@ DDP__DEF ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv,
 DDP__DEF ddp_status ddp_barrier(ddp_pg* pg) {
     /* an all-reduce of one number: ordered with the other collectives, and done by every rank
        only when every rank has contributed */
-    float one = 1.f;
-    void* buf = &one;
-    ddp_status s;
-    if (pg->device.type == DDP_DEVICE_CUDA) {
-        DDP__TRY(ddp_alloc(pg->device, sizeof one, &buf));
-    }
-    s = ddp_all_reduce(pg, buf, 1, DDP_F32, DDP_SUM, NULL);
-    if (buf != &one) ddp_free(pg->device, buf);
-    return s;
+    if (!pg->one) DDP__TRY(ddp_alloc(pg->device, sizeof(float), (void**)&pg->one)); /* kept: no malloc per call */
+    return ddp_all_reduce(pg, pg->one, 1, DDP_F32, DDP_SUM, NULL);
 }
 
 /* ============================================================================================== */
