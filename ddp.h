@@ -82,7 +82,15 @@
 
     Environment, read at run time:
     DDP_DEBUG=INFO|DETAIL   more log lines; DETAIL also synchronises after every GPU launch
-                            so an error is reported at the call that caused it.
+                            so an error is reported at the call that caused it, and prints every
+                            step of the ring.
+    DDP_TIMEOUT=seconds     deadline of every store operation, connection and collective (300).
+    DDP_BACKEND=cpu|nccl    the backend when ddp_desc.backend is not set.
+    DDP_RING_PIECE_BYTES    size of the pieces the CPU ring pipelines (256 KiB).
+    DDP_SIMULATE_NS_PER_BYTE  make every CPU-backend collective last at least this long per
+                            byte: a slow network, to watch communication overlap backward.
+    DDP_NCCL_RING=1         the NCCL backend runs the ring of >>ring instead of ncclAllReduce.
+    DDP_KILL_GRACE_S        seconds a stopped rank gets between SIGTERM and SIGKILL (5).
 
     BACKENDS AND FEATURES
     =====================
@@ -99,9 +107,13 @@
 
     LIMITS, HONESTLY
     ================
-    - f32 compute only; f16 and bf16 are storage formats (conversion, later gradient compression).
+    - f32 compute only; f16 and bf16 are storage and wire formats (conversion, gradient
+      compression), with arithmetic in f32.
     - The network layer is a sequential stack; there is no automatic differentiation.
-    - Not yet built (see the chapter map): multi-process training. This version is chapter 1.
+    - The CPU backend talks TCP even between ranks on one machine (a shared-memory transport is
+      planned), and its small-message latency is tens of microseconds, not Open MPI's few.
+    - Not yet built: snapshots with optimizer state and restarts in ddprun (chapter 6), trace
+      files, desync detection. The GPU path compiles and links but has not yet run on a GPU.
 */
 
 /* The implementation uses POSIX (files, later sockets and processes). Strict C99 hides those
@@ -205,7 +217,11 @@ extern "C" {
     X(DDP_ERR_WORLD_MISMATCH, "the ranks disagree about the job (world size or rank numbers)",   \
       "start every rank with the same WORLD_SIZE and a distinct RANK below it")                  \
     X(DDP_ERR_LAUNCH, "a rank of the job failed or could not be started",                        \
-      "read that rank's output above: its own error comes first")
+      "read that rank's output above: its own error comes first")                                \
+    X(DDP_ERR_MODEL_MISMATCH, "the ranks' models differ (parameters or shapes)",                 \
+      "build the same model on every rank, from the same code and sizes")                        \
+    X(DDP_ERR_UNUSED_PARAMETER, "a parameter received no gradient in this backward pass",       \
+      "make every parameter take part in the loss, or set find_unused_parameters")
 
 #define DDP__STATUS_ENUM(name, cause, fix) name,
 typedef enum ddp_status { DDP__STATUS_TABLE(DDP__STATUS_ENUM) DDP__STATUS_COUNT } ddp_status;
@@ -463,6 +479,11 @@ DDP_API ddp_status ddp_loss_mse(ddp_model* m, const float* targets, float* loss)
 /* Backpropagate the last loss, last layer first, ADDING each gradient into p->grad and calling
    ddp_param_grad_ready(p) as soon as p's gradient is final. DDP_ERR_STATE without a loss. */
 DDP_API ddp_status ddp_model_backward(ddp_model* m);
+/* Run fn(m, user) at the end of every ddp_model_backward, after the last hook; its status becomes
+   backward's. The analogue of an autograd engine callback: the DDP wrapper waits for its
+   all-reduces here. NULL removes it. */
+typedef ddp_status (*ddp_post_backward_fn)(ddp_model* m, void* user);
+DDP_API void ddp_model_set_post_backward(ddp_model* m, ddp_post_backward_fn fn, void* user);
 /* Set every p->grad to zero (call once per step, before backward, as optimizer.zero_grad()). */
 DDP_API ddp_status ddp_model_zero_grad(ddp_model* m);
 /* Accuracy (fraction of argmax == label) and mean cross-entropy over n samples, in batches.
@@ -608,7 +629,8 @@ typedef struct ddp_work ddp_work; /* a collective in flight */
    store, check every rank agrees on the world size, and connect the backend. Errors: DDP_ERR_ENV,
    the store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT, DDP_ERR_NCCL. */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
-/* Leave the job and free everything (collective). NULL is ignored. */
+/* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
+   timeout for every rank to call it). NULL is ignored. */
 DDP_API void ddp_destroy(ddp_pg* pg);
 /* This process's rank, the world size, the local rank and local world size, the backend in use,
    and the device collective buffers live on. */
@@ -652,7 +674,7 @@ DDP_API ddp_status ddp_work_wait(ddp_work* work);
 DDP_API ddp_status ddp_work_test(ddp_work* work, int* done);
 
 /* ---------------------------------------------------------------------------------------------- */
-/* >>data: data files, train/test split, standardisation, batches                   (chapter 1)  */
+/* >>data: data files, split, standardisation; the distributed sampler; batches (chapters 1-2) */
 /* ---------------------------------------------------------------------------------------------- */
 
 typedef struct ddp_dataset {
@@ -683,6 +705,113 @@ DDP_API void ddp_dataset_standardize(ddp_dataset* train, ddp_dataset* test);
 DDP_API void ddp_dataset_gather(const ddp_dataset* d, const int* idx, int count, float* x, int* y);
 /* Free a data set's arrays and zero it. */
 DDP_API void ddp_dataset_free(ddp_dataset* d);
+
+/* The distributed sampler (PyTorch's DistributedSampler): which samples this rank visits in an
+   epoch. With shuffling, every rank draws the same permutation of 0..n-1 from seed + epoch; the
+   list is padded with its own first entries up to a multiple of the number of replicas (or, with
+   drop_last, cut down to one); rank r then takes positions r, r + R, r + 2R, ... So the ranks'
+   samples are disjoint apart from the padding, and together they cover the data set. With one
+   replica it is simply a seeded shuffle, which is how chapter 1 uses it. */
+typedef struct ddp_sampler_desc {
+    const ddp_pg* pg;  /* replicas and rank from this group; NULL: num_replicas and rank below */
+    int num_replicas;  /* without pg; 0 means 1 */
+    int rank;          /* without pg */
+    uint64_t seed;     /* must be the same on every rank; default 0 */
+    int no_shuffle;    /* 1: keep the data set's order (PyTorch's shuffle=False) */
+    int drop_last;     /* 1: drop the tail instead of padding */
+} ddp_sampler_desc;
+
+typedef struct ddp_sampler {
+    int n, num_replicas, rank, shuffle, drop_last, epoch;
+    uint64_t seed;
+    int num_samples;   /* indices per rank per epoch: ceil(n/R), or floor(n/R) with drop_last */
+    int total_size;    /* num_samples * R: n plus the padding, or less the dropped tail */
+} ddp_sampler;
+
+/* Set up a sampler over n samples. DDP_ERR_INVALID_ARGUMENT for n < 0, num_replicas < 1, or
+   rank outside 0..num_replicas-1 (the message names the field). */
+DDP_API ddp_status ddp_sampler_init(ddp_sampler* s, int n, const ddp_sampler_desc* desc);
+/* Choose the epoch whose order ddp_sampler_indices gives. Call it before every epoch: without
+   it every epoch repeats the same order (PyTorch's set_epoch). */
+DDP_API void ddp_sampler_set_epoch(ddp_sampler* s, int epoch);
+/* Write this rank's s->num_samples indices for the current epoch into out. */
+DDP_API void ddp_sampler_indices(const ddp_sampler* s, int* out);
+/* How many of this rank's indices in the current epoch are padding (repeats of samples another
+   position already holds): 0 or 1, the last one, to leave out of an evaluation. 0 with drop_last. */
+DDP_API int ddp_sampler_padding(const ddp_sampler* s);
+
+/* Batches from a data set in a sampler's order (PyTorch's DataLoader over a sampler). */
+typedef struct ddp_loader {
+    const ddp_dataset* data;
+    int batch_size;
+    int drop_last;     /* 1: skip a last batch smaller than batch_size */
+    int* order;        /* this epoch's indices */
+    int count, pos;
+    float* x;          /* the current batch, [batch_size, nfeatures] */
+    int* y;
+} ddp_loader;
+
+/* Prepare a loader (allocates its batch buffers once). DDP_ERR_INVALID_ARGUMENT for batch < 1. */
+DDP_API ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, int batch_size, int drop_last);
+/* Start an epoch in the sampler's current order (call ddp_sampler_set_epoch first). */
+DDP_API ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s);
+/* The next batch: *x and *y point into the loader; returns its size, 0 when the epoch is over. */
+DDP_API int ddp_loader_next(ddp_loader* l, const float** x, const int** y);
+/* Batches per epoch for the current order. */
+DDP_API int ddp_loader_batches(const ddp_loader* l);
+/* Free the loader's buffers. */
+DDP_API void ddp_loader_free(ddp_loader* l);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* >>reducer: the DDP wrapper: buckets, hooks, overlap, no_sync                   (chapters 2, 7-8) */
+/* ---------------------------------------------------------------------------------------------- */
+/* ddp_wrap makes a model data-parallel, as torch.nn.parallel.DistributedDataParallel does: it
+   checks that every rank has the same model, copies rank 0's parameters to every rank, groups the
+   gradients into buckets (last layer first) and hooks every parameter. During backward each
+   gradient is scaled by 1/world size into its bucket; a full bucket is all-reduced at once, on
+   the communication thread or stream, while backward goes on with earlier layers. At the end of
+   backward the wrapper waits for the buckets and writes the averaged gradients back into p->grad,
+   so the optimizer step that follows is the same on every rank. The training loop itself does
+   not change. */
+
+typedef struct ddp_wrap_desc {
+    size_t bucket_cap_bytes;      /* default 25 MiB (PyTorch's bucket_cap_mb) */
+    size_t first_bucket_bytes;    /* default 1 MiB: a small first bucket starts communication early */
+    int gradient_as_bucket_view;  /* 1: p->grad lives inside the bucket (saves a copy and memory) */
+    int find_unused_parameters;   /* 1: a parameter without a gradient counts as zero, not an error */
+    ddp_dtype compress;           /* DDP_F16 or DDP_BF16: all-reduce in 16 bits (PyTorch's
+                                     fp16/bf16_compress_hook); default: no compression */
+} ddp_wrap_desc;
+
+typedef struct ddp_wrapper ddp_wrapper;
+
+/* What the wrapper has done, for a student to print. Times in seconds, sizes in bytes. */
+typedef struct ddp_wrap_stats {
+    int buckets;                  /* number of buckets */
+    size_t bucket_bytes[64];      /* the first 64 buckets' sizes, bucket 0 first (reduced first) */
+    int bucket_params[64];        /* parameters in each */
+    long steps;                   /* synchronised backward passes */
+    long all_reduces;             /* all-reduce calls issued */
+    uint64_t bytes_reduced;       /* bytes handed to all-reduce */
+    double wait_s;                /* time backward spent waiting for communication after its
+                                     last layer: the communication overlap did not hide */
+    double backward_s;            /* time from each synchronised backward's first ready gradient to
+                                     its end, for comparison */
+} ddp_wrap_stats;
+
+/* Wrap model m for data-parallel training on group pg (collective). Errors: DDP_ERR_MODEL_MISMATCH
+   on every rank naming the first difference and the ranks when the models differ;
+   DDP_ERR_INVALID_ARGUMENT for a bad desc; the group's errors. */
+DDP_API ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out);
+/* Unhook the model and free the wrapper (the model keeps its weights). NULL is ignored. */
+DDP_API void ddp_wrapper_destroy(ddp_wrapper* w);
+/* on = 1: the following backward passes only accumulate gradients locally (PyTorch's no_sync());
+   on = 0: the next backward all-reduces the accumulated sum. */
+DDP_API void ddp_no_sync(ddp_wrapper* w, int on);
+/* Copy the counters into *out. */
+DDP_API void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out);
+/* Print the bucket map (which parameters in which bucket) through the log, at INFO level. */
+DDP_API void ddp_wrapper_log_buckets(const ddp_wrapper* w);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* >>snapshot: checkpoint files                                           (chapter 1; 4 later)   */
@@ -1510,7 +1639,7 @@ DDP__DEF float ddp_bf16_to_f32(uint16_t h) {
 /* The kernel list: the name used in the source and the index used to launch it. */
 #define DDP__KERNEL_LIST(X)                                                                        \
     X(bias_add) X(bias_grad) X(relu_fwd) X(relu_bwd) X(gelu_fwd) X(gelu_bwd) X(xent) X(mse)        \
-    X(sgd) X(adam) X(f32_to_f16) X(f16_to_f32) X(f32_to_bf16) X(bf16_to_f32) X(reduce)
+    X(sgd) X(adam) X(f32_to_f16) X(f16_to_f32) X(f32_to_bf16) X(bf16_to_f32) X(reduce) X(scale)
 
 #define DDP__KERNEL_ENUM(name) DDP__K_##name,
 enum { DDP__KERNEL_LIST(DDP__KERNEL_ENUM) DDP__K_COUNT };
@@ -1620,7 +1749,10 @@ static const char* const ddp__kernel_source[] = {
     "extern \"C\" __global__ void ddp_k_reduce(void* dst, const void* src, long long n, int t, int op, float divisor) {\n"
     "  GRID_LOOP(i, n) { float a = ddp_ld(dst, i, t), b = ddp_ld(src, i, t);\n"
     "    float r = op == 1 ? fmaxf(a, b) : a + b; if (divisor != 1.f) r /= divisor;\n"
-    "    ddp_st(dst, i, t, r); } }\n"
+    "    ddp_st(dst, i, t, r); } }\n",
+    /* dst = src * a: a gradient scaled by 1/world size on its way into a bucket */
+    "extern \"C\" __global__ void ddp_k_scale(float* dst, const float* src, long long n, float a) {\n"
+    "  GRID_LOOP(i, n) dst[i] = src[i] * a; }\n"
 };
 #endif
 
@@ -1891,6 +2023,8 @@ struct ddp_model {
     float* targets;         /* device copy of the batch's regression targets */
     int capacity, max_width, batch;
     int have_output, have_loss;
+    ddp_post_backward_fn post_backward;
+    void* post_backward_user;
     ddp_stream* stream;
 #if DDP__CUDA
     cublasHandle_t blas;
@@ -2380,7 +2514,12 @@ DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
         }
         t = g, g = gnext, gnext = t;
     }
-    return DDP_OK;
+    return m->post_backward ? m->post_backward(m, m->post_backward_user) : DDP_OK;
+}
+
+DDP__DEF void ddp_model_set_post_backward(ddp_model* m, ddp_post_backward_fn fn, void* user) {
+    m->post_backward = fn;
+    m->post_backward_user = user;
 }
 
 DDP__DEF ddp_status ddp_model_zero_grad(ddp_model* m) {
@@ -3440,9 +3579,13 @@ DDP__DEF ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count)
     DDP__TRY(ddp_store_add(s, key, 1, &arrived));
     if (arrived == count) DDP__TRY(ddp_store_set(s, done, "1", 1));
     keys[0] = done;
-    if (ddp_store_wait(s, keys, 1, 0) != DDP_OK)
+    if (ddp_store_wait(s, keys, 1, 0) != DDP_OK) {
+        int64_t now = arrived;
+        if (ddp_last_status() != DDP_ERR_TIMEOUT) return ddp_last_status(); /* e.g. the store is gone */
+        ddp_store_add(s, key, 0, &now);
         return ddp__fail(DDP_ERR_TIMEOUT, "barrier \"%s\": only %lld of %d processes arrived within %.0f s",
-                         name, (long long)arrived, count, s->timeout);
+                         name, (long long)now, count, s->timeout);
+    }
     return DDP_OK;
 }
 
@@ -3512,11 +3655,14 @@ struct ddp_pg {
     pthread_cond_t cond;
     ddp_work *head, *tail;
     int inline_busy;           /* a blocking collective is running on the caller's thread */
+    int wraps;                 /* models wrapped so far: names the store keys of each ddp_wrap */
+    int joined;                /* ddp_init completed: ddp_destroy waits for the others */
     float* one;                /* ddp_barrier's number, on the group's device */
     unsigned char* staging;    /* host copy of GPU buffers and scratch space */
     size_t staging_bytes;
     unsigned char* piece;      /* one received piece before it is reduced */
     size_t piece_elems;
+    double sim_s_per_byte;     /* DDP_SIMULATE_NS_PER_BYTE: pretend the network is this slow */
     void* nccl;                /* the NCCL backend's state */
 };
 
@@ -3809,6 +3955,9 @@ DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w) {
             DDP__TRY(ddp_copy(ddp__cpu(), host + (size_t)pg->rank * w->count * es, pg->device, w->send,
                               w->count * es, NULL));
     }
+    /* A simulated slow network (for experiments with overlap): each collective takes at least as
+       long as its bytes would need at the given speed. */
+    if (pg->sim_s_per_byte > 0) ddp__sleep((double)(total * es) * pg->sim_s_per_byte);
     if (W > 1) {
         if (w->kind == DDP__ALL_REDUCE) s = ddp__ring(pg, w, host, w->count, 0, 2 * W - 2, 0);
         else if (w->kind == DDP__REDUCE_SCATTER) s = ddp__ring(pg, w, host, total, 0, W - 1, -1);
@@ -3916,8 +4065,10 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     socklen_t sl = sizeof ss;
     const char* piece_env = getenv("DDP_RING_PIECE_BYTES");
     size_t piece_bytes = piece_env && atol(piece_env) > 0 ? (size_t)atol(piece_env) : (size_t)256 << 10;
+    const char* sim = getenv("DDP_SIMULATE_NS_PER_BYTE");
     pg->left_fd = pg->right_fd = -1;
     pg->piece_elems = piece_bytes / 4 ? piece_bytes / 4 : 1;
+    pg->sim_s_per_byte = sim && atof(sim) > 0 ? atof(sim) * 1e-9 : 0;
 
     /* the scratch for one received piece, sized for the widest dtype (f32) */
     pg->piece = (unsigned char*)ddp__malloc(pg->piece_elems * 4);
@@ -4337,9 +4488,19 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
         }
         pg->thread_started = 1;
     }
+#if defined(DDP_CBLAS) && defined(OPENBLAS_VERSION)
+    {
+        /* ranks on one machine share its cores: give each its share of BLAS threads, unless the
+           user chose (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS) */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int share = (int)(cores / (pg->env.local_world_size > 0 ? pg->env.local_world_size : 1));
+        if (!getenv("OPENBLAS_NUM_THREADS") && !getenv("OMP_NUM_THREADS")) openblas_set_num_threads(share > 0 ? share : 1);
+    }
+#endif
     /* Nobody leaves init before everyone has read what it needs from the store. */
     s = ddp_store_barrier(pg->store, "init", pg->world);
     if (s != DDP_OK) goto fail;
+    pg->joined = 1;
     ddp_log(DDP_LOG_INFO, "joined the job: backend %s, device %s, store %s:%d (placement from %s)", pg->vt->name,
             ddp_device_name(pg->device, devname, sizeof devname), pg->env.master_addr, pg->env.master_port,
             pg->env.source);
@@ -4357,6 +4518,15 @@ fail:
 
 DDP__DEF void ddp_destroy(ddp_pg* pg) {
     if (!pg) return;
+    if (pg->joined) {
+        /* Rank 0 hosts the store: it stays until every rank has left, or a rank still on its way
+           out of ddp_init, or reading a key, would find the store gone (torchrun's exit barrier). */
+        int64_t left = 0;
+        double deadline = ddp__now() + pg->timeout;
+        if (ddp_store_add(pg->store, "ddp/left", 1, &left) == DDP_OK && pg->rank == 0)
+            while (left < pg->world && ddp__now() < deadline && ddp_store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
+                ddp__sleep(0.002);
+    }
     if (pg->vt) pg->vt->destroy(pg);
     ddp_free(pg->device, pg->one);
     ddp_store_destroy(pg->store);
@@ -4475,8 +4645,7 @@ DDP__DEF ddp_status ddp_barrier(ddp_pg* pg) {
 }
 
 /* ============================================================================================== */
-/* >>data: data files, train/test split, standardisation, batches                  (chapter 1)   */
-/*         (the distributed sampler joins this section in chapter 2)                             */
+/* >>data: data files, split, standardisation; the distributed sampler; batches  (chapters 1-2)  */
 /* ============================================================================================== */
 
 DDP__DEF void ddp_dataset_free(ddp_dataset* d) {
@@ -4717,6 +4886,531 @@ DDP__DEF void ddp_dataset_gather(const ddp_dataset* d, const int* idx, int count
                (size_t)d->nfeatures * sizeof(float));
         y[i] = d->y[idx[i]];
     }
+}
+
+/* ============================================================================================== */
+/* >>reducer: the DDP wrapper: buckets, hooks, overlap, no_sync                  (chapters 2, 7-8) */
+/* ============================================================================================== */
+/*
+   The life of one synchronised backward pass:
+     1. ddp_model_backward reaches a parameter whose gradient is final and calls its hook;
+     2. the hook copies grad * (1/W) into the parameter's slot of its bucket (with
+        gradient_as_bucket_view the gradient already lives there and is scaled in place);
+     3. when every parameter of a bucket is in, the bucket is ready; ready buckets are launched
+        as asynchronous all-reduces (sum) strictly in bucket order, the same on every rank;
+     4. backward goes on with earlier layers while the all-reduces run;
+     5. the post-backward callback waits for every bucket and copies the averages back into
+        p->grad.
+   Pre-dividing by W and then summing is PyTorch's choice too: the sum of W averages cannot
+   overflow where a sum of W gradients might.
+*/
+
+typedef struct ddp__bucket {
+    int* params;        /* indexes into the model's parameters, in the order they arrive */
+    int nparams, pending;
+    size_t count;       /* f32 elements */
+    float* buf;         /* on the model's device */
+    void* wire;         /* the compressed copy that travels, when compressing */
+    ddp_work* work;
+} ddp__bucket;
+
+struct ddp_wrapper {
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_wrap_desc d;
+    int nbuckets, next_launch, sync;
+    ddp_status broken;   /* a failure in a hook, reported when backward ends */
+    ddp__bucket* buckets;
+    int* bucket_of;     /* per parameter */
+    size_t* offset_of;  /* per parameter, elements into its bucket */
+    unsigned char* ready;
+    float** old_grad;   /* gradient_as_bucket_view: the parameter's own grad, restored at the end */
+    ddp_wrap_stats st;
+    double t_backward_start;
+    char err[sizeof ddp__err_msg];
+};
+
+/* f32 dst = src * a on the model's device, in order on its stream. */
+DDP__PRIVATE ddp_status ddp__scale(ddp_model* m, float* dst, const float* src, size_t n, float a) {
+    (void)m;
+#if DDP__CUDA
+    if (m->device.type == DDP_DEVICE_CUDA) {
+        long long cnt = (long long)n;
+        void* args[4];
+        args[0] = &dst, args[1] = (void*)&src, args[2] = &cnt, args[3] = &a;
+        return n ? ddp__launch(m->device, m->stream, DDP__K_scale, cnt, args) : DDP_OK;
+    }
+#endif
+    {
+        size_t i;
+        for (i = 0; i < n; i++) dst[i] = src[i] * a;
+    }
+    return DDP_OK;
+}
+
+/* Launch every ready bucket from next_launch on, in order: bucket k never overtakes k-1. */
+DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
+    while (w->next_launch < w->nbuckets && w->buckets[w->next_launch].pending == 0) {
+        ddp__bucket* b = &w->buckets[w->next_launch];
+        ddp_status s;
+        if (w->d.compress == DDP_F16 || w->d.compress == DDP_BF16) {
+            s = ddp_convert(w->m->device, w->d.compress, b->wire, DDP_F32, b->buf, b->count, w->m->stream);
+            if (s == DDP_OK) s = ddp_all_reduce(w->pg, b->wire, b->count, w->d.compress, DDP_SUM, &b->work);
+            w->st.bytes_reduced += b->count * 2;
+        } else {
+            s = ddp_all_reduce(w->pg, b->buf, b->count, DDP_F32, DDP_SUM, &b->work);
+            w->st.bytes_reduced += b->count * 4;
+        }
+        if (s != DDP_OK) return s;
+        w->st.all_reduces++;
+        ddp_log(DDP_LOG_DETAIL, "reducer: bucket %d ready (%d parameters, %zu bytes): all-reduce launched",
+                w->next_launch, b->nparams, b->count * 4);
+        w->next_launch++;
+    }
+    return DDP_OK;
+}
+
+/* The gradient-ready hook: step 2 and 3 above. */
+static void ddp__reducer_hook(ddp_param* p, void* user) {
+    ddp_wrapper* w = (ddp_wrapper*)user;
+    ddp__bucket* b;
+    float* slot;
+    ddp_status s;
+    if (!w->sync || w->broken) return; /* no_sync: the gradient just accumulates in p->grad */
+    if (w->t_backward_start == 0) w->t_backward_start = ddp__now(); /* the first gradient of this pass */
+    if (w->ready[p->index]) {
+        w->broken = DDP_ERR_STATE;
+        snprintf(w->err, sizeof w->err, "parameter %s was marked ready twice in one backward pass (a hand-written "
+                 "backward calling ddp_param_grad_ready twice?)", p->name);
+        return;
+    }
+    w->ready[p->index] = 1;
+    b = &w->buckets[w->bucket_of[p->index]];
+    slot = b->buf + w->offset_of[p->index];
+    /* into the bucket, already divided by the world size (in place for a bucket view) */
+    s = ddp__scale(w->m, slot, p->grad, p->count, 1.f / (float)ddp_world_size(w->pg));
+    if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
+    if (s != DDP_OK) {
+        w->broken = s;
+        snprintf(w->err, sizeof w->err, "%s", ddp_error_string());
+    }
+}
+
+/* Step 5: after the last layer, wait for every bucket and hand the averages back. */
+static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
+    ddp_wrapper* w = (ddp_wrapper*)user;
+    double t0;
+    int i, k;
+    ddp_status s = DDP_OK;
+    if (!w->sync) return DDP_OK;
+    if (w->broken) return ddp__fail(w->broken, "%s", w->err);
+    /* parameters that received no gradient this time */
+    for (i = 0; i < m->nparams; i++) {
+        ddp_param* p = m->params[i];
+        if (w->ready[i]) continue;
+        if (!w->d.find_unused_parameters) {
+            w->broken = DDP_ERR_UNUSED_PARAMETER;
+            snprintf(w->err, sizeof w->err, "parameter %s (index %d) received no gradient in this backward pass on "
+                     "rank %d, so its bucket can never be all-reduced. Make every parameter take part in the loss, "
+                     "or set ddp_wrap_desc.find_unused_parameters", p->name, i, ddp_rank(w->pg));
+            return ddp__fail(DDP_ERR_UNUSED_PARAMETER, "%s", w->err);
+        }
+        /* find_unused_parameters: it contributes zeros, and its bucket can go */
+        w->ready[i] = 1;
+        {
+            ddp__bucket* b = &w->buckets[w->bucket_of[i]];
+            s = ddp_zero(m->device, b->buf + w->offset_of[i], p->count * sizeof(float), m->stream);
+            if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
+            if (s != DDP_OK) return s;
+        }
+    }
+    t0 = ddp__now();
+    for (k = 0; k < w->nbuckets && s == DDP_OK; k++) {
+        ddp__bucket* b = &w->buckets[k];
+        s = ddp_work_wait(b->work);
+        b->work = NULL;
+        if (s == DDP_OK && b->wire) s = ddp_convert(m->device, DDP_F32, b->buf, w->d.compress, b->wire, b->count, m->stream);
+    }
+    w->st.wait_s += ddp__now() - t0;
+    for (k = 0; k < w->nbuckets && s == DDP_OK && !w->d.gradient_as_bucket_view; k++) {
+        ddp__bucket* b = &w->buckets[k];
+        for (i = 0; i < b->nparams && s == DDP_OK; i++) {
+            ddp_param* p = m->params[b->params[i]];
+            s = ddp_copy(m->device, p->grad, m->device, b->buf + w->offset_of[p->index], p->count * sizeof(float),
+                         m->stream);
+        }
+    }
+    if (s != DDP_OK) {
+        w->broken = s;
+        snprintf(w->err, sizeof w->err, "%s", ddp_error_string());
+        return s;
+    }
+    /* ready for the next backward */
+    memset(w->ready, 0, (size_t)m->nparams);
+    for (k = 0; k < w->nbuckets; k++) w->buckets[k].pending = w->buckets[k].nparams;
+    w->next_launch = 0;
+    w->st.steps++;
+    if (w->t_backward_start > 0) w->st.backward_s += ddp__now() - w->t_backward_start;
+    w->t_backward_start = 0;
+    return DDP_OK;
+}
+
+/* Bucket assignment: walk the parameters last to first (the order backward makes them ready)
+   and close a bucket once it holds at least its limit: first_bucket_bytes for the first, then
+   bucket_cap_bytes. A parameter is never split, so a bucket may overshoot by one parameter. */
+DDP__PRIVATE ddp_status ddp__assign_buckets(ddp_wrapper* w) {
+    ddp_model* m = w->m;
+    int i, k = 0;
+    size_t bytes = 0;
+    w->buckets = (ddp__bucket*)ddp__calloc((size_t)m->nparams * sizeof *w->buckets);
+    w->bucket_of = (int*)ddp__calloc((size_t)m->nparams * sizeof(int));
+    w->offset_of = (size_t*)ddp__calloc((size_t)m->nparams * sizeof(size_t));
+    w->ready = (unsigned char*)ddp__calloc((size_t)m->nparams + 1);
+    if (!w->buckets || !w->bucket_of || !w->offset_of || !w->ready)
+        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the bucket map failed");
+    for (i = m->nparams - 1; i >= 0; i--) {
+        ddp__bucket* b = &w->buckets[k];
+        size_t limit = k == 0 ? w->d.first_bucket_bytes : w->d.bucket_cap_bytes;
+        if (!b->params) {
+            b->params = (int*)ddp__malloc((size_t)m->nparams * sizeof(int));
+            if (!b->params) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a bucket failed");
+        }
+        w->bucket_of[i] = k;
+        w->offset_of[i] = b->count;
+        b->params[b->nparams++] = i;
+        b->count += m->params[i]->count;
+        bytes += m->params[i]->count * sizeof(float);
+        if (bytes >= limit || i == 0) {
+            k++;
+            bytes = 0;
+        }
+    }
+    w->nbuckets = k;
+    for (k = 0; k < w->nbuckets; k++) {
+        ddp__bucket* b = &w->buckets[k];
+        b->pending = b->nparams;
+        DDP__TRY(ddp_alloc(m->device, b->count * sizeof(float), (void**)&b->buf));
+        if (w->d.compress == DDP_F16 || w->d.compress == DDP_BF16)
+            DDP__TRY(ddp_alloc(m->device, b->count * 2, &b->wire));
+        if (k < 64) {
+            w->st.bucket_bytes[k] = b->count * sizeof(float);
+            w->st.bucket_params[k] = b->nparams;
+        }
+    }
+    w->st.buckets = w->nbuckets;
+    return DDP_OK;
+}
+
+/* Every rank must hold the same model: compare each rank's list of names and shapes with rank
+   0's through the store, and let every rank fail with the same explanation when one differs. */
+DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
+    ddp_store* st = ddp_pg_store(w->pg);
+    char sig[4096], other[4096], key[96], verdict[512];
+    size_t n = 0, pos = 0;
+    int i, W = ddp_world_size(w->pg), me = ddp_rank(w->pg);
+    int gen = w->pg->wraps++; /* a fresh key space per wrap: every rank wraps in the same order */
+    ddp_model* m = w->m;
+    pos += (size_t)snprintf(sig + pos, sizeof sig - pos, "%d parameters:", m->nparams);
+    for (i = 0; i < m->nparams && pos < sizeof sig - 64; i++)
+        pos += (size_t)snprintf(sig + pos, sizeof sig - pos, " %s[%d%s%.0d]", m->params[i]->name, m->params[i]->shape[0],
+                                m->params[i]->ndim == 2 ? "," : "", m->params[i]->ndim == 2 ? m->params[i]->shape[1] : 0);
+    snprintf(key, sizeof key, "ddp/wrap/%d/sig/0", gen);
+    if (me == 0) DDP__TRY(ddp_store_set(st, key, sig, strlen(sig)));
+    memset(other, 0, sizeof other);
+    DDP__TRY(ddp_store_get(st, key, other, sizeof other - 1, &n));
+    verdict[0] = 0;
+    if (strcmp(sig, other) != 0) {
+        /* name the first differing parameter */
+        const char *a = sig, *b = other;
+        while (*a && *a == *b) a++, b++;
+        while (a > sig && a[-1] != ' ') a--, b--;
+        snprintf(verdict, sizeof verdict, "rank %d's model differs from rank 0's at \"%.60s\" (rank 0 has \"%.60s\"); "
+                 "rank %d has %.40s, rank 0 has %.40s", me, a, b, me, sig, other);
+    }
+    snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
+    DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
+    for (i = 0; i < W; i++) {
+        char theirs[512];
+        memset(theirs, 0, sizeof theirs);
+        snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, i);
+        DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
+        if (theirs[0])
+            return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the "
+                             "same model", theirs);
+    }
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out) {
+    ddp_wrapper* w;
+    ddp_status s;
+    int i;
+    char dn[32], pn[32];
+    *out = NULL;
+    if (m->device.type != pg->device.type || m->device.index != pg->device.index)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "the model is on %s but the group's buffers are on %s: create the "
+                         "model on ddp_pg_device(pg)", ddp_device_name(m->device, dn, sizeof dn),
+                         ddp_device_name(pg->device, pn, sizeof pn));
+    w = (ddp_wrapper*)ddp__calloc(sizeof *w);
+    if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the wrapper failed");
+    if (desc) w->d = *desc;
+    if (w->d.bucket_cap_bytes == 0) w->d.bucket_cap_bytes = (size_t)25 << 20;
+    if (w->d.first_bucket_bytes == 0) w->d.first_bucket_bytes = (size_t)1 << 20;
+    if (w->d.compress == DDP_DTYPE_DEFAULT) w->d.compress = DDP_F32;
+    w->pg = pg, w->m = m, w->sync = 1;
+    s = ddp__verify_model(w);
+    /* every rank starts from rank 0's weights, whatever its own seed was */
+    for (i = 0; i < m->nparams && s == DDP_OK; i++)
+        s = ddp_broadcast(pg, m->params[i]->data, m->params[i]->count, DDP_F32, 0, NULL);
+    if (s == DDP_OK) s = ddp__assign_buckets(w);
+    if (s == DDP_OK && w->d.gradient_as_bucket_view) {
+        w->old_grad = (float**)ddp__calloc((size_t)m->nparams * sizeof(float*));
+        if (!w->old_grad) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the gradient views failed");
+        for (i = 0; i < m->nparams && s == DDP_OK; i++) {
+            ddp_param* p = m->params[i];
+            float* view = w->buckets[w->bucket_of[i]].buf + w->offset_of[i];
+            s = ddp_copy(m->device, view, m->device, p->grad, p->count * sizeof(float), m->stream);
+            w->old_grad[i] = p->grad;
+            p->grad = view; /* the gradient now lives in the bucket: no copy in, no copy out */
+        }
+    }
+    for (i = 0; i < m->nparams && s == DDP_OK; i++) s = ddp_param_add_hook(m->params[i], ddp__reducer_hook, w);
+    if (s != DDP_OK) {
+        char msg[sizeof ddp__err_msg];
+        memcpy(msg, ddp__err_msg, sizeof msg);
+        ddp_wrapper_destroy(w);
+        return ddp__fail(s, "%s", msg);
+    }
+    ddp_model_set_post_backward(m, ddp__reducer_finish, w);
+    ddp_pg_set_stream(pg, m->device.type == DDP_DEVICE_CUDA ? m->stream : NULL);
+    *out = w;
+    if (ddp_log_level_enabled() >= DDP_LOG_INFO && ddp_rank(pg) == 0) ddp_wrapper_log_buckets(w);
+    return DDP_OK;
+}
+
+DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
+    int i;
+    if (!w) return;
+    for (i = 0; i < w->m->nparams; i++) {
+        ddp_param* p = w->m->params[i];
+        int k, j = 0;
+        for (k = 0; k < p->nhooks; k++) /* remove only our hook */
+            if (p->hooks[k] != ddp__reducer_hook || p->hook_user[k] != w)
+                p->hooks[j] = p->hooks[k], p->hook_user[j] = p->hook_user[k], j++;
+        p->nhooks = j;
+        if (w->old_grad && w->old_grad[i]) {
+            ddp_copy(w->m->device, w->old_grad[i], w->m->device, p->grad, p->count * sizeof(float), w->m->stream);
+            p->grad = w->old_grad[i];
+        }
+    }
+    if (w->m->post_backward == ddp__reducer_finish) ddp_model_set_post_backward(w->m, NULL, NULL);
+    ddp_stream_sync(w->m->stream);
+    for (i = 0; i < w->nbuckets; i++) {
+        if (w->buckets[i].work) ddp_work_wait(w->buckets[i].work);
+        ddp_free(w->m->device, w->buckets[i].buf);
+        ddp_free(w->m->device, w->buckets[i].wire);
+    }
+    if (w->buckets) {
+        for (i = 0; i < w->m->nparams; i++)
+            if (w->buckets[i].params) DDP_FREE(w->buckets[i].params);
+        DDP_FREE(w->buckets);
+    }
+    if (w->bucket_of) DDP_FREE(w->bucket_of);
+    if (w->offset_of) DDP_FREE(w->offset_of);
+    if (w->ready) DDP_FREE(w->ready);
+    if (w->old_grad) DDP_FREE(w->old_grad);
+    DDP_FREE(w);
+}
+
+DDP__DEF void ddp_no_sync(ddp_wrapper* w, int on) { w->sync = !on; }
+
+DDP__DEF void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out) { *out = w->st; }
+
+DDP__DEF void ddp_wrapper_log_buckets(const ddp_wrapper* w) {
+    int k, i;
+    ddp_log(DDP_LOG_INFO, "reducer: %d bucket%s (cap %zu bytes, first %zu bytes), reduced in this order:", w->nbuckets,
+            w->nbuckets == 1 ? "" : "s", w->d.bucket_cap_bytes, w->d.first_bucket_bytes);
+    for (k = 0; k < w->nbuckets; k++) {
+        char names[512];
+        size_t pos = 0;
+        names[0] = 0;
+        for (i = 0; i < w->buckets[k].nparams && pos < sizeof names - 40; i++)
+            pos += (size_t)snprintf(names + pos, sizeof names - pos, "%s%s", i ? ", " : "",
+                                    w->m->params[w->buckets[k].params[i]]->name);
+        ddp_log(DDP_LOG_INFO, "  bucket %d: %zu bytes: %s", k, w->buckets[k].count * sizeof(float), names);
+    }
+}
+
+/* ---- the distributed sampler (PyTorch's DistributedSampler) ---------------------------------- */
+
+DDP__DEF ddp_status ddp_sampler_init(ddp_sampler* s, int n, const ddp_sampler_desc* desc) {
+    ddp_sampler_desc d;
+    long long total;
+    memset(s, 0, sizeof *s);
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (d.pg) {
+        d.num_replicas = ddp_world_size(d.pg);
+        d.rank = ddp_rank(d.pg);
+    } else if (d.num_replicas == 0) {
+        d.num_replicas = 1;
+    }
+    if (n < 0) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_init: n is %d; it must be >= 0", n);
+    if (d.num_replicas < 1)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_init: num_replicas is %d; it must be >= 1",
+                         d.num_replicas);
+    if (d.rank < 0 || d.rank >= d.num_replicas)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "ddp_sampler_init: rank is %d; it must be in 0..%d (num_replicas is %d)", d.rank,
+                         d.num_replicas - 1, d.num_replicas);
+    s->n = n;
+    s->num_replicas = d.num_replicas;
+    s->rank = d.rank;
+    s->shuffle = !d.no_shuffle;
+    s->drop_last = d.drop_last;
+    s->seed = d.seed;
+    /* PyTorch's rule: ceil((n - R) / R) with drop_last is floor(n / R); else ceil(n / R) */
+    s->num_samples = n / d.num_replicas + (!d.drop_last && n % d.num_replicas != 0);
+    total = (long long)s->num_samples * d.num_replicas;
+    if (total > 0x7fffffff) {
+        memset(s, 0, sizeof *s);
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "ddp_sampler_init: n = %d padded for %d replicas is more than 2^31 - 1 positions", n,
+                         d.num_replicas);
+    }
+    s->total_size = (int)total;
+    return DDP_OK;
+}
+
+DDP__DEF void ddp_sampler_set_epoch(ddp_sampler* s, int epoch) { s->epoch = epoch; }
+
+/* Padding never reaches a whole round (total_size < n + R), so a rank holds at most one padded
+   position, and it is its last. */
+DDP__DEF int ddp_sampler_padding(const ddp_sampler* s) {
+    if (s->drop_last || s->num_samples == 0) return 0;
+    return s->rank + (s->num_samples - 1) * s->num_replicas >= s->n;
+}
+
+/* Entry q of ddp_permutation(n, seed) without the array, for when memory for it is short: follow
+   position q back through the Fisher-Yates swaps, the last swap first. splitmix64 advances its
+   state by a constant, so the draw of each swap can be made directly. O(n) per entry. */
+DDP__PRIVATE int ddp__permutation_at(int n, uint64_t seed, int q) {
+    int i;
+    for (i = 1; i < n; i++) { /* the swap at i is the (n - i)-th draw */
+        ddp_rng r = ddp_rng_seed(seed + (uint64_t)(n - 1 - i) * 0x9E3779B97F4A7C15ull);
+        int j = (int)ddp_rng_below(&r, (uint32_t)i + 1);
+        if (q == i) q = j;
+        else if (q == j) q = i;
+    }
+    return q;
+}
+
+/* This rank's indices into out, using work[0..n) for the epoch's order. work may be out itself
+   (when out has room for n): position r + kR is never before k, so the strided reads stay ahead of
+   the writes, apart from the padded last one, read first. */
+DDP__PRIVATE void ddp__sampler_fill(const ddp_sampler* s, int* work, int* out) {
+    int k, ns = s->num_samples, R = s->num_replicas, pad = ddp_sampler_padding(s), last = 0;
+    if (ns == 0) return;
+    if (s->shuffle) ddp_permutation(s->n, s->seed + (uint64_t)s->epoch, work);
+    else
+        for (k = 0; k < s->n; k++) work[k] = k;
+    /* the padded list repeats the order from its front: position p holds order[p % n] */
+    if (pad) last = work[(s->rank + (ns - 1) * R) % s->n];
+    for (k = 0; k < ns - pad; k++) out[k] = work[s->rank + k * R];
+    if (pad) out[ns - 1] = last;
+}
+
+DDP__DEF void ddp_sampler_indices(const ddp_sampler* s, int* out) {
+    int k, *work;
+    if (s->num_samples == 0) return;
+    if (!s->shuffle) {
+        for (k = 0; k < s->num_samples; k++) out[k] = (s->rank + k * s->num_replicas) % s->n;
+        return;
+    }
+    if (s->num_samples >= s->n) { /* one replica, or n < R: out holds the whole order */
+        ddp__sampler_fill(s, out, out);
+        return;
+    }
+    work = (int*)ddp__malloc((size_t)s->n * sizeof(int));
+    if (work) {
+        ddp__sampler_fill(s, work, out);
+        DDP_FREE(work);
+        return;
+    }
+    /* no memory for the order: slower, but every rank still gets the same answer */
+    for (k = 0; k < s->num_samples; k++)
+        out[k] = ddp__permutation_at(s->n, s->seed + (uint64_t)s->epoch,
+                                     (s->rank + k * s->num_replicas) % s->n);
+}
+
+/* ---- batches (PyTorch's DataLoader over a sampler) ----------------------------------------- */
+
+DDP__DEF ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, int batch_size, int drop_last) {
+    int rows;
+    memset(l, 0, sizeof *l);
+    if (!data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: data is NULL");
+    if (batch_size < 1)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: batch_size is %d; it must be >= 1",
+                         batch_size);
+    rows = batch_size < data->n ? batch_size : data->n; /* a batch never holds more than the data set */
+    if (rows < 1) rows = 1;
+    l->x = (float*)ddp__malloc((size_t)rows * (size_t)data->nfeatures * sizeof(float));
+    l->y = (int*)ddp__malloc((size_t)rows * sizeof(int));
+    if ((!l->x && data->nfeatures > 0) || !l->y) {
+        ddp_loader_free(l);
+        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_loader_init: allocating a batch of %d x %d failed", rows,
+                         data->nfeatures);
+    }
+    l->data = data;
+    l->batch_size = batch_size;
+    l->drop_last = drop_last;
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
+    if (!l->data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_start: the loader is not initialised");
+    if (s->n > l->data->n)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "ddp_loader_start: the sampler is over %d samples, the data set has only %d", s->n,
+                         l->data->n);
+    /* n entries: enough for any sampler over this data set (num_samples <= n) and for the whole
+       order as scratch, so no epoch allocates again */
+    if (!l->order && l->data->n > 0) {
+        l->order = (int*)ddp__malloc((size_t)l->data->n * sizeof(int));
+        if (!l->order)
+            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_loader_start: allocating %d indices failed", l->data->n);
+    }
+    ddp__sampler_fill(s, l->order, l->order);
+    l->count = s->num_samples;
+    l->pos = 0;
+    return DDP_OK;
+}
+
+DDP__DEF int ddp_loader_next(ddp_loader* l, const float** x, const int** y) {
+    int b = l->count - l->pos;
+    if (b > l->batch_size) b = l->batch_size;
+    if (b <= 0 || (l->drop_last && b < l->batch_size)) {
+        l->pos = l->count;
+        return 0;
+    }
+    ddp_dataset_gather(l->data, l->order + l->pos, b, l->x, l->y);
+    l->pos += b;
+    if (x) *x = l->x;
+    if (y) *y = l->y;
+    return b;
+}
+
+DDP__DEF int ddp_loader_batches(const ddp_loader* l) {
+    if (l->batch_size < 1) return 0;
+    return l->count / l->batch_size + (!l->drop_last && l->count % l->batch_size != 0);
+}
+
+DDP__DEF void ddp_loader_free(ddp_loader* l) {
+    if (!l) return;
+    if (l->order) DDP_FREE(l->order);
+    if (l->x) DDP_FREE(l->x);
+    if (l->y) DDP_FREE(l->y);
+    memset(l, 0, sizeof *l);
 }
 
 /* ============================================================================================== */

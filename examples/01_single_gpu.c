@@ -73,9 +73,10 @@ int main(int argc, char** argv) {
     ddp_device device;
     ddp_model* model;
     ddp_optim* optim;
+    ddp_sampler sampler;
+    ddp_loader loader;
     char devname[32];
-    int epoch, *order, *yb;
-    float* xb;
+    int epoch;
 
     /* 1. Data: load, hold out 20% for testing, standardise with the training statistics. */
     DDP_CHECK(ddp_dataset_load(opt.data, opt.data_dir, &all));
@@ -103,22 +104,24 @@ int main(int argc, char** argv) {
                opt.batch_size);
     }
 
-    /* 4. Train: each epoch visits the training set once in a fresh random order. */
-    order = (int*)malloc((size_t)train.n * sizeof(int));
-    xb = (float*)malloc((size_t)opt.batch_size * train.nfeatures * sizeof(float));
-    yb = (int*)malloc((size_t)opt.batch_size * sizeof(int));
-    if (!order || !xb || !yb) {
-        fprintf(stderr, "out of memory\n");
-        return 1;
+    /* 4. Train: each epoch visits the training set once in a fresh random order. With one replica
+       the sampler is simply a seeded shuffle; chapter 2 hands it the process group instead, and
+       each rank then visits its own share. The loader gathers the batches in that order. */
+    {
+        ddp_sampler_desc sd = {0};
+        sd.seed = opt.seed;
+        DDP_CHECK(ddp_sampler_init(&sampler, train.n, &sd));
+        DDP_CHECK(ddp_loader_init(&loader, &train, opt.batch_size, 0));
     }
     for (epoch = 1; epoch <= opt.epochs; epoch++) {
         double loss_sum = 0;
-        int start;
-        ddp_permutation(train.n, opt.seed * 1000003u + (unsigned long)epoch, order);
-        for (start = 0; start < train.n; start += opt.batch_size) {
-            int n = train.n - start < opt.batch_size ? train.n - start : opt.batch_size;
+        const float* xb;
+        const int* yb;
+        int n;
+        ddp_sampler_set_epoch(&sampler, epoch); /* without it every epoch repeats one order */
+        DDP_CHECK(ddp_loader_start(&loader, &sampler));
+        while ((n = ddp_loader_next(&loader, &xb, &yb)) > 0) {
             float loss;
-            ddp_dataset_gather(&train, order + start, n, xb, yb);
             DDP_CHECK(ddp_model_zero_grad(model));
             DDP_CHECK(ddp_model_forward(model, xb, n));
             DDP_CHECK(ddp_loss_cross_entropy(model, yb, &loss));
@@ -141,7 +144,7 @@ int main(int argc, char** argv) {
         printf("test accuracy: %.4f\n", accuracy);
     }
 
-    free(order), free(xb), free(yb);
+    ddp_loader_free(&loader);
     ddp_optim_destroy(optim);
     ddp_model_destroy(model);
     ddp_dataset_free(&train), ddp_dataset_free(&test), ddp_dataset_free(&all);

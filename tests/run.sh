@@ -41,7 +41,7 @@ if [ $GPU_ONLY = 1 ]; then
 fi
 
 # ---- unit tests ------------------------------------------------------------------------------
-for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg; do
+for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_sampler; do
     run_prog "$t" "$BUILD/tests/$t"
 done
 run_prog test_ddprun bash tests/test_ddprun.sh "$BUILD/ddprun"
