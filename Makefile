@@ -84,12 +84,12 @@ DDP_CFLAGS := -I. $(CUDA_CFLAGS) $(BLAS_CFLAGS)
 DDP_LIBS   := $(CUDA_LIBS) $(BLAS_LIBS) -lpthread -lm
 export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS
 
-EXAMPLES := $(BUILD)/examples/01_single_gpu
+EXAMPLES := $(BUILD)/examples/01_single_gpu $(BUILD)/examples/02_multi_gpu $(BUILD)/examples/03_multi_node
 TOOLS    := $(BUILD)/ddprun $(BUILD)/allreduce_perf
 TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu \
             $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_sampler
 
-.PHONY: all test test-gpu sanitize install uninstall clean help
+.PHONY: all demo test test-gpu sanitize install uninstall clean help
 all: $(EXAMPLES) $(TOOLS) $(TESTS)
 
 $(BUILD)/%: tools/%.c ddp.h
@@ -103,6 +103,10 @@ $(BUILD)/examples/%: examples/%.c ddp.h
 $(BUILD)/tests/%: tests/%.c ddp.h tests/harness.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
+
+# The main job: the chapter-2 program on 4 ranks (CPU backend) on the bundled wine data.
+demo: all
+	@$(BUILD)/examples/02_multi_gpu --nproc 4 --device cpu --save-every 0
 
 # The CPU suite: unit tests, compile modes, the chapter-1 example's accuracy bars.
 test: all
@@ -142,6 +146,7 @@ clean:
 
 help:
 	@echo "make            build examples and tests under $(BUILD)/"
+	@echo "make demo       train the chapter-2 example on 4 CPU ranks"
 	@echo "make test       run the CPU test suite (last line: N passed, N failed, N skipped)"
 	@echo "make test-gpu   run the GPU tests (needs a GPU)"
 	@echo "make sanitize   run the CPU suite under ASan and UBSan"

@@ -584,8 +584,9 @@ typedef enum ddp_reduce_op { DDP_SUM = 0, DDP_AVG, DDP_MAX } ddp_reduce_op;
 
 typedef struct ddp_desc {
     ddp_backend backend;
-    ddp_device device;       /* where collective buffers live; default: cuda:LOCAL_RANK with a
-                                usable GPU, else cpu */
+    ddp_device device;       /* where collective buffers live; default: cuda:LOCAL_RANK when this
+                                machine has a GPU for every local rank, else cpu. DDP_DEVICE_CUDA
+                                with index 0 means cuda:(LOCAL_RANK mod GPUs) */
     /* Explicit placement beats every environment variable. Rank 0 is a real rank, so the
        numbers count only when `explicit_rank` is set. */
     int explicit_rank;
@@ -3435,7 +3436,9 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     /* Connect, retrying with doubling back-off: the server may not be up yet. */
     deadline = ddp__now() + s->timeout;
     for (;;) {
-        s->fd = ddp__sock_connect(d.is_server ? "127.0.0.1" : s->host, s->port,
+        /* The host connects like everyone else, to MASTER_ADDR: the local address of this
+           connection is what the ring publishes, and 127.0.0.1 would be useless to other hosts. */
+        s->fd = ddp__sock_connect(s->host, s->port,
                                   ddp__now() + 2.0 < deadline ? ddp__now() + 2.0 : deadline);
         if (s->fd >= 0) break;
         last_err = errno;
@@ -4462,7 +4465,19 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     pg->world = pg->env.world_size;
     pg->timeout = ddp__timeout(d.timeout_s);
     want = d.device;
-    if (want.type == DDP_DEVICE_AUTO) want.index = pg->env.local_rank;
+    if (want.type == DDP_DEVICE_AUTO) {
+        /* one GPU per rank when this machine has enough of them (NCCL refuses two ranks on one
+           GPU), else the CPU for every rank */
+        int gpus = ddp_cuda_device_count();
+        want.type = gpus >= pg->env.local_world_size ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
+        want.index = pg->env.local_rank;
+        if (gpus > 0 && gpus < pg->env.local_world_size)
+            ddp_log(DDP_LOG_INFO, "%d GPU%s for %d local ranks: every rank uses the CPU", gpus, gpus == 1 ? "" : "s",
+                    pg->env.local_world_size);
+    }
+    if (want.type == DDP_DEVICE_CUDA && d.device.type == DDP_DEVICE_CUDA && d.device.index == 0 &&
+        ddp_cuda_device_count() > 0) /* "cuda" means this rank's GPU: LOCAL_RANK picks it */
+        want.index = pg->env.local_rank % ddp_cuda_device_count();
     s = ddp_device_resolve(want, &pg->device);
     if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
     if (s != DDP_OK) goto fail;
@@ -4501,9 +4516,13 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     s = ddp_store_barrier(pg->store, "init", pg->world);
     if (s != DDP_OK) goto fail;
     pg->joined = 1;
-    ddp_log(DDP_LOG_INFO, "joined the job: backend %s, device %s, store %s:%d (placement from %s)", pg->vt->name,
-            ddp_device_name(pg->device, devname, sizeof devname), pg->env.master_addr, pg->env.master_port,
-            pg->env.source);
+    {
+        char host[256] = "?";
+        gethostname(host, sizeof host - 1);
+        ddp_log(DDP_LOG_INFO, "joined the job on host %s: backend %s, device %s, store %s:%d (placement from %s)",
+                host, pg->vt->name, ddp_device_name(pg->device, devname, sizeof devname), pg->env.master_addr,
+                pg->env.master_port, pg->env.source);
+    }
     *out = pg;
     return DDP_OK;
 fail:

@@ -20,7 +20,7 @@ typedef struct options {
     const char* data;
     const char* data_dir;
     const char* checkpoint;
-    int epochs, batch_size, hidden, save_every;
+    int epochs, batch_size, hidden, save_every, nproc;
     float lr;
     unsigned long seed;
 } options;
@@ -29,12 +29,12 @@ static void usage(const char* prog) {
     fprintf(stderr,
             "usage: %s [--device cpu|cuda|cuda:N|auto] [--data wine|digits|FILE.csv] [--data-dir DIR]\n"
             "          [--epochs N] [--batch-size N] [--lr X] [--hidden N] [--seed N]\n"
-            "          [--save-every N] [--checkpoint FILE]\n", prog);
+            "          [--save-every N] [--checkpoint FILE] [--nproc N]\n", prog);
     exit(2);
 }
 
 static options parse_args(int argc, char** argv) {
-    options o = {"auto", "wine", NULL, "checkpoint.ddp", 100, 32, 0, 50, 1e-3f, 1};
+    options o = {"auto", "wine", NULL, "checkpoint.ddp", 100, 32, 0, 50, 4, 1e-3f, 1};
     int i;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -55,21 +55,37 @@ static options parse_args(int argc, char** argv) {
         else if (!strcmp(a, "--save-every")) o.save_every = atoi(v);
         else if (!strcmp(a, "--lr")) o.lr = (float)atof(v);
         else if (!strcmp(a, "--seed")) o.seed = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--nproc")) o.nproc = atoi(v); /* used from chapter 2 on */
         else {
             fprintf(stderr, "unknown option %s\n", a);
             usage(argv[0]);
         }
     }
-    if (o.epochs < 1 || o.batch_size < 1 || o.hidden < 0 || o.save_every < 0 || !(o.lr > 0)) {
-        fprintf(stderr, "--epochs and --batch-size must be >= 1, --hidden and --save-every >= 0, --lr > 0\n");
+    if (o.epochs < 1 || o.batch_size < 1 || o.hidden < 0 || o.save_every < 0 || !(o.lr > 0) || o.nproc < 1) {
+        fprintf(stderr, "--epochs, --batch-size and --nproc must be >= 1, --hidden and --save-every >= 0, --lr > 0\n");
         exit(2);
     }
     return o;
 }
 
-int main(int argc, char** argv) {
-    options opt = parse_args(argc, argv);
-    ddp_dataset all, train, test;
+/* One line per epoch; on a terminal, a progress bar that rewrites itself instead. */
+static void report(int epoch, int epochs, double loss) {
+    if (isatty(1)) {
+        int i, done = 30 * epoch / epochs;
+        printf("\r[");
+        for (i = 0; i < 30; i++) putchar(i < done ? '#' : '.');
+        printf("] epoch %3d/%d  loss %.4f%s", epoch, epochs, loss, epoch == epochs ? "\n" : "");
+    } else {
+        printf("epoch %3d/%d  loss %.4f\n", epoch, epochs, loss);
+    }
+    fflush(stdout);
+}
+
+/* Everything a training run does. Here `rank` is always 0 and only rank 0 exists; from chapter 2
+   on, this same function runs in every process of the job. Returns the exit status. */
+static int train(int rank, void* arg) {
+    const options* opt = (const options*)arg;
+    ddp_dataset all, data, test;
     ddp_device device;
     ddp_model* model;
     ddp_optim* optim;
@@ -79,29 +95,29 @@ int main(int argc, char** argv) {
     int epoch;
 
     /* 1. Data: load, hold out 20% for testing, standardise with the training statistics. */
-    DDP_CHECK(ddp_dataset_load(opt.data, opt.data_dir, &all));
-    DDP_CHECK(ddp_dataset_split(&all, 0.2, 42, &train, &test));
-    ddp_dataset_standardize(&train, &test);
+    DDP_CHECK(ddp_dataset_load(opt->data, opt->data_dir, &all));
+    DDP_CHECK(ddp_dataset_split(&all, 0.2, 42, &data, &test));
+    ddp_dataset_standardize(&data, &test);
 
     /* 2. Device: a GPU when usable, else the CPU (--device overrides). */
-    DDP_CHECK(ddp_device_parse(opt.device, &device));
+    DDP_CHECK(ddp_device_parse(opt->device, &device));
     DDP_CHECK(ddp_device_resolve(device, &device));
 
     /* 3. Model and optimizer: the MLP features -> hidden -> classes, Adam. */
     {
-        int hidden = opt.hidden ? opt.hidden : (train.nfeatures > 32 ? 256 : 64);
+        int hidden = opt->hidden ? opt->hidden : (data.nfeatures > 32 ? 256 : 64);
         int sizes[3];
         ddp_model_desc md = {{DDP_DEVICE_AUTO, 0}, 0};
         ddp_optim_desc od = {DDP_ADAM, 0, 0, 0, 0, 0, 0, 0, 0};
-        sizes[0] = train.nfeatures, sizes[1] = hidden, sizes[2] = all.nclasses;
+        sizes[0] = data.nfeatures, sizes[1] = hidden, sizes[2] = all.nclasses;
         md.device = device;
-        md.seed = opt.seed;
-        od.lr = opt.lr;
+        md.seed = opt->seed;
+        od.lr = opt->lr;
         DDP_CHECK(ddp_model_mlp(&md, sizes, 3, DDP_LAYER_RELU, &model));
         DDP_CHECK(ddp_optim_create(model, &od, &optim));
-        printf("training %d -> %d -> %d on %s: %d training and %d test samples, batch %d\n", sizes[0],
-               sizes[1], sizes[2], ddp_device_name(device, devname, sizeof devname), train.n, test.n,
-               opt.batch_size);
+        if (rank == 0)
+            printf("training %d -> %d -> %d on %s: %d training and %d test samples, batch %d\n", sizes[0], sizes[1],
+                   sizes[2], ddp_device_name(device, devname, sizeof devname), data.n, test.n, opt->batch_size);
     }
 
     /* 4. Train: each epoch visits the training set once in a fresh random order. With one replica
@@ -109,11 +125,11 @@ int main(int argc, char** argv) {
        each rank then visits its own share. The loader gathers the batches in that order. */
     {
         ddp_sampler_desc sd = {0};
-        sd.seed = opt.seed;
-        DDP_CHECK(ddp_sampler_init(&sampler, train.n, &sd));
-        DDP_CHECK(ddp_loader_init(&loader, &train, opt.batch_size, 0));
+        sd.seed = opt->seed;
+        DDP_CHECK(ddp_sampler_init(&sampler, data.n, &sd));
+        DDP_CHECK(ddp_loader_init(&loader, &data, opt->batch_size, 0));
     }
-    for (epoch = 1; epoch <= opt.epochs; epoch++) {
+    for (epoch = 1; epoch <= opt->epochs; epoch++) {
         double loss_sum = 0;
         const float* xb;
         const int* yb;
@@ -129,15 +145,15 @@ int main(int argc, char** argv) {
             DDP_CHECK(ddp_optim_step(optim));
             loss_sum += (double)loss * n;
         }
-        printf("epoch %3d/%d  loss %.4f\n", epoch, opt.epochs, loss_sum / train.n);
-        if (opt.save_every && epoch % opt.save_every == 0) {
-            DDP_CHECK(ddp_checkpoint_save(model, epoch, opt.checkpoint));
-            printf("epoch %3d/%d  checkpoint saved to %s\n", epoch, opt.epochs, opt.checkpoint);
+        if (rank == 0) report(epoch, opt->epochs, loss_sum / sampler.num_samples);
+        if (rank == 0 && opt->save_every && epoch % opt->save_every == 0) {
+            DDP_CHECK(ddp_checkpoint_save(model, epoch, opt->checkpoint));
+            printf("epoch %3d/%d  checkpoint saved to %s\n", epoch, opt->epochs, opt->checkpoint);
         }
     }
 
     /* 5. Evaluate on the held-out samples. */
-    {
+    if (rank == 0) {
         float accuracy, test_loss;
         DDP_CHECK(ddp_model_evaluate(model, test.x, test.y, test.n, &accuracy, &test_loss));
         printf("test loss: %.4f\n", test_loss);
@@ -147,6 +163,11 @@ int main(int argc, char** argv) {
     ddp_loader_free(&loader);
     ddp_optim_destroy(optim);
     ddp_model_destroy(model);
-    ddp_dataset_free(&train), ddp_dataset_free(&test), ddp_dataset_free(&all);
+    ddp_dataset_free(&data), ddp_dataset_free(&test), ddp_dataset_free(&all);
     return 0;
+}
+
+int main(int argc, char** argv) {
+    options opt = parse_args(argc, argv);
+    return train(0, &opt);
 }

@@ -86,12 +86,12 @@ multihost_route_release() {
 }
 # multihost_ns_kill NS: end every process in namespace NS (TERM, then KILL), by pid.
 multihost_ns_kill() {
-    local ns=$1 pids i
+    local ns=$1 pids
     pids=$(ip netns pids "$ns" 2>/dev/null)
     [ -n "$pids" ] || return 0
     # shellcheck disable=SC2086
     kill -TERM $pids 2>/dev/null
-    for i in 1 2 3 4 5 6 7 8 9 10; do
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
         pids=$(ip netns pids "$ns" 2>/dev/null)
         [ -n "$pids" ] || return 0
         sleep 0.2

@@ -130,7 +130,7 @@ check_accuracy() {  # name, minimum, args...
     local name=$1 min=$2; shift 2
     local out acc
     out=$("$ex" "$@" 2>&1)
-    acc=$(sed -n 's/^test accuracy: //p' <<<"$out")
+    acc=$(sed -n 's/^\(\[rank [0-9]*\]: \)\{0,1\}test accuracy: //p' <<<"$out")
     if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= $min)}"; then ok "$name ($acc >= $min)"
     else bad "$name" "expected test accuracy >= $min" "$(tail -n 3 <<<"$out")"; fi
 }
@@ -139,6 +139,33 @@ check_accuracy example01_digits_cpu 0.95 --device cpu --data digits --epochs 30 
 
 if [ -s "$TMP/wine.ckpt" ] && [ ! -e "$TMP/wine.ckpt.tmp."* ]; then ok example01_checkpoint_written
 else bad example01_checkpoint_written "no checkpoint at $TMP/wine.ckpt after --save-every 50"; fi
+
+# ---- chapters 2 and 3: several ranks, the same accuracy bar ---------------------------------------
+echo "== examples 02 and 03"
+ex="$BUILD/examples/02_multi_gpu"
+check_accuracy example02_wine_4_ranks 0.95 --device cpu --save-every 0
+check_accuracy example02_digits_2_ranks 0.95 --device cpu --nproc 2 --data digits --epochs 30 --save-every 0
+ex="$BUILD/ddprun"
+check_accuracy example03_ddprun_4_ranks 0.95 --standalone --nproc-per-node 4 "$BUILD/examples/03_multi_node" --device cpu --save-every 0
+if command -v mpirun >/dev/null 2>&1; then
+    ex=mpirun
+    port=$((20000 + RANDOM % 20000))
+    check_accuracy example03_mpirun_4_ranks 0.95 --allow-run-as-root --oversubscribe -np 4 -x MASTER_ADDR=127.0.0.1 \
+        -x MASTER_PORT=$port "$BUILD/examples/03_multi_node" --device cpu --save-every 0
+else
+    skp example03_mpirun_4_ranks "Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
+fi
+ex="$BUILD/examples/01_single_gpu"
+
+# ---- chapter 3 across two hosts: network namespaces, and a real two-node SLURM cluster ------------
+echo "== multi-node"
+TWO_HOSTS_NAME=example03_two_hosts_netns \
+TWO_HOSTS_CMD="env DDP_DEBUG=INFO $BUILD/ddprun --nnodes {NNODES} --node-rank {NODE_RANK} --nproc-per-node 2 --master-addr {MASTER_ADDR} --master-port {MASTER_PORT} $BUILD/examples/03_multi_node --device cpu --save-every 0" \
+TWO_HOSTS_EXPECT=$'test accuracy: (0\\.9[5-9]|1\\.0)\njoined the job on host node1' \
+    run_prog multinode_netns bash tests/netns_two_hosts.sh "$BUILD"
+DDP_BUILD="$BUILD" DDP_DEBUG=INFO SLURM_TWO_HOSTS_NAME=example03_slurm_two_hosts \
+SLURM_TWO_HOSTS_EXPECT=$'test accuracy: (0\\.9[5-9]|1\\.0)\njoined the job on host node1\njoined the job on host node2\nplacement from slurm' \
+    run_prog slurm_two_hosts bash tests/slurm_two_hosts.sh examples/03_multi_node.sbatch
 
 expect_error() {  # name, text the error must contain, args...
     local name=$1 want=$2; shift 2
