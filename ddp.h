@@ -90,6 +90,9 @@
     DDP_SIMULATE_NS_PER_BYTE  make every CPU-backend collective last at least this long per
                             byte: a slow network, to watch communication overlap backward.
     DDP_NCCL_RING=1         the NCCL backend runs the ring of >>ring instead of ncclAllReduce.
+    DDP_TRACE=prefix        write prefix.rank<R>.json, a timeline of forward, each layer's
+                            backward, each collective, the wait and the optimizer step, for
+                            ui.perfetto.dev or chrome://tracing.
     DDP_KILL_GRACE_S        seconds a stopped rank gets between SIGTERM and SIGKILL (5).
 
     BACKENDS AND FEATURES
@@ -873,6 +876,7 @@ DDP_API int ddp_launcher_main(int argc, char** argv);
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h> /* fstat: refuse a folder given as a data file */
+#include <time.h>     /* clock_gettime, nanosleep: deadlines and the trace's clock */
 #include <unistd.h>  /* fsync, unlink: atomic checkpoint writes */
 #if defined(__GLIBC__) && !defined(__USE_POSIX199309)
 #error "ddp.h: POSIX declarations are hidden. Include ddp.h (with DDP_IMPLEMENTATION) before any other header, or compile with -D_POSIX_C_SOURCE=200809L."
@@ -1179,6 +1183,113 @@ DDP__PRIVATE void* ddp__calloc(size_t nbytes) {
     void* p = ddp__malloc(nbytes);
     if (p) memset(p, 0, nbytes);
     return p;
+}
+
+DDP__PRIVATE double ddp__now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+DDP__PRIVATE void ddp__sleep(double s) {
+    struct timespec ts;
+    if (s <= 0) return;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* ---- the trace (DDP_TRACE=prefix) ----------------------------------------------------------------- */
+/* With DDP_TRACE set, every forward, every layer's backward, every collective, the wait at the end
+   of backward and every optimizer step is recorded, and prefix.rank<R>.json is written when the
+   process group is destroyed (or at exit without one): Chrome's trace-event format, which
+   Perfetto (ui.perfetto.dev) and chrome://tracing draw as a timeline, one row for computation and
+   one for communication, so the overlap of the two can be seen. */
+enum { DDP__TRACE_COMPUTE = 1, DDP__TRACE_COMM = 2 };
+typedef struct ddp__tev { char name[48]; int tid; double t0, t1; } ddp__tev;
+static struct {
+    int state; /* 0: DDP_TRACE not read yet, 1: off, 2: on */
+    char prefix[512];
+    ddp__tev* ev;
+    size_t n, cap;
+    double origin;
+    pthread_mutex_t lock;
+} ddp__tr = {0, "", NULL, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+
+DDP__PRIVATE void ddp__trace_write(void);
+static void ddp__trace_atexit(void) { ddp__trace_write(); }
+
+DDP__PRIVATE int ddp__trace_on(void) {
+    if (ddp__tr.state == 0) {
+        const char* v = getenv("DDP_TRACE");
+        ddp__tr.state = (v && *v) ? 2 : 1;
+        if (ddp__trace_on()) {
+            snprintf(ddp__tr.prefix, sizeof ddp__tr.prefix, "%s", v);
+            ddp__tr.origin = ddp__now();
+            atexit(ddp__trace_atexit);
+        }
+    }
+    return ddp__tr.state == 2;
+}
+
+/* Record one span [t0, t1] (seconds of ddp__now) on a row; cheap no-op when tracing is off. */
+DDP__PRIVATE void ddp__trace(const char* name, int tid, double t0, double t1) {
+    ddp__tev* e;
+    if (!ddp__trace_on()) return;
+    pthread_mutex_lock(&ddp__tr.lock);
+    if (ddp__tr.n == ddp__tr.cap) {
+        size_t cap = ddp__tr.cap ? 2 * ddp__tr.cap : 4096;
+        ddp__tev* grown = (ddp__tev*)ddp__malloc(cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&ddp__tr.lock);
+            return;
+        }
+        if (ddp__tr.n) memcpy(grown, ddp__tr.ev, ddp__tr.n * sizeof *grown);
+        if (ddp__tr.ev) DDP_FREE(ddp__tr.ev);
+        ddp__tr.ev = grown;
+        ddp__tr.cap = cap;
+    }
+    e = &ddp__tr.ev[ddp__tr.n++];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->tid = tid, e->t0 = t0, e->t1 = t1;
+    pthread_mutex_unlock(&ddp__tr.lock);
+}
+
+/* Write and forget the events recorded so far (a rank writes its own file). */
+DDP__PRIVATE void ddp__trace_write(void) {
+    char path[600];
+    FILE* f;
+    size_t i;
+    if (ddp__tr.state != 2) return;
+    pthread_mutex_lock(&ddp__tr.lock);
+    if (ddp__tr.n == 0) {
+        pthread_mutex_unlock(&ddp__tr.lock);
+        return;
+    }
+    snprintf(path, sizeof path, "%s.rank%d.json", ddp__tr.prefix, ddp__g.rank);
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+        fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n",
+                ddp__g.rank, ddp__g.rank);
+        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": "
+                "\"compute\"}},\n", ddp__g.rank);
+        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 2, \"args\": {\"name\": "
+                "\"communication\"}}", ddp__g.rank);
+        for (i = 0; i < ddp__tr.n; i++) {
+            const ddp__tev* e = &ddp__tr.ev[i];
+            fprintf(f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.1f, \"dur\": %.1f}",
+                    e->name, ddp__g.rank, e->tid, (e->t0 - ddp__tr.origin) * 1e6, (e->t1 - e->t0) * 1e6);
+        }
+        fprintf(f, "\n]}\n");
+        fclose(f);
+        ddp_log(DDP_LOG_INFO, "trace: wrote %zu events to %s (open it in ui.perfetto.dev)", ddp__tr.n, path);
+    } else {
+        ddp_log(DDP_LOG_WARN, "trace: cannot write %s: %s", path, strerror(errno));
+    }
+    ddp__tr.n = 0;
+    pthread_mutex_unlock(&ddp__tr.lock);
 }
 
 /* ============================================================================================== */
@@ -2026,6 +2137,8 @@ struct ddp_model {
     int have_output, have_loss;
     ddp_post_backward_fn post_backward;
     void* post_backward_user;
+    char trace_name[48];  /* the layer whose backward span is open (DDP_TRACE) */
+    double trace_t;
     ddp_stream* stream;
 #if DDP__CUDA
     cublasHandle_t blas;
@@ -2301,8 +2414,10 @@ DDP__PRIVATE float ddp__gelu_grad(float x) {
 DDP__DEF ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch) {
     int i;
     size_t r, c;
+    double t_start;
     if (m->nlayers == 0) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "forward on a model with no layers");
     if (batch < 1) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "forward: batch is %d, must be >= 1", batch);
+    t_start = ddp__now();
     DDP__TRY(ddp__model_reserve(m, batch));
     m->batch = batch;
     m->have_output = m->have_loss = 0;
@@ -2348,6 +2463,7 @@ DDP__DEF ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch) {
         }
     }
     m->have_output = 1;
+    ddp__trace("forward", DDP__TRACE_COMPUTE, t_start, ddp__now());
     return DDP_OK;
 }
 
@@ -2477,6 +2593,16 @@ DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
     for (i = m->nlayers - 1; i >= 0; i--) {
         const ddp__layer* L = &m->layers[i];
         long long n = (long long)B * L->in;
+        double t_layer = ddp__now();
+        if (ddp__trace_on()) { /* one span per layer: "backward fc2", "backward relu (layer 3)" */
+            int k, fc = 0;
+            for (k = 0; k <= i; k++) fc += m->layers[k].kind == DDP_LAYER_LINEAR;
+            if (i + 1 < m->nlayers) ddp__trace(m->trace_name, DDP__TRACE_COMPUTE, m->trace_t, t_layer);
+            if (L->kind == DDP_LAYER_LINEAR) snprintf(m->trace_name, sizeof m->trace_name, "backward fc%d", fc);
+            else snprintf(m->trace_name, sizeof m->trace_name, "backward %s (layer %d)",
+                          L->kind == DDP_LAYER_RELU ? "relu" : "gelu", i + 1);
+            m->trace_t = t_layer;
+        }
         if (L->kind == DDP_LAYER_LINEAR) {
             /* dW[out, in] += g[B, out]^T . x[B, in];  db[out] += column sums of g */
             DDP__TRY(ddp__gemm(m, 1, 0, L->out, L->in, B, 1.f, g, L->out, m->act[i], L->in, 1.f,
@@ -2515,6 +2641,7 @@ DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
         }
         t = g, g = gnext, gnext = t;
     }
+    if (ddp__trace_on()) ddp__trace(m->trace_name, DDP__TRACE_COMPUTE, m->trace_t, ddp__now());
     return m->post_backward ? m->post_backward(m, m->post_backward_user) : DDP_OK;
 }
 
@@ -2631,6 +2758,7 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
     ddp_model* m = o->m;
     int i, first;
     float step_size = 0.f, bc2_sqrt = 1.f;
+    double t_start = ddp__now();
     o->steps++;
     first = o->steps == 1;
     if (d->kind != DDP_SGD) {
@@ -2686,6 +2814,7 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
             }
         }
     }
+    ddp__trace("optimizer step", DDP__TRACE_COMPUTE, t_start, ddp__now());
     return DDP_OK;
 }
 
@@ -2737,20 +2866,6 @@ enum { DDP__ST_OK = 0, DDP__ST_TIMEOUT, DDP__ST_REFUSED, DDP__ST_BAD };
 
 /* ---- time and sockets: the portable pieces every network path uses ---------------------------- */
 
-DDP__PRIVATE double ddp__now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-DDP__PRIVATE void ddp__sleep(double s) {
-    struct timespec ts;
-    if (s <= 0) return;
-    ts.tv_sec = (time_t)s;
-    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 /* Milliseconds until `deadline` for poll(), at least 0 and at most a minute. */
 DDP__PRIVATE int ddp__ms_left(double deadline) {
@@ -3936,7 +4051,21 @@ DDP__PRIVATE ddp_status ddp__staging(ddp_pg* pg, size_t nbytes) {
 
 /* Run one collective on the CPU backend's thread. GPU buffers are staged through pinned host
    memory: copied down, reduced on the host, copied back. */
+DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w);
+/* One collective, traced on the communication row under DDP_TRACE. */
 DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w) {
+    double t0 = ddp__now();
+    ddp_status s = ddp__cpu_run_once(pg, w);
+    if (ddp__trace_on()) {
+        char name[48];
+        snprintf(name, sizeof name, "%s %zu B #%llu", ddp__coll_name(w->kind), w->count * ddp_dtype_size(w->dtype),
+                 (unsigned long long)w->seq);
+        ddp__trace(name, DDP__TRACE_COMM, t0, ddp__now());
+    }
+    return s;
+}
+
+DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
     const int W = pg->world;
     const size_t es = ddp_dtype_size(w->dtype);
     const int on_gpu = pg->device.type == DDP_DEVICE_CUDA;
@@ -4547,6 +4676,7 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
                 ddp__sleep(0.002);
     }
     if (pg->vt) pg->vt->destroy(pg);
+    ddp__trace_write(); /* DDP_TRACE: this rank's file, while its rank is still known */
     ddp_free(pg->device, pg->one);
     ddp_store_destroy(pg->store);
     pthread_mutex_destroy(&pg->lock);
@@ -5051,6 +5181,7 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
         if (s == DDP_OK && b->wire) s = ddp_convert(m->device, DDP_F32, b->buf, w->d.compress, b->wire, b->count, m->stream);
     }
     w->st.wait_s += ddp__now() - t0;
+    ddp__trace("wait for buckets", DDP__TRACE_COMPUTE, t0, ddp__now());
     for (k = 0; k < w->nbuckets && s == DDP_OK && !w->d.gradient_as_bucket_view; k++) {
         ddp__bucket* b = &w->buckets[k];
         for (i = 0; i < b->nparams && s == DDP_OK; i++) {

@@ -157,6 +157,24 @@ else
 fi
 ex="$BUILD/examples/01_single_gpu"
 
+# DDP_TRACE: one timeline per rank, with every kind of span the chapter on overlap shows
+rm -f "$TMP"/trace.*
+DDP_TRACE="$TMP/trace" "$BUILD/examples/02_multi_gpu" --nproc 2 --epochs 2 --device cpu --save-every 0 >/dev/null 2>&1
+if command -v python3 >/dev/null 2>&1; then
+    if out=$(python3 - "$TMP/trace" <<'PY' 2>&1
+import json, sys
+for r in (0, 1):
+    ev = json.load(open("%s.rank%d.json" % (sys.argv[1], r)))["traceEvents"]
+    names = " ".join(e["name"] for e in ev if e.get("ph") == "X")
+    for want in ("forward", "backward fc1", "backward fc2", "all_reduce", "broadcast", "wait for buckets", "optimizer step"):
+        assert want in names, "rank %d's trace has no %r span" % (r, want)
+    assert any(e.get("tid") == 2 for e in ev), "no communication row"
+PY
+); then ok trace_files_per_rank; else bad trace_files_per_rank "$out"; fi
+else
+    skp trace_files_per_rank "python3 is not installed (needed to parse the JSON)"
+fi
+
 # ---- chapter 3 across two hosts: network namespaces, and a real two-node SLURM cluster ------------
 echo "== multi-node"
 TWO_HOSTS_NAME=example03_two_hosts_netns \

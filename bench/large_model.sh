@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# ddp.h against PyTorch DDP on the larger model of the performance reference (MLP 1024 -> 4096 ->
+# 4096 -> 1024 -> 10, 25,185,290 parameters, SGD, batch 64 per rank), side by side in one run:
+# examples/05_large_mlp.c and bench/pytorch_ddp_large.py, one thread per rank, interleaved so that
+# a change in the machine's load hits both alike. Prints one table; the raw outputs stay in $LOG.
+#
+#   bash bench/large_model.sh            # from the repository's top folder; about 2 minutes
+#   STEPS=40 WARMUP=5 bash bench/large_model.sh
+#
+# Threads: the ddp.h 1-process baseline runs with OPENBLAS_NUM_THREADS=1 (ddp_init would give each
+# of 2 ranks cores / local ranks = 1 thread; without a process group OpenBLAS would take both
+# cores); PyTorch runs torch.set_num_threads(1) and OPENBLAS_NUM_THREADS=1 in every process.
+# PyTorch runs in its fastest setting here: OpenBLAS (Debian's libblas.so.3 alternative) and,
+# when libjemalloc2 is installed, jemalloc that never returns memory to the kernel.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+STEPS=${STEPS:-20}
+WARMUP=${WARMUP:-3}
+PY=${PY:-/usr/bin/python3}
+BUILD=${BUILD:-build}
+LOG=${LOG:-$(mktemp -d /tmp/large_model.XXXXXX)}
+BIN=$BUILD/examples/05_large_mlp
+JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+
+make --no-print-directory BUILD="$BUILD" "$BIN" >"$LOG/build.txt" 2>&1 || { cat "$LOG/build.txt"; exit 1; }
+
+torch_env=(env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1)
+torch_setting="glibc malloc"
+if [ -e "$JEMALLOC" ]; then
+    torch_env+=(LD_PRELOAD="$JEMALLOC" MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1)
+    torch_setting="jemalloc (LD_PRELOAD, dirty/muzzy decay -1: never returns memory)"
+fi
+have_torch=1
+if ! "$PY" -c 'import torch' >/dev/null 2>&1; then have_torch=0; fi
+if [ $have_torch = 1 ]; then
+    torch_blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo "?")
+    torch_ver=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)
+fi
+
+# run KEY COMMAND...: run one setup, keep its output, pull the fields of its "result" line
+declare -A STEP WAIT EXP
+run() {
+    local key=$1
+    shift
+    if "$@" >"$LOG/$key.txt" 2>&1; then
+        local line
+        line=$(grep '^result ' "$LOG/$key.txt" | tail -1)
+        if [ -n "$line" ]; then
+            STEP[$key]=$(sed -n 's/.* step_ms=\([^ ]*\).*/\1/p' <<<"$line")
+            WAIT[$key]=$(sed -n 's/.* wait_ms=\([^ ]*\).*/\1/p' <<<"$line")
+            EXP[$key]=$(sed -n 's/.* exposed=\([^ ]*\).*/\1/p' <<<"$line")
+            return
+        fi
+        grep -q '^skip:' "$LOG/$key.txt" && { STEP[$key]=skip; return; }
+    fi
+    STEP[$key]=fail
+    echo "$key failed; its output:" >&2
+    tail -5 "$LOG/$key.txt" >&2
+}
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+t_start=$(date +%s)
+common=(--steps "$STEPS" --warmup "$WARMUP")
+run c1 env OPENBLAS_NUM_THREADS=1 "$BIN" --nproc 1 "${common[@]}"
+[ $have_torch = 1 ] && run p1 "${torch_env[@]}" "$PY" bench/pytorch_ddp_large.py --nproc 1 "${common[@]}"
+run c2 "$BIN" --nproc 2 "${common[@]}"
+[ $have_torch = 1 ] && run p2 "${torch_env[@]}" "$PY" bench/pytorch_ddp_large.py --nproc 2 "${common[@]}"
+run c2one "$BIN" --nproc 2 --one-bucket "${common[@]}"
+[ $have_torch = 1 ] && run p2one "${torch_env[@]}" "$PY" bench/pytorch_ddp_large.py --nproc 2 --one-bucket "${common[@]}"
+run c2view "$BIN" --nproc 2 --view "${common[@]}"
+[ $have_torch = 1 ] && run p2view "${torch_env[@]}" "$PY" bench/pytorch_ddp_large.py --nproc 2 --view "${common[@]}"
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+buckets() { grep -m1 '^buckets:' "$LOG/$1.txt" 2>/dev/null | sed 's/^buckets: //; s/ (reduced in this order)//; s/ (after the rebuild)//'; }
+
+echo "MLP 1024-4096-4096-1024-10 (25,185,290 parameters, 96 MiB of gradients), SGD, batch 64 per rank,"
+echo "median of $STEPS steps after $WARMUP warm-up; $(nproc) cores; one thread per rank everywhere:"
+echo "  ddp.h: OpenBLAS, 1-process baseline with OPENBLAS_NUM_THREADS=1, 2 ranks 1 thread each (ddp_init), TCP ring"
+if [ $have_torch = 1 ]; then
+    echo "  PyTorch $torch_ver: gloo, torch.set_num_threads(1), OPENBLAS_NUM_THREADS=1, BLAS $torch_blas,"
+    echo "    $torch_setting"
+else
+    echo "  PyTorch: skip: not installed (apt-get install python3-torch libopenblas0)"
+fi
+echo "  load average before / after: $load_before / $load_after (other jobs on the machine distort the figures)"
+echo "  overhead = step - the same library's 1-process step; ratio = ddp.h's overhead / PyTorch's"
+echo
+printf '%-34s %9s %10s %8s %10s %7s\n' "setup" "ms/step" "exposed" "exposed" "overhead" "ratio"
+printf '%-34s %9s %10s %8s %10s %7s\n' "" "" "ms" "frac" "ms" ""
+row() { # label key base pytorch-twin
+    local s=${STEP[$2]:-skip} w=${WAIT[$2]:-} e=${EXP[$2]:-} o="" r=""
+    if [[ $s =~ ^[0-9.]+$ ]]; then
+        if [ -n "$3" ] && [[ ${STEP[$3]:-} =~ ^[0-9.]+$ ]]; then o=$(awk -v a="$s" -v b="${STEP[$3]}" 'BEGIN{printf "%.1f", a-b}'); fi
+        if [ -n "$4" ] && [ -n "$o" ] && [[ ${STEP[$4]:-} =~ ^[0-9.]+$ ]] && [[ ${STEP[p1]:-} =~ ^[0-9.]+$ ]]; then
+            r=$(awk -v a="$o" -v b="${STEP[$4]}" -v c="${STEP[p1]}" 'BEGIN{d=b-c; if (d > 0) printf "%.2f", a/d; else print "-"}')
+        fi
+        s=$(printf '%.1f' "$s")
+        [[ $w =~ ^[0-9.]+$ ]] && w=$(printf '%.1f' "$w")
+        [[ $e =~ ^[0-9.]+$ ]] && e=$(printf '%.2f' "$e")
+    fi
+    [ "$2" = c1 ] || [ "$2" = p1 ] && w="-" e="-"
+    printf '%-34s %9s %10s %8s %10s %7s\n' "$1" "$s" "${w:--}" "${e:--}" "${o:--}" "${r:--}"
+}
+row "ddp.h, 1 process"                    c1     ""  ""
+row "ddp.h, 2 ranks, default buckets"     c2     c1  p2
+row "ddp.h, 2 ranks, one bucket"          c2one  c1  p2one
+row "ddp.h, 2 ranks, --view"              c2view c1  p2view
+row "PyTorch, 1 process"                  p1     ""  ""
+row "PyTorch DDP, 2 ranks, default"       p2     p1  ""
+row "PyTorch DDP, 2 ranks, one bucket"    p2one  p1  ""
+row "PyTorch DDP, 2 ranks, bucket view"   p2view p1  ""
+echo
+echo "buckets: ddp.h default: $(buckets c2); PyTorch default: $(buckets p2)"
+echo "exposed = time backward waited for communication after its last layer (ddp_wrap_stats.wait_s);"
+echo "PyTorch's is not observable from outside its reducer (nan). Took $(( $(date +%s) - t_start )) s; outputs in $LOG"
