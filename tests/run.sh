@@ -65,6 +65,13 @@ out=$( { DDP_JOB_TOKEN=twonodes timeout 120 "$BUILD/ddprun" --nnodes 2 --node-ra
         DDP_JOB_TOKEN=twonodes timeout 120 "$BUILD/ddprun" --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port "$perf" -b 4K -e 64K -n 3 -w 1 2>&1; wait)
 if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "world size 4" <<<"$out"; then ok ddprun_two_nodes_loopback
 else bad ddprun_two_nodes_loopback "$(tail -n 6 <<<"$out")"; fi
+# DDP_DEBUG=DETAIL prints every step of the ring: 2(W-1) steps, half reducing, half copying
+out=$(DDP_DEBUG=DETAIL timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 12 -e 12 -n 1 -w 0 -c 0 2>&1)
+if grep -q "step 1/4 (reduce-scatter): send segment 0 \[0, 1) to rank 1" <<<"$out" &&
+   grep -q "step 2/4 (reduce-scatter): received segment 1 \[1, 2) from rank 2 and added it" <<<"$out" &&
+   grep -q "step 4/4 (all-gather): received segment 2 \[2, 3) from rank 2 and copied it" <<<"$out"; then
+    ok ring_steps_printed_at_detail
+else bad ring_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
 # a rank that dies before joining: the others must not wait for it; ddprun ends promptly
 start=$(date +%s)
 out=$(DDP_TIMEOUT=60 timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 sh -c 'if [ "$RANK" = 2 ]; then exit 5; fi; exec "$0" -b 4K -e 4K' "$perf" 2>&1); rc=$?
