@@ -160,10 +160,129 @@ static void cpu_backend_gpu_buffers_3_ranks(void) {
     CHECK_OK(ddp_spawn(3, gpu_rank, &b));
 }
 
+/* DDP with its buffers on the GPU (CPU backend: every rank may share GPU 0) trains the same
+   weights as one process on the CPU over the whole batch: bit-identical across ranks, and within
+   float tolerance of the CPU reference (cuBLAS and the CPU BLAS sum in different orders). Rank 0
+   also computes the reference, since the parent must stay free of CUDA. */
+static char g_dir[64];
+enum { EQ_STEPS = 30, EQ_B = 12, EQ_F = 6 };
+static void eq_batch(int step, float* x, int* y) {
+    ddp_rng r = ddp_rng_seed(500 + (uint64_t)step);
+    int i;
+    for (i = 0; i < EQ_B * EQ_F; i++) x[i] = 2.f * ddp_rng_uniform(&r) - 1.f;
+    for (i = 0; i < EQ_B; i++) y[i] = (int)ddp_rng_below(&r, 3);
+}
+static void eq_save(ddp_model* m, const char* path) {
+    FILE* f = fopen(path, "wb");
+    int i;
+    float* host;
+    if (!f) return;
+    for (i = 0; i < ddp_model_num_params(m); i++) {
+        ddp_param* p = ddp_model_param(m, i);
+        ddp_device cpu = {DDP_DEVICE_CPU, 0};
+        host = (float*)malloc(p->count * 4);
+        ddp_copy(cpu, host, p->device, p->data, p->count * 4, NULL);
+        fwrite(host, 4, p->count, f);
+        free(host);
+    }
+    fclose(f);
+}
+static int eq_train(ddp_model* m, ddp_wrapper* w, int rank, int W) {
+    ddp_optim_desc od;
+    ddp_optim* o = NULL;
+    float x[EQ_B * EQ_F], loss;
+    int y[EQ_B], step, per = EQ_B / W, row = rank * per;
+    (void)w;
+    memset(&od, 0, sizeof od);
+    od.kind = DDP_SGD, od.lr = 0.1f, od.momentum = 0.9f;
+    if (ddp_optim_create(m, &od, &o) != DDP_OK) return 1;
+    for (step = 0; step < EQ_STEPS; step++) {
+        eq_batch(step, x, y);
+        if (ddp_model_zero_grad(m) != DDP_OK || ddp_model_forward(m, x + (size_t)row * EQ_F, per) != DDP_OK ||
+            ddp_loss_cross_entropy(m, y + row, &loss) != DDP_OK || ddp_model_backward(m) != DDP_OK ||
+            ddp_optim_step(o) != DDP_OK) {
+            printf("    rank %d step %d: %s\n", rank, step, ddp_error_string());
+            return 1;
+        }
+    }
+    ddp_optim_destroy(o);
+    return 0;
+}
+static int eq_rank(int rank, void* arg) {
+    int sizes[4] = {EQ_F, 10, 8, 3}, bad = 0;
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_model_desc md;
+    ddp_model* m;
+    ddp_wrapper* w;
+    char path[128];
+    (void)arg;
+    memset(&d, 0, sizeof d);
+    d.backend = DDP_BACKEND_CPU;
+    d.device.type = DDP_DEVICE_CUDA;
+    if (ddp_init(&d, &pg) != DDP_OK) {
+        printf("    rank %d: ddp_init: %s\n", rank, ddp_error_string());
+        return 1;
+    }
+    memset(&md, 0, sizeof md);
+    md.device = ddp_pg_device(pg);
+    md.seed = 100 + (uint64_t)rank; /* rank 0's weights reach everyone through ddp_wrap */
+    if (ddp_model_mlp(&md, sizes, 4, DDP_LAYER_RELU, &m) != DDP_OK || ddp_wrap(pg, m, NULL, &w) != DDP_OK) {
+        printf("    rank %d: %s\n", rank, ddp_error_string());
+        return 1;
+    }
+    bad += eq_train(m, w, ddp_rank(pg), ddp_world_size(pg));
+    snprintf(path, sizeof path, "%s/gpu%d.bin", g_dir, rank);
+    eq_save(m, path);
+    ddp_wrapper_destroy(w);
+    ddp_model_destroy(m);
+    if (rank == 0) { /* the reference: one process, the CPU, the whole batch */
+        ddp_model* ref;
+        md.device.type = DDP_DEVICE_CPU, md.device.index = 0, md.seed = 100;
+        if (ddp_model_mlp(&md, sizes, 4, DDP_LAYER_RELU, &ref) != DDP_OK) return 1;
+        bad += eq_train(ref, NULL, 0, 1);
+        snprintf(path, sizeof path, "%s/cpu.bin", g_dir);
+        eq_save(ref, path);
+        ddp_model_destroy(ref);
+    }
+    ddp_destroy(pg);
+    return bad;
+}
+static void equivalence_on_gpu_buffers(void) {
+    float ref[512], got[512], first[512];
+    size_t n, k, m;
+    double num = 0, den = 0;
+    int r;
+    char path[128];
+    FILE* f;
+    NEED_GPU();
+    snprintf(g_dir, sizeof g_dir, "/tmp/ddp_gpu_eq.XXXXXX");
+    if (!mkdtemp(g_dir)) SKIP("cannot make a temporary folder");
+    CHECK_OK(ddp_spawn(3, eq_rank, NULL));
+    snprintf(path, sizeof path, "%s/cpu.bin", g_dir);
+    f = fopen(path, "rb");
+    n = f ? fread(ref, 4, 512, f) : 0;
+    if (f) fclose(f);
+    CHECK(n > 100);
+    for (r = 0; r < 3; r++) {
+        snprintf(path, sizeof path, "%s/gpu%d.bin", g_dir, r);
+        f = fopen(path, "rb");
+        m = f ? fread(r == 0 ? first : got, 4, 512, f) : 0;
+        if (f) fclose(f);
+        CHECKF(m == n, "rank %d saved %zu values, the reference %zu", r, m, n);
+        if (r > 0) CHECKF(memcmp(first, got, n * 4) == 0, "rank %d's weights differ from rank 0's", r);
+    }
+    for (k = 0; k < n; k++) num += ((double)first[k] - ref[k]) * ((double)first[k] - ref[k]), den += (double)ref[k] * ref[k];
+    printf("    GPU buffers, 3 ranks vs one CPU process: relative L2 difference %.3g\n", sqrt(num / den));
+    CHECKF(sqrt(num / den) < 1e-4, "the GPU-buffer run differs from the CPU reference by %.3g relative", sqrt(num / den));
+    h_remove_tree(g_dir);
+}
+
 int main(void) {
     probe();
     RUN(nccl_one_rank_library);
     RUN(nccl_one_rank_own_ring);
     RUN(cpu_backend_gpu_buffers_3_ranks);
+    RUN(equivalence_on_gpu_buffers);
     return H_EXIT();
 }
