@@ -52,9 +52,9 @@
         >>store     rendezvous key-value store                                2, 4
         >>pg        process group: the CPU ring (>>ring), NCCL (>>nccl),      2-5
                     collectives and their work handles
-        >>data      data files, train/test split, batches; the distributed
-                    sampler                                   (sampler: issue 5)
-        >>reducer   buckets, hooks, overlap, no_sync          (not built yet: issue 5)
+        >>data      data files, train/test split, the distributed sampler,    1-2
+                    batches
+        >>reducer   the DDP wrapper: buckets, hooks, overlap, no_sync         2, 7-8
         >>snapshot  checkpoint files (simple format now; safetensors: issue 6)
         >>launch    reading the launcher's environment, spawning ranks, ddprun 3-5
 
@@ -1209,27 +1209,31 @@ DDP__PRIVATE void ddp__sleep(double s) {
 enum { DDP__TRACE_COMPUTE = 1, DDP__TRACE_COMM = 2 };
 typedef struct ddp__tev { char name[48]; int tid; double t0, t1; } ddp__tev;
 static struct {
+    pthread_once_t once;
     int state; /* 0: DDP_TRACE not read yet, 1: off, 2: on */
     char prefix[512];
     ddp__tev* ev;
     size_t n, cap;
     double origin;
     pthread_mutex_t lock;
-} ddp__tr = {0, "", NULL, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+} ddp__tr = {PTHREAD_ONCE_INIT, 0, "", NULL, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
 
 DDP__PRIVATE void ddp__trace_write(void);
 static void ddp__trace_atexit(void) { ddp__trace_write(); }
 
-DDP__PRIVATE int ddp__trace_on(void) {
-    if (ddp__tr.state == 0) {
-        const char* v = getenv("DDP_TRACE");
-        ddp__tr.state = (v && *v) ? 2 : 1;
-        if (ddp__trace_on()) {
-            snprintf(ddp__tr.prefix, sizeof ddp__tr.prefix, "%s", v);
-            ddp__tr.origin = ddp__now();
-            atexit(ddp__trace_atexit);
-        }
+/* Read DDP_TRACE once per process, whichever thread (training or communication) asks first. */
+static void ddp__trace_init(void) {
+    const char* v = getenv("DDP_TRACE");
+    if (v && *v) {
+        snprintf(ddp__tr.prefix, sizeof ddp__tr.prefix, "%s", v);
+        ddp__tr.origin = ddp__now();
+        atexit(ddp__trace_atexit);
     }
+    ddp__tr.state = (v && *v) ? 2 : 1;
+}
+
+DDP__PRIVATE int ddp__trace_on(void) {
+    pthread_once(&ddp__tr.once, ddp__trace_init);
     return ddp__tr.state == 2;
 }
 
@@ -3651,37 +3655,6 @@ DDP__PRIVATE ddp_status ddp__key_list(const char* const* keys, int n, unsigned c
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_store_wait(ddp_store* s, const char* const* keys, int n, double timeout_s) {
-    unsigned char* list;
-    size_t len;
-    int st;
-    ddp_status r;
-    double t = timeout_s > 0 ? timeout_s : s->timeout;
-    DDP__TRY(ddp__key_list(keys, n, &list, &len));
-    r = ddp__store_call(s, DDP__OP_WAIT, "", list, len, t, &st, NULL, NULL);
-    DDP_FREE(list);
-    DDP__TRY(r);
-    if (st == DDP__ST_TIMEOUT) {
-        int i, present = 0;
-        for (i = 0; i < n; i++) {
-            unsigned char* one;
-            size_t olen;
-            int st2;
-            uint32_t cnt = 0;
-            unsigned char* rep = NULL;
-            if (ddp__key_list(keys + i, 1, &one, &olen) != DDP_OK) break;
-            r = ddp__store_call(s, DDP__OP_CHECK, "", one, olen, 1.0, &st2, &rep, &cnt);
-            DDP_FREE(one);
-            if (r == DDP_OK && rep && cnt == 4) present = (int)ddp__le32(rep);
-            if (rep) DDP_FREE(rep);
-            if (r != DDP_OK || !present) break;
-        }
-        return ddp__fail(DDP_ERR_TIMEOUT, "waited %.0f s for %d store key%s; \"%s\" never appeared: the rank "
-                         "that should set it is missing or stuck", t, n, n == 1 ? "" : "s", i < n ? keys[i] : "?");
-    }
-    return DDP_OK;
-}
-
 /* How many of keys[0..n) exist now, without waiting. */
 DDP__PRIVATE ddp_status ddp__store_check(ddp_store* s, const char* const* keys, int n, int* present) {
     unsigned char *list, *rep = NULL;
@@ -3695,6 +3668,26 @@ DDP__PRIVATE ddp_status ddp__store_check(ddp_store* s, const char* const* keys, 
     if (r == DDP_OK) *present = (rep && cnt == 4) ? (int)ddp__le32(rep) : 0;
     if (rep) DDP_FREE(rep);
     return r;
+}
+
+DDP__DEF ddp_status ddp_store_wait(ddp_store* s, const char* const* keys, int n, double timeout_s) {
+    unsigned char* list;
+    size_t len;
+    int st;
+    ddp_status r;
+    double t = timeout_s > 0 ? timeout_s : s->timeout;
+    DDP__TRY(ddp__key_list(keys, n, &list, &len));
+    r = ddp__store_call(s, DDP__OP_WAIT, "", list, len, t, &st, NULL, NULL);
+    DDP_FREE(list);
+    DDP__TRY(r);
+    if (st == DDP__ST_TIMEOUT) {
+        int i, present = 0;
+        for (i = 0; i < n; i++) /* name the first missing key */
+            if (ddp__store_check(s, keys + i, 1, &present) != DDP_OK || !present) break;
+        return ddp__fail(DDP_ERR_TIMEOUT, "waited %.0f s for %d store key%s; \"%s\" never appeared: the rank "
+                         "that should set it is missing or stuck", t, n, n == 1 ? "" : "s", i < n ? keys[i] : "?");
+    }
+    return DDP_OK;
 }
 
 DDP__DEF ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count) {
@@ -3892,7 +3885,7 @@ DDP__PRIVATE int ddp__mod(int a, int w) { return ((a % w) + w) % w; }
 typedef struct ddp__ring_cursor {
     int t;        /* step */
     size_t off;   /* elements of this step's segment already done */
-    size_t done;  /* pieces finished over all steps */
+    size_t done;  /* pieces received over all steps (the receive side's count) */
 } ddp__ring_cursor;
 
 /* Pieces in step t's segment. */
@@ -3967,7 +3960,6 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
                 if (snd_sent == sn * es) {
                     snd_sent = 0;
                     snd.off += sn;
-                    snd.done++;
                     if (snd.off == slen) snd.off = 0, snd.t++;
                 }
             }
@@ -4106,9 +4098,6 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
         else s = ddp__ring_broadcast(pg, w, host);
     }
     if (s != DDP_OK) return s;
-    if (W == 1 && w->op == DDP_AVG && w->kind == DDP__REDUCE_SCATTER) {
-        /* nothing to divide: the average of one rank is itself */
-    }
     if (w->kind == DDP__REDUCE_SCATTER)
         return ddp_copy(pg->device, w->buf, ddp__cpu(), host + (size_t)pg->rank * w->count * es, w->count * es, NULL);
     if (host != (unsigned char*)w->buf) return ddp_copy(pg->device, w->buf, ddp__cpu(), host, total * es, NULL);

@@ -91,7 +91,7 @@ static long same_everywhere(ddp_pg* pg, const char* name, const void* buf, size_
     return bad;
 }
 
-typedef struct { size_t big; int sizes_only; } suite_arg;
+typedef struct { size_t big; } suite_arg;
 static int g_case;
 
 /* The large-buffer case: every collective over `n` f32 elements in all (64 MiB), so that the
@@ -235,7 +235,6 @@ static int rank_main(int rank, void* arg) {
 static void run_world(int W, size_t big) {
     suite_arg a;
     a.big = big;
-    a.sizes_only = 0;
     CHECK_OK(ddp_spawn(W, rank_main, &a));
 }
 static void world_1(void) { run_world(1, 0); }
