@@ -85,12 +85,15 @@ DDP_LIBS   := $(CUDA_LIBS) $(BLAS_LIBS) -lpthread -lm
 export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS
 
 EXAMPLES := $(BUILD)/examples/01_single_gpu $(BUILD)/examples/02_multi_gpu $(BUILD)/examples/03_multi_node
-EXAMPLES += $(BUILD)/examples/05_large_mlp
+EXAMPLES += $(BUILD)/examples/04_fault_tolerance $(BUILD)/examples/05_large_mlp
 TOOLS    := $(BUILD)/ddprun $(BUILD)/allreduce_perf
 TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu \
-            $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_sampler
+            $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_sampler \
+            $(BUILD)/tests/test_snapshot $(BUILD)/tests/snapshot_dump
 
-.PHONY: all demo test test-gpu sanitize install uninstall clean help
+TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync
+
+.PHONY: all demo test test-faults test-gpu sanitize tsan fuzz install uninstall clean help
 all: $(EXAMPLES) $(TOOLS) $(TESTS)
 
 $(BUILD)/%: tools/%.c ddp.h
@@ -113,6 +116,10 @@ demo: all
 test: all
 	@BUILD=$(BUILD) bash tests/run.sh
 
+# The kill-and-resume drill over 20 random kills (make test runs 5), plus the other fault cases.
+test-faults: all
+	@bash tests/test_restart.sh $(BUILD) 20
+
 # The GPU tests; on a machine without a GPU they fail (make test skips them instead).
 test-gpu: all
 	@BUILD=$(BUILD) bash tests/run.sh --gpu
@@ -126,6 +133,42 @@ sanitize:
 	 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	 $(MAKE) --no-print-directory BUILD=$(BUILD)/sanitize CFLAGS="$(SAN)" LDFLAGS="$(SAN)" test
+
+# The CPU suite again under ThreadSanitizer, in its own folder, CPU-only (the uninstrumented CUDA
+# runtime only adds noise; the unset keeps this make's exported CUDA settings from overriding
+# CUDA=0). A report fails its program (exit 66) and goes to a file under $(BUILD)/tsan/reports:
+# checks that only read a program's output cannot miss it, the reports are printed at the end and
+# fail the target. tests/tsan.supp: the uninstrumented libraries' own races. DDP_TSAN=1 tells
+# tests/run.sh which checks cannot run under TSan.
+TSAN := -O1 -g -fsanitize=thread -fno-omit-frame-pointer
+TSAN_LOG = $(abspath $(BUILD))/tsan/reports
+tsan:
+	@rm -rf $(TSAN_LOG); mkdir -p $(TSAN_LOG); unset HAVE_CUDA CUDA_CFLAGS CUDA_LIBS; \
+	 TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:log_path=$(TSAN_LOG)/tsan:suppressions=$(CURDIR)/tests/tsan.supp:print_suppressions=0" \
+	 DDP_TSAN=1 $(MAKE) --no-print-directory BUILD=$(BUILD)/tsan CUDA=0 CFLAGS="$(TSAN)" LDFLAGS="$(TSAN)" test; rc=$$?; \
+	 if [ -n "$$(ls -A $(TSAN_LOG))" ]; then cat $(TSAN_LOG)/*; \
+	   echo "make tsan: ThreadSanitizer reports above (kept in $(TSAN_LOG))"; exit 1; fi; exit $$rc
+
+# Fuzzing with libFuzzer (clang): the snapshot reader (tests/fuzz/fuzz_snapshot.c) and the store
+# server's message handling (tests/fuzz/fuzz_store.c), FUZZ_TIME seconds each (default 60), under
+# ASan and UBSan. Seeds: tests/fuzz/corpus_*/ and valid inputs each fuzzer writes for itself
+# (DDP_FUZZ_WRITE_SEEDS). New inputs are kept in $(BUILD)/fuzz/corpus_*; a crash's input is written
+# to $(BUILD)/fuzz/crash-* and ends that fuzzer's run. `make test` runs a short fixed-seed round of both.
+FUZZ_CC    ?= clang
+FUZZ_TIME  ?= 60
+FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+              -std=c99 -DDDP_NO_CUDA -I.
+$(BUILD)/fuzz/%: tests/fuzz/%.c ddp.h
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< -o $@ -lpthread -lm
+fuzz: $(BUILD)/fuzz/fuzz_snapshot $(BUILD)/fuzz/fuzz_store
+	@rc=0; for f in snapshot store; do \
+	  mkdir -p $(BUILD)/fuzz/corpus_$$f $(BUILD)/fuzz/seeds_$$f; \
+	  DDP_FUZZ_WRITE_SEEDS=$(BUILD)/fuzz/seeds_$$f $(BUILD)/fuzz/fuzz_$$f || rc=1; \
+	  echo "== fuzz_$$f for $(FUZZ_TIME) s"; \
+	  $(BUILD)/fuzz/fuzz_$$f -max_total_time=$(FUZZ_TIME) -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/ \
+	    $(BUILD)/fuzz/corpus_$$f tests/fuzz/corpus_$$f $(BUILD)/fuzz/seeds_$$f || rc=1; \
+	done; exit $$rc
 
 # Installs ddp.h and a pkg-config file, so a student's build line is
 #   cc train.c $(pkg-config --cflags --libs ddp)
@@ -149,6 +192,9 @@ help:
 	@echo "make            build examples and tests under $(BUILD)/"
 	@echo "make demo       train the chapter-2 example on 4 CPU ranks"
 	@echo "make test       run the CPU test suite (last line: N passed, N failed, N skipped)"
+	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks"
 	@echo "make test-gpu   run the GPU tests (needs a GPU)"
 	@echo "make sanitize   run the CPU suite under ASan and UBSan"
+	@echo "make tsan       run the CPU suite under ThreadSanitizer (CPU-only build)"
+	@echo "make fuzz       fuzz the snapshot reader and the store server with libFuzzer (clang), FUZZ_TIME=60 s each"
 	@echo "make install    install ddp.h and ddp.pc under PREFIX ($(PREFIX))"

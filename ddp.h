@@ -50,13 +50,15 @@
         >>nn        parameters, Linear/ReLU/GELU, losses, SGD/Adam; backward   1
                     fires the per-parameter "gradient ready" hook
         >>store     rendezvous key-value store                                2, 4
-        >>pg        process group: the CPU ring (>>ring), NCCL (>>nccl),      2-5
-                    collectives and their work handles
+        >>pg        process group: the CPU ring (>>ring), NCCL (>>nccl),      2-5, 9
+                    collectives and their work handles, desync detection and
+                    the flight recorder of the last collectives
         >>data      data files, train/test split, the distributed sampler,    1-2
                     batches
         >>reducer   the DDP wrapper: buckets, hooks, overlap, no_sync         2, 7-8
-        >>snapshot  checkpoint files (simple format now; safetensors: issue 6)
-        >>launch    reading the launcher's environment, spawning ranks, ddprun 3-5
+        >>snapshot  resumable state in a safetensors file                      1, 6
+        >>launch    reading the launcher's environment, spawning ranks, ddprun 3-6
+                    and its restarts
 
     GLOSSARY
     ========
@@ -82,8 +84,12 @@
 
     Environment, read at run time:
     DDP_DEBUG=INFO|DETAIL   more log lines; DETAIL also synchronises after every GPU launch
-                            so an error is reported at the call that caused it, and prints every
-                            step of the ring.
+                            so an error is reported at the call that caused it, prints every
+                            step of the ring, and checks before each collective that every rank
+                            calls the same one (desync detection, through the store).
+    SIGUSR1                 kill -USR1 <pid> prints that rank's last 16 collectives (also
+                            printed when one times out), unless the program handles SIGUSR1.
+    DDP_RESTART_COUNT       set by ddprun --max-restarts: 0 on the first start, then 1, 2, ...
     DDP_TIMEOUT=seconds     deadline of every store operation, connection and collective (300).
     DDP_BACKEND=cpu|nccl    the backend when ddp_desc.backend is not set.
     DDP_RING_PIECE_BYTES    size of the pieces the CPU ring pipelines (256 KiB).
@@ -115,8 +121,7 @@
     - The network layer is a sequential stack; there is no automatic differentiation.
     - The CPU backend talks TCP even between ranks on one machine (a shared-memory transport is
       planned), and its small-message latency is tens of microseconds, not Open MPI's few.
-    - Not yet built: snapshots with optimizer state and restarts in ddprun (chapter 6), trace
-      files, desync detection. The GPU path compiles and links but has not yet run on a GPU.
+    - The GPU path compiles and links but has not yet run on a GPU.
 */
 
 /* The implementation uses POSIX (files, later sockets and processes). Strict C99 hides those
@@ -199,7 +204,7 @@ extern "C" {
       "check the path (relative paths start in the current directory) and its permissions")      \
     X(DDP_ERR_DATA_FORMAT, "a data file is malformed",                                           \
       "the message names the file, line and column; compare with examples/data/README.md")      \
-    X(DDP_ERR_CHECKPOINT, "a checkpoint file is damaged or belongs to another model",           \
+    X(DDP_ERR_CHECKPOINT, "a snapshot file is damaged, truncated or belongs to another model",  \
       "delete the file to start afresh, or load it into the model that wrote it")                \
     X(DDP_ERR_ENV, "an environment variable that places this process in the job is wrong",      \
       "the message names the variable: set it (a launcher such as build/ddprun sets them all)")  \
@@ -224,7 +229,10 @@ extern "C" {
     X(DDP_ERR_MODEL_MISMATCH, "the ranks' models differ (parameters or shapes)",                 \
       "build the same model on every rank, from the same code and sizes")                        \
     X(DDP_ERR_UNUSED_PARAMETER, "a parameter received no gradient in this backward pass",       \
-      "make every parameter take part in the loss, or set find_unused_parameters")
+      "make every parameter take part in the loss, or set find_unused_parameters")               \
+    X(DDP_ERR_DESYNC, "the ranks called different collectives at the same point (desync)",      \
+      "every rank must call the same collectives in the same order with the same sizes: look "   \
+      "for one inside an if on the rank, or a loop whose length differs between ranks")
 
 #define DDP__STATUS_ENUM(name, cause, fix) name,
 typedef enum ddp_status { DDP__STATUS_TABLE(DDP__STATUS_ENUM) DDP__STATUS_COUNT } ddp_status;
@@ -751,13 +759,15 @@ typedef struct ddp_loader {
     int drop_last;     /* 1: skip a last batch smaller than batch_size */
     int* order;        /* this epoch's indices */
     int count, pos;
+    int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start begins here */
     float* x;          /* the current batch, [batch_size, nfeatures] */
     int* y;
 } ddp_loader;
 
 /* Prepare a loader (allocates its batch buffers once). DDP_ERR_INVALID_ARGUMENT for batch < 1. */
 DDP_API ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, int batch_size, int drop_last);
-/* Start an epoch in the sampler's current order (call ddp_sampler_set_epoch first). */
+/* Start an epoch in the sampler's current order (call ddp_sampler_set_epoch first). After
+   ddp_snapshot_load, the first start resumes at the snapshot's position in the epoch. */
 DDP_API ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s);
 /* The next batch: *x and *y point into the loader; returns its size, 0 when the epoch is over. */
 DDP_API int ddp_loader_next(ddp_loader* l, const float** x, const int** y);
@@ -818,17 +828,46 @@ DDP_API void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out);
 DDP_API void ddp_wrapper_log_buckets(const ddp_wrapper* w);
 
 /* ---------------------------------------------------------------------------------------------- */
-/* >>snapshot: checkpoint files                                           (chapter 1; 4 later)   */
+/* >>snapshot: everything needed to resume training, in a safetensors file          (chapters 1, 6) */
 /* ---------------------------------------------------------------------------------------------- */
+/* A snapshot is the state a job needs to carry on exactly where it stopped. The file is in the
+   safetensors format, so Python reads it in a few lines (TUTORIAL.md, chapter 6):
+     8 bytes      little-endian length N of the JSON header
+     N bytes      {"__metadata__":{...},"fc1.weight":{"dtype":"F32","shape":[64,13],
+                  "data_offsets":[0,3328]},...}  padded with spaces to a multiple of 8
+     the rest     the tensors' raw little-endian bytes, back to back
+   Tensors: each parameter under its own name, and the optimizer's state under
+   "optim.<param>.exp_avg", ".exp_avg_sq" (Adam, AdamW) or ".momentum_buffer" (SGD), PyTorch's
+   names. The metadata (strings, as the format requires) holds the counters, the optimizer's kind
+   and step count, the sampler's settings and epoch, the loader's position and the random
+   generator, and "checksum": 16 hex digits of FNV-1a-64 over the whole file with those 16 digits
+   written as zeros. The model has no buffers (no batch norm), so there are none to save.
 
-/* Write every parameter of m and `epoch` to `path` atomically: a temporary file, flushed, then
-   renamed over the old one, so a crash mid-write leaves the previous checkpoint intact.
-   DDP_ERR_IO on failure. */
-DDP_API ddp_status ddp_checkpoint_save(ddp_model* m, int epoch, const char* path);
-/* Read a checkpoint written by ddp_checkpoint_save into m and *epoch. Verifies the magic,
-   version, parameter names and shapes, and a checksum before touching m: DDP_ERR_CHECKPOINT
-   for a damaged or mismatched file (m unchanged), DDP_ERR_IO when it cannot be read. */
-DDP_API ddp_status ddp_checkpoint_load(ddp_model* m, const char* path, int* epoch);
+   Only pointers that are set are saved; load restores what both the file and the struct have,
+   and refuses a file whose parameters, optimizer or sampler do not match the struct's. */
+typedef struct ddp_snapshot {
+    ddp_model* model;     /* required */
+    ddp_optim* optim;     /* optional: moments or momentum buffers, and the step count */
+    ddp_sampler* sampler; /* optional: its epoch (seed, size and replicas are checked on load) */
+    ddp_loader* loader;   /* optional: how far into the epoch; the next ddp_loader_start skips on */
+    ddp_rng* rng;         /* optional: a generator the program draws from (the same on every rank) */
+    int epoch;            /* the program's counters, saved and restored as they are */
+    long step;
+} ddp_snapshot;
+
+/* Write s to `path`: a temporary file in the same folder, flushed and fsynced, then renamed over
+   `path`, so a crash mid-write leaves the previous snapshot intact. Call it on one rank only
+   (rank 0: every replica holds the same state). Save after the optimizer step, not between
+   no_sync backward passes (gradients are not saved). DDP_ERR_INVALID_ARGUMENT without a model,
+   DDP_ERR_IO when the file cannot be written (the message names the path and the reason). */
+DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
+/* Read `path` into what s points to, and s->epoch/s->step. Checks the whole file first (length,
+   header, offsets, checksum, names, shapes, optimizer kind, sampler settings) and changes nothing
+   unless all of it matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated
+   or foreign file, DDP_ERR_IO when it cannot be read (DDP_ERR_IO with errno ENOENT: no file). */
+DDP_API ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path);
+/* 1 if `path` exists (a snapshot to resume from), else 0. */
+DDP_API int ddp_snapshot_exists(const char* path);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* >>launch: reading the launcher's environment, spawning ranks, ddprun           (chapters 3-5) */
@@ -868,7 +907,9 @@ DDP_API int ddp_launcher_main(int argc, char** argv);
 
 #include <assert.h>
 #include <ctype.h>
+#include <dirent.h> /* opendir: removing temporary files that a killed snapshot writer left */
 #include <errno.h>
+#include <limits.h> /* INT_MAX: range checks on numbers read from files and the environment */
 #include <math.h>
 #include <pthread.h> /* pthread_once, mutexes: the kernel cache is shared by threads */
 #include <stdarg.h>
@@ -877,7 +918,7 @@ DDP_API int ddp_launcher_main(int argc, char** argv);
 #include <string.h>
 #include <sys/stat.h> /* fstat: refuse a folder given as a data file */
 #include <time.h>     /* clock_gettime, nanosleep: deadlines and the trace's clock */
-#include <unistd.h>  /* fsync, unlink: atomic checkpoint writes */
+#include <unistd.h>  /* fsync, unlink: atomic snapshot writes */
 #if defined(__GLIBC__) && !defined(__USE_POSIX199309)
 #error "ddp.h: POSIX declarations are hidden. Include ddp.h (with DDP_IMPLEMENTATION) before any other header, or compile with -D_POSIX_C_SOURCE=200809L."
 #endif
@@ -937,6 +978,15 @@ DDP_API int ddp_launcher_main(int argc, char** argv);
 #endif
 
 #define DDP__MAX_GPUS 64
+
+/* Counters one thread adds to while another reads them (ddp_pg_bytes). */
+#if defined(__GNUC__) || defined(__clang__)
+#define DDP__COUNT(var, n) __atomic_fetch_add(&(var), (n), __ATOMIC_RELAXED)
+#define DDP__READ_COUNT(var) __atomic_load_n(&(var), __ATOMIC_RELAXED)
+#else
+#define DDP__COUNT(var, n) ((var) += (n))
+#define DDP__READ_COUNT(var) (var)
+#endif
 
 /* ---- status table ---------------------------------------------------------------------------- */
 
@@ -2746,8 +2796,11 @@ DDP__DEF ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, d
     o->d = d;
     for (i = 0; i < m->nparams && s == DDP_OK; i++) {
         size_t nb = m->params[i]->count * sizeof(float);
+        /* zeroed, so a snapshot taken before the first step holds no stray bytes */
         if (d.kind != DDP_SGD || d.momentum != 0.f) s = ddp_alloc(m->device, nb, (void**)&o->state1[i]);
+        if (s == DDP_OK && o->state1[i]) s = ddp_zero(m->device, o->state1[i], nb, m->stream);
         if (s == DDP_OK && d.kind != DDP_SGD) s = ddp_alloc(m->device, nb, (void**)&o->state2[i]);
+        if (s == DDP_OK && o->state2[i]) s = ddp_zero(m->device, o->state2[i], nb, m->stream);
     }
     if (s != DDP_OK) {
         ddp_optim_destroy(o);
@@ -3032,6 +3085,19 @@ DDP__PRIVATE uint64_t ddp__le64(const unsigned char* p) {
 }
 
 /* The timeout every blocking operation uses: desc value, else DDP_TIMEOUT (seconds), else 300. */
+/* DDP_TIMEOUT, when set, must be a positive number of seconds: "30s" or "abc" would otherwise
+   quietly mean the default. DDP_ERR_ENV naming the value. */
+DDP__PRIVATE ddp_status ddp__timeout_env_check(void) {
+    const char* v = getenv("DDP_TIMEOUT");
+    char* end;
+    double t;
+    if (!v || !*v) return DDP_OK;
+    t = strtod(v, &end);
+    if (*end == 0 && t > 0 && t <= 1e7) return DDP_OK;
+    return ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is not a positive number of seconds: write it as a plain "
+                     "number, e.g. DDP_TIMEOUT=60, or unset it for the default 300", v);
+}
+
 DDP__PRIVATE double ddp__timeout(double from_desc) {
     const char* v = getenv("DDP_TIMEOUT");
     if (from_desc > 0) return from_desc;
@@ -3141,7 +3207,7 @@ DDP__PRIVATE int ddp__count_present(ddp__server* s, const unsigned char* list, u
         if (len - pos < 4) return -1;
         k = ddp__le32(list + pos);
         pos += 4;
-        if (k > DDP_STORE_MAX_KEY || k > len - pos) return -1;
+        if (k > DDP_STORE_MAX_KEY || k > len - pos || memchr(list + pos, 0, k)) return -1;
         present += ddp__kv_find(s, (const char*)list + pos, k) != NULL;
         pos += k;
         (*nkeys)++;
@@ -3183,6 +3249,10 @@ DDP__PRIVATE int ddp__serve(ddp__server* s, ddp__sconn* c) {
         c->hello = 1;
         return ddp__sreply(c, DDP__ST_OK, NULL, 0);
     }
+    if (c->klen && memchr(key, 0, c->klen)) { /* keys are C strings: a NUL would alias another key */
+        ddp_log(DDP_LOG_WARN, "store: %s sent a key with a NUL byte; dropped", c->peer);
+        return -1;
+    }
     switch (c->op) {
     case DDP__OP_SET:
         if (ddp__kv_set(s, key, c->klen, val, c->vlen) != 0) return ddp__sreply(c, DDP__ST_BAD, "out of memory", 13);
@@ -3199,7 +3269,7 @@ DDP__PRIVATE int ddp__serve(ddp__server* s, ddp__sconn* c) {
             num[n] = 0;
             v = strtoll(num, NULL, 10);
         }
-        v += (int64_t)ddp__le64(val);
+        v = (int64_t)((uint64_t)v + ddp__le64(val)); /* wraps as unsigned arithmetic does: no overflow */
         {
             char num[32];
             int n = snprintf(num, sizeof num, "%lld", (long long)v); /* stored as text, as TCPStore */
@@ -3471,12 +3541,12 @@ struct ddp_store {
 };
 
 /* One request and its reply. *reply (may be NULL) gets DDP_MALLOC'd bytes. */
-DDP__PRIVATE ddp_status ddp__store_call(ddp_store* s, int op, const char* key, const void* val, size_t vlen,
-                                        double timeout, int* status, unsigned char** reply, uint32_t* rlen) {
+DDP__PRIVATE ddp_status ddp__store_call_x(ddp_store* s, int op, const char* key, const void* val, size_t vlen,
+                                          double timeout, double slack, int* status, unsigned char** reply,
+                                          uint32_t* rlen) {
     unsigned char h[20], r[12];
     size_t klen = key ? strlen(key) : 0;
-    /* the server enforces the request's own timeout; the extra seconds only detect a dead server */
-    double deadline = ddp__now() + timeout + 10.0;
+    double deadline = ddp__now() + timeout + slack;
     uint32_t n;
     int fail = 0;
     if (klen > DDP_STORE_MAX_KEY || vlen > DDP_STORE_MAX_VALUE)
@@ -3513,16 +3583,35 @@ DDP__PRIVATE ddp_status ddp__store_call(ddp_store* s, int op, const char* key, c
     if (rlen) *rlen = n;
     return DDP_OK;
 }
+/* The server enforces a request's own timeout (a WAIT may rightly take all of it); the extra 10 s
+   only detect a dead server. */
+DDP__PRIVATE ddp_status ddp__store_call(ddp_store* s, int op, const char* key, const void* val, size_t vlen,
+                                        double timeout, int* status, unsigned char** reply, uint32_t* rlen) {
+    return ddp__store_call_x(s, op, key, val, vlen, timeout, 10.0, status, reply, rlen);
+}
 
 DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s) {
     int st = 0;
     unsigned char* msg = NULL;
     uint32_t n = 0;
-    DDP__TRY(ddp__store_call(s, DDP__OP_HELLO, NULL, s->token, strlen(s->token), 5.0, &st, &msg, &n));
+    /* A store answers HELLO at once, so no slack: a program on that port that accepts the
+       connection but speaks another protocol (or nothing) is found out within the deadline. */
+    double t = s->timeout < 5.0 ? s->timeout : 5.0;
+    if (ddp__store_call_x(s, DDP__OP_HELLO, NULL, s->token, strlen(s->token), t, 0.0, &st, &msg, &n) != DDP_OK)
+        return ddp__fail(DDP_ERR_STORE_REFUSED, "the program listening at %s:%d is not a ddp.h rendezvous store: it "
+                         "%s. Another program holds MASTER_PORT (pick another port), or MASTER_ADDR/MASTER_PORT "
+                         "point to the wrong machine", s->host, s->port,
+                         strstr(ddp_error_string(), "malformed")     ? "answered the HELLO in another protocol"
+                         : strstr(ddp_error_string(), "closed the") ? "closed the connection without answering the HELLO"
+                                                                     : "did not answer the HELLO within the deadline");
     if (st != DDP__ST_OK) {
         char why[64] = "refused";
         if (msg) snprintf(why, sizeof why, "%.*s", (int)(n < 60 ? n : 60), (const char*)msg);
         if (msg) DDP_FREE(msg);
+        if (strstr(why, "version"))
+            return ddp__fail(DDP_ERR_STORE_REFUSED, "the store at %s:%d refused this rank: %s: the ranks were built "
+                             "from different versions of ddp.h; rebuild every rank's program from the same ddp.h",
+                             s->host, s->port, why);
         return ddp__fail(DDP_ERR_STORE_REFUSED,
                          "the process listening at %s:%d refused this rank: %s. Either another job holds "
                          "that port (pick another MASTER_PORT) or the ranks were given different "
@@ -3550,6 +3639,11 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     snprintf(s->host, sizeof s->host, "%s", d.host ? d.host : (env && *env) ? env : "127.0.0.1");
     env = getenv("MASTER_PORT");
     s->port = d.port ? d.port : (env && *env) ? atoi(env) : 29500;
+    if (d.timeout_s <= 0 && (st = ddp__timeout_env_check()) != DDP_OK) {
+        pthread_mutex_destroy(&s->lock);
+        DDP_FREE(s);
+        return st;
+    }
     s->timeout = ddp__timeout(d.timeout_s);
     env = getenv("DDP_JOB_TOKEN");
     snprintf(s->token, sizeof s->token, "%s", d.token ? d.token : (env ? env : ""));
@@ -3746,6 +3840,18 @@ struct ddp_work {
     ddp_work* next;
 };
 
+/* The flight recorder: each rank remembers its last DDP__FLIGHT_N collectives, printed when one
+   times out and on SIGUSR1, so a hang can be read rank by rank: where did each one stop? */
+#define DDP__FLIGHT_N 16
+enum { DDP__FL_QUEUED = 1, DDP__FL_RUNNING, DDP__FL_DONE, DDP__FL_FAILED };
+typedef struct ddp__flight {
+    uint64_t seq;      /* 0: empty */
+    int kind, state;
+    size_t count;
+    ddp_dtype dtype;
+    double t_issue, t_start, t_end;
+} ddp__flight;
+
 typedef struct ddp__backend_vt {
     const char* name;
     ddp_status (*connect)(ddp_pg* pg);
@@ -3784,6 +3890,7 @@ struct ddp_pg {
     size_t piece_elems;
     double sim_s_per_byte;     /* DDP_SIMULATE_NS_PER_BYTE: pretend the network is this slow */
     void* nccl;                /* the NCCL backend's state */
+    ddp__flight flight[DDP__FLIGHT_N]; /* the last collectives, slot seq % N; under `lock` */
 };
 
 DDP__DEF int ddp_rank(const ddp_pg* pg) { return pg->rank; }
@@ -3795,8 +3902,8 @@ DDP__DEF ddp_device ddp_pg_device(const ddp_pg* pg) { return pg->device; }
 DDP__DEF ddp_store* ddp_pg_store(ddp_pg* pg) { return pg->store; }
 DDP__DEF void ddp_pg_set_stream(ddp_pg* pg, ddp_stream* s) { pg->user_stream = s; }
 DDP__DEF void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received) {
-    if (sent) *sent = pg->bytes_sent;
-    if (received) *received = pg->bytes_received;
+    if (sent) *sent = DDP__READ_COUNT(pg->bytes_sent);
+    if (received) *received = DDP__READ_COUNT(pg->bytes_received);
 }
 
 DDP__PRIVATE const char* ddp__coll_name(int kind) {
@@ -3807,6 +3914,91 @@ DDP__PRIVATE const char* ddp__coll_name(int kind) {
     case DDP__REDUCE_SCATTER: return "reduce_scatter";
     }
     return "?";
+}
+
+/* Record that collective w reached `state`. */
+DDP__PRIVATE void ddp__flight_note(ddp_pg* pg, const ddp_work* w, int state) {
+    ddp__flight* f = &pg->flight[w->seq % DDP__FLIGHT_N];
+    double t = ddp__now();
+    pthread_mutex_lock(&pg->lock);
+    if (state == DDP__FL_QUEUED) {
+        f->seq = w->seq, f->kind = w->kind, f->count = w->count, f->dtype = w->dtype;
+        f->t_issue = t, f->t_start = f->t_end = 0;
+    }
+    if (f->seq == w->seq) {
+        f->state = state;
+        if (state == DDP__FL_RUNNING) f->t_start = t;
+        if (state >= DDP__FL_DONE) f->t_end = t;
+    }
+    pthread_mutex_unlock(&pg->lock);
+}
+
+/* Log this rank's last collectives, oldest first, at `level`. */
+DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* why) {
+    ddp__flight copy[DDP__FLIGHT_N];
+    uint64_t newest = 0;
+    int i, n = 0;
+    double now = ddp__now();
+    pthread_mutex_lock(&pg->lock);
+    memcpy(copy, pg->flight, sizeof copy);
+    pthread_mutex_unlock(&pg->lock);
+    for (i = 0; i < DDP__FLIGHT_N; i++)
+        if (copy[i].seq > newest) newest = copy[i].seq;
+    ddp_log(level, "the last collectives of rank %d (%s), oldest first:", pg->rank, why);
+    for (i = 0; i < DDP__FLIGHT_N; i++) {
+        const ddp__flight* f = &copy[(newest + 1 + (uint64_t)i) % DDP__FLIGHT_N];
+        char when[64];
+        if (!f->seq) continue;
+        n++;
+        if (f->state == DDP__FL_QUEUED) snprintf(when, sizeof when, "queued %.3f s ago, not started", now - f->t_issue);
+        else if (f->state == DDP__FL_RUNNING) snprintf(when, sizeof when, "RUNNING for %.3f s", now - f->t_start);
+        else snprintf(when, sizeof when, "%s in %.3f ms, %.3f s ago", f->state == DDP__FL_DONE ? "done" : "FAILED",
+                      (f->t_end - f->t_start) * 1e3, now - f->t_end);
+        ddp_log(level, "  #%llu %s (%zu x %s): %s", (unsigned long long)f->seq, ddp__coll_name(f->kind), f->count,
+                ddp_dtype_name(f->dtype), when);
+    }
+    if (!n) ddp_log(level, "  (none yet)");
+}
+
+/* SIGUSR1 prints the record of the newest group. The handler only writes a byte to a pipe (all a
+   signal handler may safely do); a small thread reads it and prints. The handler is installed
+   only when SIGUSR1 still has its default action, so a program's own handler is left alone. */
+static pthread_mutex_t ddp__usr1_lock = PTHREAD_MUTEX_INITIALIZER;
+static ddp_pg* ddp__usr1_pg;       /* under ddp__usr1_lock */
+static int ddp__usr1_pipe[2] = {-1, -1};
+static pthread_once_t ddp__usr1_once = PTHREAD_ONCE_INIT;
+
+static void ddp__usr1_handler(int sig) {
+    int saved = errno;
+    ssize_t k = write(ddp__usr1_pipe[1], "d", 1);
+    (void)k, (void)sig;
+    errno = saved;
+}
+static void* ddp__usr1_main(void* arg) {
+    char c;
+    (void)arg;
+    while (read(ddp__usr1_pipe[0], &c, 1) >= 0 || errno == EINTR) {
+        pthread_mutex_lock(&ddp__usr1_lock);
+        if (ddp__usr1_pg) ddp__flight_dump(ddp__usr1_pg, DDP_LOG_WARN, "SIGUSR1");
+        else ddp_log(DDP_LOG_WARN, "SIGUSR1: no process group is open");
+        pthread_mutex_unlock(&ddp__usr1_lock);
+    }
+    return NULL;
+}
+static void ddp__usr1_setup(void) {
+    struct sigaction old, sa;
+    pthread_t t;
+    if (sigaction(SIGUSR1, NULL, &old) != 0 || old.sa_handler != SIG_DFL) return;
+    if (pipe(ddp__usr1_pipe) != 0) return;
+    fcntl(ddp__usr1_pipe[0], F_SETFD, FD_CLOEXEC);
+    fcntl(ddp__usr1_pipe[1], F_SETFD, FD_CLOEXEC);
+    if (pthread_create(&t, NULL, ddp__usr1_main, NULL) != 0) return;
+    pthread_detach(t);
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = ddp__usr1_handler;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
 }
 DDP__PRIVATE const char* ddp__op_name(ddp_reduce_op op) {
     return op == DDP_SUM ? "sum" : op == DDP_AVG ? "avg" : op == DDP_MAX ? "max" : "?";
@@ -3956,7 +4148,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
             }
             if (k > 0) {
                 snd_sent += (size_t)k;
-                pg->bytes_sent += (uint64_t)k;
+                DDP__COUNT(pg->bytes_sent, (uint64_t)k);
                 if (snd_sent == sn * es) {
                     snd_sent = 0;
                     snd.off += sn;
@@ -3979,7 +4171,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
             }
             if (k > 0) {
                 rcv_got += (size_t)k;
-                pg->bytes_received += (uint64_t)k;
+                DDP__COUNT(pg->bytes_received, (uint64_t)k);
                 if (rcv_got == rn * es) {
                     if (reducing) {
                         unsigned char* mine = buf + (r0 + rcv.off) * es;
@@ -4026,14 +4218,14 @@ DDP__PRIVATE ddp_status ddp__ring_broadcast(ddp_pg* pg, ddp_work* w, unsigned ch
             if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
                 return ddp__fail(DDP_ERR_PEER_LOST, "broadcast #%llu: sending to rank %d failed (%s): it has "
                                  "probably died", (unsigned long long)w->seq, right, strerror(errno));
-            if (k > 0) sent += (size_t)k, pg->bytes_sent += (uint64_t)k;
+            if (k > 0) sent += (size_t)k, DDP__COUNT(pg->bytes_sent, (uint64_t)k);
         }
         if (ri >= 0 && (pf[ri].revents & (POLLIN | POLLERR | POLLHUP))) {
             ssize_t k = recv(pg->left_fd, buf + got, nbytes - got, 0);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
                 return ddp__fail(DDP_ERR_PEER_LOST, "broadcast #%llu: rank %d closed its connection: it has "
                                  "probably died", (unsigned long long)w->seq, left);
-            if (k > 0) got += (size_t)k, pg->bytes_received += (uint64_t)k;
+            if (k > 0) got += (size_t)k, DDP__COUNT(pg->bytes_received, (uint64_t)k);
         }
     }
     return DDP_OK;
@@ -4056,7 +4248,12 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w);
 /* One collective, traced on the communication row under DDP_TRACE. */
 DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w) {
     double t0 = ddp__now();
-    ddp_status s = ddp__cpu_run_once(pg, w);
+    ddp_status s;
+    ddp__flight_note(pg, w, DDP__FL_RUNNING);
+    s = ddp__cpu_run_once(pg, w);
+    ddp__flight_note(pg, w, s == DDP_OK ? DDP__FL_DONE : DDP__FL_FAILED);
+    if (s == DDP_ERR_TIMEOUT || s == DDP_ERR_PEER_LOST)
+        ddp__flight_dump(pg, DDP_LOG_ERROR, s == DDP_ERR_TIMEOUT ? "a collective timed out" : "a peer was lost");
     if (ddp__trace_on()) {
         char name[48];
         snprintf(name, sizeof name, "%s %zu B #%llu", ddp__coll_name(w->kind), w->count * ddp_dtype_size(w->dtype),
@@ -4120,8 +4317,9 @@ static void* ddp__comm_main(void* arg) {
             break;
         }
         w = pg->head;
+        s = pg->broken; /* read under the lock: the caller's thread may set it */
         pthread_mutex_unlock(&pg->lock);
-        s = pg->broken ? pg->broken : ddp__cpu_run(pg, w);
+        if (s == DDP_OK) s = ddp__cpu_run(pg, w);
         pthread_mutex_lock(&pg->lock);
         pg->head = w->next;
         if (!pg->head) pg->tail = NULL;
@@ -4165,10 +4363,12 @@ DDP__PRIVATE ddp_status ddp__cpu_wait(ddp_pg* pg, ddp_work* w) {
         struct timeval tv;
         double at;
         if (ddp__now() >= deadline) {
-            w->abandoned = 1;
+            int kind = w->kind;
+            unsigned long long seq = (unsigned long long)w->seq;
+            w->abandoned = 1; /* from here on the communication thread frees w */
             pthread_mutex_unlock(&pg->lock);
             return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu did not finish: the communication thread is stuck",
-                             ddp__coll_name(w->kind), (unsigned long long)w->seq);
+                             ddp__coll_name(kind), seq);
         }
         /* pthread_cond_timedwait takes wall-clock time */
         gettimeofday(&tv, NULL);
@@ -4180,6 +4380,8 @@ DDP__PRIVATE ddp_status ddp__cpu_wait(ddp_pg* pg, ddp_work* w) {
     pthread_mutex_unlock(&pg->lock);
     s = w->status;
     if (s != DDP_OK) ddp__fail(s, "%s", w->msg);
+    ddp_event_destroy(w->ready);
+    DDP_FREE(w);
     return s;
 }
 
@@ -4474,6 +4676,8 @@ DDP__PRIVATE ddp_status ddp__nccl_wait(ddp_pg* pg, ddp_work* w) {
             if (n->comm) ncclCommAbort(n->comm);
             n->comm = NULL;
             pg->broken = DDP_ERR_TIMEOUT;
+            ddp__flight_note(pg, w, DDP__FL_FAILED);
+            ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
             return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) did not finish within %.0f s; the NCCL "
                              "communicator was aborted: a rank is stuck, stopped, or calling a different "
                              "collective", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
@@ -4482,6 +4686,7 @@ DDP__PRIVATE ddp_status ddp__nccl_wait(ddp_pg* pg, ddp_work* w) {
         /* a small collective finishes in microseconds: poll freely for the first millisecond */
         if (ddp__now() > deadline - pg->timeout + 1e-3) ddp__sleep(0.0001);
     }
+    ddp__flight_note(pg, w, DDP__FL_DONE);
     return DDP_OK;
 }
 
@@ -4643,6 +4848,10 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     s = ddp_store_barrier(pg->store, "init", pg->world);
     if (s != DDP_OK) goto fail;
     pg->joined = 1;
+    pthread_once(&ddp__usr1_once, ddp__usr1_setup);
+    pthread_mutex_lock(&ddp__usr1_lock);
+    ddp__usr1_pg = pg; /* SIGUSR1 prints this group's last collectives */
+    pthread_mutex_unlock(&ddp__usr1_lock);
     {
         char host[256] = "?";
         gethostname(host, sizeof host - 1);
@@ -4664,6 +4873,9 @@ fail:
 
 DDP__DEF void ddp_destroy(ddp_pg* pg) {
     if (!pg) return;
+    pthread_mutex_lock(&ddp__usr1_lock);
+    if (ddp__usr1_pg == pg) ddp__usr1_pg = NULL;
+    pthread_mutex_unlock(&ddp__usr1_lock);
     if (pg->joined) {
         /* Rank 0 hosts the store: it stays until every rank has left, or a rank still on its way
            out of ddp_init, or reading a key, would find the store gone (torchrun's exit barrier). */
@@ -4682,6 +4894,68 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
     DDP_FREE(pg);
 }
 
+/* ---- desync detection (DDP_DEBUG=DETAIL) ------------------------------------------------------------ */
+/* Before each collective every rank publishes what it is about to call, "all_reduce #42 (1091 x
+   f32, sum)", under ddp/fp/<rank>/<seq % 4>, and reads every other rank's entry for the same
+   sequence number. Different entries mean the ranks have fallen out of step (the classic cause
+   of a DDP hang); an entry that never comes means a rank is not calling this collective at all.
+   Four slots per rank suffice: no rank can get more than one collective ahead of another,
+   because each waits here for all the others. Costs a few store round trips per collective. */
+DDP__PRIVATE void ddp__fingerprint(const ddp_work* w, char* out, size_t n) {
+    if (w->kind == DDP__BROADCAST)
+        snprintf(out, n, "%s #%llu (%zu x %s, root %d)", ddp__coll_name(w->kind), (unsigned long long)w->seq,
+                 w->count, ddp_dtype_name(w->dtype), w->root);
+    else
+        snprintf(out, n, "%s #%llu (%zu x %s, %s)", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
+                 ddp_dtype_name(w->dtype), w->op == DDP_SUM ? "sum" : w->op == DDP_AVG ? "avg" : "max");
+}
+
+DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w) {
+    char mine[128], theirs[128], key[64], seqtag[32];
+    size_t n;
+    int r;
+    double deadline = ddp__now() + pg->timeout;
+    ddp__fingerprint(w, mine, sizeof mine);
+    snprintf(seqtag, sizeof seqtag, " #%llu ", (unsigned long long)w->seq);
+    snprintf(key, sizeof key, "ddp/fp/%d/%d", pg->rank, (int)(w->seq % 4));
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
+    snprintf(key, sizeof key, "ddp/fp/%d/last", pg->rank);
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
+    for (r = 0; r < pg->world; r++) {
+        const char* k = key;
+        int present = 0;
+        if (r == pg->rank) continue;
+        snprintf(key, sizeof key, "ddp/fp/%d/%d", r, (int)(w->seq % 4));
+        for (;;) { /* until rank r's slot holds this sequence number */
+            DDP__TRY(ddp__store_check(pg->store, &k, 1, &present));
+            if (present) {
+                memset(theirs, 0, sizeof theirs);
+                DDP__TRY(ddp_store_get(pg->store, key, theirs, sizeof theirs - 1, &n));
+                if (strstr(theirs, seqtag)) break;
+            }
+            if (ddp__now() >= deadline) {
+                char lastkey[64];
+                const char* lk = lastkey;
+                snprintf(lastkey, sizeof lastkey, "ddp/fp/%d/last", r);
+                memset(theirs, 0, sizeof theirs);
+                if (ddp__store_check(pg->store, &lk, 1, &present) == DDP_OK && present)
+                    ddp_store_get(pg->store, lastkey, theirs, sizeof theirs - 1, &n);
+                return ddp__fail(DDP_ERR_TIMEOUT, "desync: this rank (%d) is calling %s, but rank %d has not reached "
+                                 "collective #%llu within %.0f s; its last collective was %s. A collective must be "
+                                 "called by every rank: look for one that only some ranks reach (inside an if on "
+                                 "the rank, or a loop with a different number of batches per rank)", pg->rank, mine,
+                                 r, (unsigned long long)w->seq, pg->timeout, theirs[0] ? theirs : "none yet");
+            }
+            ddp__sleep(0.0005);
+        }
+        if (strcmp(theirs, mine) != 0)
+            return ddp__fail(DDP_ERR_DESYNC, "desync at collective #%llu: this rank (%d) calls %s, rank %d calls %s. "
+                             "Every rank must call the same collectives in the same order with the same sizes",
+                             (unsigned long long)w->seq, pg->rank, mine, r, theirs);
+    }
+    return DDP_OK;
+}
+
 /* ---- the collectives' common entrance -------------------------------------------------------------- */
 
 DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const void* send, size_t count,
@@ -4698,13 +4972,31 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d is not a rank (0..%d)", root, pg->world - 1);
     if (count > 0 && (!buf || ((kind == DDP__ALL_GATHER || kind == DDP__REDUCE_SCATTER) && !send)))
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: a buffer is NULL", ddp__coll_name(kind));
-    if (pg->broken)
-        return ddp__fail(pg->broken, "an earlier collective failed, so this group can no longer be used: %s",
-                         pg->broken_msg);
+    pthread_mutex_lock(&pg->lock); /* the communication thread sets broken under it */
+    s = pg->broken;
+    if (s != DDP_OK) {
+        char msg[sizeof pg->broken_msg];
+        memcpy(msg, pg->broken_msg, sizeof msg);
+        pthread_mutex_unlock(&pg->lock);
+        return ddp__fail(s, "an earlier collective failed, so this group can no longer be used: %s", msg);
+    }
+    pthread_mutex_unlock(&pg->lock);
     w = (ddp_work*)ddp__calloc(sizeof *w);
     if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a work handle failed");
     w->pg = pg, w->kind = kind, w->buf = buf, w->send = send, w->count = count;
     w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq;
+    ddp__flight_note(pg, w, DDP__FL_QUEUED);
+    if (ddp_log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
+        ddp__flight_note(pg, w, DDP__FL_FAILED);
+        pthread_mutex_lock(&pg->lock);
+        if (!pg->broken) {
+            pg->broken = s;
+            snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+        }
+        pthread_mutex_unlock(&pg->lock);
+        DDP_FREE(w);
+        return s;
+    }
     if (pg->device.type == DDP_DEVICE_CUDA && pg->vt == &ddp__cpu_backend) {
         /* the host thread must not read GPU memory before the kernels writing it are done */
         s = ddp_event_create(pg->device, &w->ready);
@@ -4753,9 +5045,12 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
 
 DDP__DEF ddp_status ddp_work_wait(ddp_work* w) {
     ddp_status s;
+    ddp_pg* pg;
     if (!w) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_work_wait: work is NULL");
-    s = w->pg->vt->wait(w->pg, w);
-    if (!w->abandoned) {
+    pg = w->pg;
+    s = pg->vt->wait(pg, w);
+    /* the CPU backend's wait frees w, or (abandoned) leaves it to the communication thread */
+    if (pg->vt != &ddp__cpu_backend) {
         ddp_event_destroy(w->ready);
         DDP_FREE(w);
     }
@@ -5272,8 +5567,10 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
         const char *a = sig, *b = other;
         while (*a && *a == *b) a++, b++;
         while (a > sig && a[-1] != ' ') a--, b--;
-        snprintf(verdict, sizeof verdict, "rank %d's model differs from rank 0's at \"%.60s\" (rank 0 has \"%.60s\"); "
-                 "rank %d has %.40s, rank 0 has %.40s", me, a, b, me, sig, other);
+        /* quote one parameter from each side: up to the next space */
+        snprintf(verdict, sizeof verdict, "rank %d has %.*s where rank 0 has %.*s (rank %d: %d parameters, rank 0: "
+                 "%d)", me, (int)strcspn(a, " "), a, (int)strcspn(b, " "), *b ? b : "nothing", me, m->nparams,
+                 atoi(other));
     }
     snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
     DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
@@ -5530,7 +5827,8 @@ DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
     }
     ddp__sampler_fill(s, l->order, l->order);
     l->count = s->num_samples;
-    l->pos = 0;
+    l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
+    l->resume_pos = 0;
     return DDP_OK;
 }
 
@@ -5562,18 +5860,12 @@ DDP__DEF void ddp_loader_free(ddp_loader* l) {
 }
 
 /* ============================================================================================== */
-/* >>snapshot: checkpoint files                                  (chapter 1; snapshots: chapter 4) */
+/* >>snapshot: everything needed to resume, in a safetensors file              (chapters 1, 6)    */
 /* ============================================================================================== */
-/*
-   Layout, all integers little-endian:
-     "DDPCKPT1"  u32 version (1)  u32 nparams  i32 epoch
-     per parameter: u32 name length, name bytes, u32 ndim, u32 shape[ndim], u64 count
-     the parameters' f32 data, in order
-     u64 FNV-1a hash of every byte before it
-   The loader checks everything (bounds first, then hash, then names and shapes) before it writes
-   into the model, so a bad file changes nothing.
-*/
-
+/* Saving builds the whole file in memory (header, then data), patches in the checksum and writes
+   it atomically. Loading reads the whole file, parses the header into a table (ddp__st_parse,
+   which never looks at a model and is what the fuzzer drives), checks the table against the
+   snapshot struct, and only then copies into the model and the rest. */
 
 /* A growable byte buffer for building the file in memory. */
 typedef struct ddp__bytes { unsigned char* p; size_t n, cap; int oom; } ddp__bytes;
@@ -5593,29 +5885,57 @@ DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n) {
     memcpy(b->p + b->n, src, n);
     b->n += n;
 }
-DDP__PRIVATE void ddp__put_u32(ddp__bytes* b, uint32_t v) {
-    unsigned char x[4];
-    x[0] = (unsigned char)v; x[1] = (unsigned char)(v >> 8); x[2] = (unsigned char)(v >> 16); x[3] = (unsigned char)(v >> 24);
-    ddp__put(b, x, 4);
-}
-DDP__PRIVATE void ddp__put_u64(ddp__bytes* b, uint64_t v) {
-    ddp__put_u32(b, (uint32_t)v);
-    ddp__put_u32(b, (uint32_t)(v >> 32));
-}
-DDP__PRIVATE uint32_t ddp__get_u32(const unsigned char* p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) DDP__PRINTF(2, 3);
+DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) {
+    char tmp[256];
+    int n;
+    va_list ap;
+    va_start(ap, fmt);
+    n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0 || n >= (int)sizeof tmp) { b->oom = 1; return; } /* every piece we write is short */
+    ddp__put(b, tmp, (size_t)n);
 }
 DDP__PRIVATE uint64_t ddp__get_u64(const unsigned char* p) {
-    return (uint64_t)ddp__get_u32(p) | (uint64_t)ddp__get_u32(p + 4) << 32;
+    uint64_t v = 0;
+    int i;
+    for (i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
 }
 
-/* Write `n` bytes to `path` through a temporary file, fsync, then rename over `path`. */
+/* Remove the temporary files that writers on this host killed mid-write left beside `path`
+   (`path`.tmp.<host>.<pid> whose pid no longer runs). */
+DDP__PRIVATE void ddp__remove_stale_tmp(const char* path, const char* host) {
+    char dir[1100], prefix[1400], full[2200];
+    const char* slash = strrchr(path, '/');
+    DIR* d;
+    struct dirent* e;
+    if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path + (slash == path)), path);
+    else snprintf(dir, sizeof dir, ".");
+    snprintf(prefix, sizeof prefix, "%s.tmp.%s.", slash ? slash + 1 : path, host);
+    if (!(d = opendir(dir))) return;
+    while ((e = readdir(d)) != NULL) {
+        const char* pid = e->d_name + strlen(prefix);
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 || !*pid || strspn(pid, "0123456789") != strlen(pid)) continue;
+        if (kill((pid_t)atol(pid), 0) == 0 || errno != ESRCH) continue; /* its writer still runs */
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        unlink(full);
+    }
+    closedir(d);
+}
+
+/* Write `n` bytes to `path` through a temporary file, fsync, then rename over `path`. The
+   temporary file's name carries the host and pid, so two writers of one path (every rank saving,
+   by mistake) never write into the same file: the last rename wins and the file is always whole.
+   Temporary files left by writers killed mid-write are removed after the next save. */
 DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char* data, size_t n) {
-    char tmp[1100];
+    char tmp[1400], host[64] = "host";
     FILE* f;
     int ok;
-    if (strlen(path) > 1000) return ddp__fail(DDP_ERR_IO, "checkpoint path is too long");
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (strlen(path) > 1000) return ddp__fail(DDP_ERR_IO, "snapshot path is too long");
+    gethostname(host, sizeof host - 1);
+    host[strcspn(host, "/.")] = 0; /* a file name, and no dot inside the host part */
+    snprintf(tmp, sizeof tmp, "%s.tmp.%s.%ld", path, host, (long)getpid());
     f = fopen(tmp, "wb");
     if (!f) return ddp__fail(DDP_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     ok = fwrite(data, 1, n, f) == n;
@@ -5628,98 +5948,483 @@ DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char*
         return ddp__fail(DDP_ERR_IO, "writing %s failed: %s (the previous file, if any, is intact)", path,
                          strerror(e));
     }
+    ddp__remove_stale_tmp(path, host);
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_checkpoint_save(ddp_model* m, int epoch, const char* path) {
-    ddp__bytes b;
-    int i;
-    ddp_status s = DDP_OK;
-    memset(&b, 0, sizeof b);
-    ddp__put(&b, "DDPCKPT1", 8);
-    ddp__put_u32(&b, 1);
-    ddp__put_u32(&b, (uint32_t)m->nparams);
-    ddp__put_u32(&b, (uint32_t)epoch);
-    for (i = 0; i < m->nparams; i++) {
-        const ddp_param* p = m->params[i];
-        int k;
-        ddp__put_u32(&b, (uint32_t)strlen(p->name));
-        ddp__put(&b, p->name, strlen(p->name));
-        ddp__put_u32(&b, (uint32_t)p->ndim);
-        for (k = 0; k < p->ndim; k++) ddp__put_u32(&b, (uint32_t)p->shape[k]);
-        ddp__put_u64(&b, (uint64_t)p->count);
+/* ---- the tensors a snapshot holds ---------------------------------------------------------------- */
+
+static const char* const ddp__optim_names[] = {"none", "sgd", "adam", "adamw"};
+#define DDP__ST_MAX_TENSORS (3 * 2 * DDP_MAX_LAYERS)
+
+/* The i-th tensor of a snapshot of (m, o): parameters first, then each parameter's optimizer
+   state. Writes its name, and its device pointer and element count; 0 past the end. */
+DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name, size_t nn, float** data,
+                                   size_t* count) {
+    int per = 0, k;
+    if (i < m->nparams) {
+        snprintf(name, nn, "%s", m->params[i]->name);
+        *data = m->params[i]->data;
+        *count = m->params[i]->count;
+        return 1;
     }
-    DDP__TRY(ddp_stream_sync(m->stream)); /* the parameters are final only once the GPU is done */
-    for (i = 0; i < m->nparams && !b.oom && s == DDP_OK; i++) {
-        const ddp_param* p = m->params[i];
-        size_t off = b.n, nb = p->count * sizeof(float);
-        ddp__put(&b, p->data, nb); /* reserve the space; overwritten from the device below */
-        if (!b.oom) s = ddp_copy(ddp__cpu(), b.p + off, m->device, p->data, nb, NULL);
+    i -= m->nparams;
+    if (o) per = o->d.kind == DDP_SGD ? (o->state1[0] != NULL) : 2;
+    if (per == 0 || i >= per * m->nparams) return 0;
+    k = i / per;
+    if (o->d.kind == DDP_SGD) {
+        snprintf(name, nn, "optim.%s.momentum_buffer", m->params[k]->name);
+        *data = o->state1[k];
+    } else {
+        snprintf(name, nn, "optim.%s.%s", m->params[k]->name, i % per ? "exp_avg_sq" : "exp_avg");
+        *data = i % per ? o->state2[k] : o->state1[k];
     }
-    if (!b.oom && s == DDP_OK) ddp__put_u64(&b, ddp__fnv1a(b.p, b.n));
-    if (b.oom) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "building the checkpoint in memory failed");
-    if (s == DDP_OK) s = ddp__write_atomic(path, b.p, b.n);
-    if (b.p) DDP_FREE(b.p);
-    return s;
+    *count = m->params[k]->count;
+    return 1;
 }
 
-DDP__DEF ddp_status ddp_checkpoint_load(ddp_model* m, const char* path, int* epoch) {
-    unsigned char* buf;
-    size_t size, pos = 20, data_off;
+DDP__DEF int ddp_snapshot_exists(const char* path) {
+    struct stat st;
+    return path && stat(path, &st) == 0;
+}
+
+DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
+    ddp__bytes b;
+    ddp_model* m;
+    char name[96];
+    float* data;
+    size_t count, off = 0, hdr_start, cs_at = 0;
+    int i, okind;
+    ddp_status st = DDP_OK;
+    if (!s || !s->model || !path)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_save: %s is NULL", !path ? "path" : "the model");
+    m = s->model;
+    okind = s->optim ? (int)s->optim->d.kind : 0;
+    memset(&b, 0, sizeof b);
+    ddp__put(&b, "\0\0\0\0\0\0\0\0", 8); /* the header's length, filled in below */
+    hdr_start = b.n;
+    ddp__putf(&b, "{\"__metadata__\":{\"format\":\"ddp.h snapshot 1\",\"epoch\":\"%d\",\"step\":\"%ld\"", s->epoch,
+              s->step);
+    ddp__putf(&b, ",\"optimizer\":\"%s\",\"optimizer_steps\":\"%ld\"", ddp__optim_names[okind],
+              s->optim ? s->optim->steps : 0L);
+    if (s->sampler)
+        ddp__putf(&b, ",\"sampler_n\":\"%d\",\"sampler_replicas\":\"%d\",\"sampler_seed\":\"%llu\","
+                      "\"sampler_shuffle\":\"%d\",\"sampler_drop_last\":\"%d\",\"sampler_epoch\":\"%d\"",
+                  s->sampler->n, s->sampler->num_replicas, (unsigned long long)s->sampler->seed,
+                  s->sampler->shuffle, s->sampler->drop_last, s->sampler->epoch);
+    /* a position loaded but not yet used (no ddp_loader_start since) is still the position */
+    if (s->loader)
+        ddp__putf(&b, ",\"loader_position\":\"%d\"", s->loader->resume_pos ? s->loader->resume_pos : s->loader->pos);
+    if (s->rng) ddp__putf(&b, ",\"rng\":\"%016llx\"", (unsigned long long)s->rng->state);
+    ddp__putf(&b, ",\"checksum\":\"");
+    cs_at = b.n;
+    ddp__putf(&b, "0000000000000000\"}");
+    for (i = 0; ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &count); i++) {
+        const ddp_param* p = m->params[i < m->nparams ? i : 0];
+        ddp__putf(&b, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", name);
+        if (i < m->nparams && p->ndim == 2) ddp__putf(&b, "%d,%d", p->shape[0], p->shape[1]);
+        else if (i < m->nparams) ddp__putf(&b, "%d", p->shape[0]);
+        else { /* optimizer state has its parameter's shape */
+            const char* pname = name + 6; /* after "optim." */
+            int k;
+            for (k = 0; k < m->nparams; k++)
+                if (!strncmp(pname, m->params[k]->name, strlen(m->params[k]->name)) &&
+                    pname[strlen(m->params[k]->name)] == '.')
+                    break;
+            p = m->params[k];
+            if (p->ndim == 2) ddp__putf(&b, "%d,%d", p->shape[0], p->shape[1]);
+            else ddp__putf(&b, "%d", p->shape[0]);
+        }
+        ddp__putf(&b, "],\"data_offsets\":[%zu,%zu]}", off, off + count * sizeof(float));
+        off += count * sizeof(float);
+    }
+    ddp__put(&b, "}", 1);
+    while ((b.n - hdr_start) % 8) ddp__put(&b, " ", 1); /* the data starts 8-byte aligned */
+    if (!b.oom) {
+        uint64_t len = b.n - hdr_start;
+        for (i = 0; i < 8; i++) b.p[i] = (unsigned char)(len >> (8 * i));
+    }
+    st = ddp_stream_sync(m->stream); /* the weights are final only once the GPU is done */
+    for (i = 0; st == DDP_OK && !b.oom && ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &count); i++) {
+        size_t at = b.n, nb = count * sizeof(float);
+        ddp__put(&b, data, nb); /* reserves the space on a GPU: overwritten by the copy below */
+        if (!b.oom && m->device.type != DDP_DEVICE_CPU) st = ddp_copy(ddp__cpu(), b.p + at, m->device, data, nb, NULL);
+    }
+    if (b.oom && st == DDP_OK) st = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "building the snapshot in memory failed");
+    if (st == DDP_OK) {
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)ddp__fnv1a(b.p, b.n));
+        memcpy(b.p + cs_at, hex, 16);
+        st = ddp__write_atomic(path, b.p, b.n);
+    }
+    if (b.p) DDP_FREE(b.p);
+    return st;
+}
+
+/* ---- reading: the header parser ----------------------------------------------------------------- */
+
+typedef struct ddp__st_tensor {
+    char name[96];
+    char dtype[8];
+    int ndim;
+    uint64_t shape[4];
+    uint64_t begin, end; /* byte offsets into the data section */
+    int used;            /* matched by the loader */
+} ddp__st_tensor;
+
+typedef struct ddp__st_meta { char key[32]; char val[64]; } ddp__st_meta;
+
+typedef struct ddp__st {
+    ddp__st_tensor t[DDP__ST_MAX_TENSORS];
+    int nt;
+    ddp__st_meta meta[32];
+    int nmeta;
+    size_t data_off;     /* where the data section starts in the file */
+    size_t checksum_at;  /* where the checksum's 16 digits are in the file; 0 if absent */
+} ddp__st;
+
+/* The JSON reader: a cursor over the header, strict about the subset safetensors uses. */
+typedef struct ddp__js { const unsigned char *p, *end, *base; const char* err; } ddp__js;
+
+DDP__PRIVATE void ddp__js_ws(ddp__js* j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\t' || *j->p == '\r')) j->p++;
+}
+DDP__PRIVATE int ddp__js_char(ddp__js* j, char c) {
+    ddp__js_ws(j);
+    if (j->p < j->end && *j->p == (unsigned char)c) { j->p++; return 1; }
+    return 0;
+}
+/* A string without escapes (names and metadata never need them) into out[n]. */
+DDP__PRIVATE int ddp__js_string(ddp__js* j, char* out, size_t n, const unsigned char** start) {
+    size_t k = 0;
+    if (!ddp__js_char(j, '"')) { j->err = "expected a string"; return 0; }
+    if (start) *start = j->p;
+    for (; j->p < j->end && *j->p != '"'; j->p++) {
+        if (*j->p == '\\' || *j->p < 0x20) { j->err = "a string holds an escape or a control character"; return 0; }
+        if (k + 1 >= n) { j->err = "a string is too long"; return 0; }
+        out[k++] = (char)*j->p;
+    }
+    if (j->p >= j->end) { j->err = "a string is not closed"; return 0; }
+    j->p++;
+    out[k] = 0;
+    return 1;
+}
+DDP__PRIVATE int ddp__js_uint(ddp__js* j, uint64_t* v) {
+    int digits = 0;
+    ddp__js_ws(j);
+    *v = 0;
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+        if (*v > ((uint64_t)1 << 53) / 10) { j->err = "a number is too large"; return 0; }
+        *v = *v * 10 + (uint64_t)(*j->p++ - '0');
+        digits++;
+    }
+    if (!digits) { j->err = "expected a whole number"; return 0; }
+    return 1;
+}
+/* "[a,b,...]" of at most `max` whole numbers. */
+DDP__PRIVATE int ddp__js_uints(ddp__js* j, uint64_t* v, int max, int* n) {
+    *n = 0;
+    if (!ddp__js_char(j, '[')) { j->err = "expected '['"; return 0; }
+    if (ddp__js_char(j, ']')) return 1;
+    do {
+        if (*n >= max) { j->err = "a list has too many entries"; return 0; }
+        if (!ddp__js_uint(j, &v[(*n)++])) return 0;
+    } while (ddp__js_char(j, ','));
+    if (!ddp__js_char(j, ']')) { j->err = "expected ']'"; return 0; }
+    return 1;
+}
+
+DDP__PRIVATE int ddp__js_metadata(ddp__js* j, ddp__st* st) {
+    if (!ddp__js_char(j, '{')) { j->err = "__metadata__ is not an object"; return 0; }
+    if (ddp__js_char(j, '}')) return 1;
+    do {
+        ddp__st_meta* m;
+        const unsigned char* vstart;
+        int k;
+        if (st->nmeta >= 32) { j->err = "__metadata__ has too many entries"; return 0; }
+        m = &st->meta[st->nmeta];
+        if (!ddp__js_string(j, m->key, sizeof m->key, NULL)) return 0;
+        for (k = 0; k < st->nmeta; k++)
+            if (!strcmp(st->meta[k].key, m->key)) { j->err = "__metadata__ repeats a key"; return 0; }
+        if (!ddp__js_char(j, ':')) { j->err = "expected ':'"; return 0; }
+        if (!ddp__js_string(j, m->val, sizeof m->val, &vstart)) return 0;
+        if (!strcmp(m->key, "checksum")) st->checksum_at = (size_t)(vstart - j->base);
+        st->nmeta++;
+    } while (ddp__js_char(j, ','));
+    if (!ddp__js_char(j, '}')) { j->err = "expected '}' after __metadata__"; return 0; }
+    return 1;
+}
+
+DDP__PRIVATE int ddp__js_tensor(ddp__js* j, ddp__st_tensor* t) {
+    int seen = 0, n;
+    char key[16];
+    uint64_t off[2];
+    if (!ddp__js_char(j, '{')) { j->err = "a tensor entry is not an object"; return 0; }
+    do {
+        if (!ddp__js_string(j, key, sizeof key, NULL)) return 0;
+        if (!ddp__js_char(j, ':')) { j->err = "expected ':'"; return 0; }
+        if (!strcmp(key, "dtype") && !(seen & 1)) {
+            if (!ddp__js_string(j, t->dtype, sizeof t->dtype, NULL)) return 0;
+            seen |= 1;
+        } else if (!strcmp(key, "shape") && !(seen & 2)) {
+            if (!ddp__js_uints(j, t->shape, 4, &t->ndim)) return 0;
+            seen |= 2;
+        } else if (!strcmp(key, "data_offsets") && !(seen & 4)) {
+            if (!ddp__js_uints(j, off, 2, &n)) return 0;
+            if (n != 2) { j->err = "data_offsets needs two numbers"; return 0; }
+            t->begin = off[0];
+            t->end = off[1];
+            seen |= 4;
+        } else {
+            j->err = "a tensor entry has an unknown or repeated key";
+            return 0;
+        }
+    } while (ddp__js_char(j, ','));
+    if (!ddp__js_char(j, '}')) { j->err = "expected '}' after a tensor entry"; return 0; }
+    if (seen != 7) { j->err = "a tensor entry lacks dtype, shape or data_offsets"; return 0; }
+    return 1;
+}
+
+DDP__PRIVATE int ddp__st_by_begin(const void* a, const void* b) {
+    const ddp__st_tensor *x = (const ddp__st_tensor*)a, *y = (const ddp__st_tensor*)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end; /* an empty tensor first, whatever the JSON order */
+}
+
+/* Parse and check a whole safetensors file held in buf[size]: the length, the JSON, and that the
+   tensors tile the data section exactly. Knows nothing of models. DDP_ERR_CHECKPOINT naming the
+   first problem (prefixed with `what`, the file's name). */
+DDP__PRIVATE ddp_status ddp__st_parse(const unsigned char* buf, size_t size, const char* what, ddp__st* st) {
+    ddp__js j;
+    uint64_t hlen, data_len, k;
+    int i, d, seen_meta = 0;
+    memset(st, 0, sizeof *st);
+    if (size < 8) return ddp__fail(DDP_ERR_CHECKPOINT, "%s is truncated: %zu bytes, not even the 8-byte length", what, size);
+    hlen = ddp__get_u64(buf);
+    if (hlen < 2 || hlen > size - 8)
+        return ddp__fail(DDP_ERR_CHECKPOINT, "%s is truncated or not a snapshot: its header length %llu does not fit "
+                         "in the file's %zu bytes", what, (unsigned long long)hlen, size);
+    j.base = buf;
+    j.p = buf + 8;
+    j.end = buf + 8 + hlen;
+    j.err = NULL;
+    if (!ddp__js_char(&j, '{')) j.err = "the header is not a JSON object";
+    else if (!ddp__js_char(&j, '}')) {
+        do {
+            char name[96];
+            if (!ddp__js_string(&j, name, sizeof name, NULL)) break;
+            if (!ddp__js_char(&j, ':')) { j.err = "expected ':'"; break; }
+            if (!strcmp(name, "__metadata__")) {
+                if (seen_meta) { j.err = "two __metadata__"; break; }
+                seen_meta = 1;
+                if (!ddp__js_metadata(&j, st)) break;
+                continue;
+            }
+            if (st->nt >= DDP__ST_MAX_TENSORS) { j.err = "too many tensors"; break; }
+            for (i = 0; i < st->nt; i++)
+                if (!strcmp(st->t[i].name, name)) { j.err = "a tensor name appears twice"; break; }
+            if (j.err) break;
+            memcpy(st->t[st->nt].name, name, sizeof name);
+            if (!ddp__js_tensor(&j, &st->t[st->nt])) break;
+            st->nt++;
+        } while (ddp__js_char(&j, ','));
+        if (!j.err && !ddp__js_char(&j, '}')) j.err = "expected '}' at the end of the header";
+    }
+    if (!j.err) {
+        for (; j.p < j.end; j.p++)
+            if (*j.p != ' ') { j.err = "bytes other than spaces follow the header's JSON"; break; }
+    }
+    if (j.err)
+        return ddp__fail(DDP_ERR_CHECKPOINT, "%s: the header is damaged at byte %ld: %s", what,
+                         (long)(j.p - buf), j.err);
+    st->data_off = (size_t)(8 + hlen);
+    data_len = size - st->data_off;
+    /* every tensor F32, its byte length its shape's, and together they cover the data exactly */
+    for (i = 0; i < st->nt; i++) {
+        ddp__st_tensor* t = &st->t[i];
+        uint64_t elems = 1;
+        if (strcmp(t->dtype, "F32") != 0)
+            return ddp__fail(DDP_ERR_CHECKPOINT, "%s: tensor %s has dtype %s; ddp.h snapshots hold F32 only", what,
+                             t->name, t->dtype);
+        for (d = 0; d < t->ndim; d++) {
+            if (t->shape[d] > ((uint64_t)1 << 40) || (elems && t->shape[d] > ((uint64_t)1 << 60) / elems))
+                return ddp__fail(DDP_ERR_CHECKPOINT, "%s: tensor %s has an impossible shape", what, t->name);
+            elems *= t->shape[d];
+        }
+        if (t->end < t->begin || t->end - t->begin != elems * 4)
+            return ddp__fail(DDP_ERR_CHECKPOINT, "%s: tensor %s's data_offsets [%llu, %llu] do not hold its shape's "
+                             "%llu floats", what, t->name, (unsigned long long)t->begin,
+                             (unsigned long long)t->end, (unsigned long long)elems);
+    }
+    qsort(st->t, (size_t)st->nt, sizeof *st->t, ddp__st_by_begin); /* the loader looks tensors up by name */
+    for (i = 0, k = 0; i < st->nt; k = st->t[i].end, i++)
+        if (st->t[i].begin != k)
+            return ddp__fail(DDP_ERR_CHECKPOINT, "%s: tensor %s starts at byte %llu of the data, not %llu: the "
+                             "tensors overlap or leave a gap", what, st->t[i].name,
+                             (unsigned long long)st->t[i].begin, (unsigned long long)k);
+    if (k != data_len)
+        return ddp__fail(DDP_ERR_CHECKPOINT, "%s is %s: its tensors need %llu bytes of data, the file has %llu", what,
+                         k > data_len ? "truncated" : "damaged (it has extra bytes)", (unsigned long long)k,
+                         (unsigned long long)data_len);
+    return DDP_OK;
+}
+
+/* ---- reading: checking the file against the snapshot struct, then loading ------------------------- */
+
+DDP__PRIVATE const char* ddp__st_get(const ddp__st* st, const char* key) {
     int i;
-    ddp_status s = DDP_OK;
+    for (i = 0; i < st->nmeta; i++)
+        if (!strcmp(st->meta[i].key, key)) return st->meta[i].val;
+    return NULL;
+}
+/* A metadata value as a whole number in [lo, hi]; 0 (after setting the error) if absent or bad. */
+DDP__PRIVATE int ddp__st_num(const ddp__st* st, const char* what, const char* key, long long lo, long long hi,
+                             long long* out) {
+    const char* v = ddp__st_get(st, key);
+    char* end;
+    long long x;
+    if (!v) { ddp__fail(DDP_ERR_CHECKPOINT, "%s: the metadata lacks \"%s\"", what, key); return 0; }
+    errno = 0;
+    x = strtoll(v, &end, 10);
+    if (!*v || *end || errno || x < lo || x > hi) {
+        ddp__fail(DDP_ERR_CHECKPOINT, "%s: metadata \"%s\" is \"%s\", not a number from %lld to %lld", what, key, v, lo,
+                  hi);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
+    unsigned char* buf = NULL;
+    ddp__st* st = NULL;
+    ddp_model* m;
+    size_t size, count;
+    char name[96], hex[17];
+    float* data;
+    const char* v;
+    long long epoch = 0, step = 0, osteps = 0, pos = 0, x;
+    uint64_t rng = 0;
+    int i, k, okind = 0, nexpect;
+    ddp_status r = DDP_OK;
+    if (!s || !s->model || !path)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: %s is NULL", !path ? "path" : "the model");
+    if (s->loader && !s->loader->data)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: initialise the loader (ddp_loader_init) first");
+    m = s->model;
     DDP__TRY(ddp__read_file(path, DDP_MAX_DATA_FILE * 4, (char**)&buf, &size));
-/* format the message first: it may quote bytes of buf */
-#define DDP__CKPT_BAD(...)                                                                         \
-    do {                                                                                           \
-        ddp_status bad_ = ddp__fail(DDP_ERR_CHECKPOINT, __VA_ARGS__);                              \
-        DDP_FREE(buf);                                                                             \
-        return bad_;                                                                               \
-    } while (0)
-    if (size < 28 || memcmp(buf, "DDPCKPT1", 8) != 0)
-        DDP__CKPT_BAD("%s is not a ddp.h checkpoint (no DDPCKPT1 header, or too short)", path);
-    if (ddp__get_u64(buf + size - 8) != ddp__fnv1a(buf, size - 8))
-        DDP__CKPT_BAD("%s is damaged: its checksum does not match (truncated or altered)", path);
-    if (ddp__get_u32(buf + 8) != 1)
-        DDP__CKPT_BAD("%s has format version %u; this library reads version 1", path, ddp__get_u32(buf + 8));
-    if ((int)ddp__get_u32(buf + 12) != m->nparams)
-        DDP__CKPT_BAD("%s holds %u parameters, the model has %d: it was written by another model",
-                      path, ddp__get_u32(buf + 12), m->nparams);
-    for (i = 0; i < m->nparams; i++) {
-        const ddp_param* p = m->params[i];
-        uint32_t len, nd, k;
-        if (pos + 4 > size - 8) DDP__CKPT_BAD("%s ends inside parameter %d's description", path, i);
-        len = ddp__get_u32(buf + pos);
-        pos += 4;
-        if (len > 31 || pos + len + 4 > size - 8) DDP__CKPT_BAD("%s: parameter %d's name is damaged", path, i);
-        if (len != strlen(p->name) || memcmp(buf + pos, p->name, len) != 0)
-            DDP__CKPT_BAD("%s: parameter %d is \"%.*s\", the model's is \"%s\": another model's file", path,
-                          i, (int)len, (const char*)buf + pos, p->name);
-        pos += len;
-        nd = ddp__get_u32(buf + pos);
-        pos += 4;
-        if (nd != (uint32_t)p->ndim || pos + 4 * nd + 8 > size - 8)
-            DDP__CKPT_BAD("%s: %s has %u dimensions, the model's has %d", path, p->name, nd, p->ndim);
-        for (k = 0; k < nd; k++, pos += 4)
-            if (ddp__get_u32(buf + pos) != (uint32_t)p->shape[k])
-                DDP__CKPT_BAD("%s: %s has size %u in dimension %u, the model's has %d", path, p->name,
-                              ddp__get_u32(buf + pos), k, p->shape[k]);
-        if (ddp__get_u64(buf + pos) != p->count) DDP__CKPT_BAD("%s: %s has the wrong element count", path, p->name);
-        pos += 8;
+    st = (ddp__st*)ddp__malloc(sizeof *st);
+    if (!st) { DDP_FREE(buf); return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_snapshot_load: no memory"); }
+#define DDP__ST_BAD(...) do { r = ddp__fail(DDP_ERR_CHECKPOINT, __VA_ARGS__); goto done; } while (0)
+#define DDP__ST_NUM(key, lo, hi, out) do { if (!ddp__st_num(st, path, key, lo, hi, out)) { r = DDP_ERR_CHECKPOINT; goto done; } } while (0)
+    if ((r = ddp__st_parse(buf, size, path, st)) != DDP_OK) goto done;
+    v = ddp__st_get(st, "format");
+    if (!v || strcmp(v, "ddp.h snapshot 1") != 0)
+        DDP__ST_BAD("%s is a safetensors file but not a ddp.h snapshot (metadata \"format\" is %s%s%s)", path,
+                    v ? "\"" : "", v ? v : "missing", v ? "\"" : "");
+    /* the checksum: FNV-1a over the file with its own 16 digits read as zeros */
+    if (!st->checksum_at || strlen(ddp__st_get(st, "checksum")) != 16)
+        DDP__ST_BAD("%s: the metadata lacks its 16-digit \"checksum\"", path);
+    memcpy(hex, buf + st->checksum_at, 16);
+    hex[16] = 0;
+    memset(buf + st->checksum_at, '0', 16);
+    {
+        char want[17];
+        snprintf(want, sizeof want, "%016llx", (unsigned long long)ddp__fnv1a(buf, size));
+        memcpy(buf + st->checksum_at, hex, 16);
+        if (strcmp(want, hex) != 0)
+            DDP__ST_BAD("%s is damaged: its checksum is %s, its bytes give %s (a flipped bit, or an edited file)", path,
+                        hex, want);
     }
-    data_off = pos;
-    for (i = 0; i < m->nparams; i++) pos += m->params[i]->count * sizeof(float);
-    if (pos != size - 8) DDP__CKPT_BAD("%s: the data section has the wrong length", path);
-#undef DDP__CKPT_BAD
-    /* Everything checked: only now write into the model. */
-    for (i = 0, pos = data_off; i < m->nparams && s == DDP_OK; i++) {
-        size_t nb = m->params[i]->count * sizeof(float);
-        s = ddp_copy(m->device, m->params[i]->data, ddp__cpu(), buf + pos, nb, NULL);
-        pos += nb;
+    DDP__ST_NUM("epoch", INT_MIN, INT_MAX, &epoch);
+    DDP__ST_NUM("step", LONG_MIN, LONG_MAX, &step);
+    DDP__ST_NUM("optimizer_steps", 0, LONG_MAX, &osteps);
+    v = ddp__st_get(st, "optimizer");
+    for (okind = 0; v && okind < 4 && strcmp(v, ddp__optim_names[okind]); okind++) {}
+    if (!v || okind == 4) DDP__ST_BAD("%s: metadata \"optimizer\" is %s", path, v ? v : "missing");
+    if (s->optim && okind != (int)s->optim->d.kind)
+        DDP__ST_BAD("%s holds %s state, but the optimizer is %s: resume with the same optimizer", path,
+                    okind ? ddp__optim_names[okind] : "no optimizer", ddp__optim_names[s->optim->d.kind]);
+    /* every tensor the struct needs, with its shape; nothing the struct cannot take */
+    for (i = 0, nexpect = 0; ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &count); i++) {
+        const ddp_param* p = m->params[i < m->nparams ? i : 0];
+        ddp__st_tensor* t = NULL;
+        if (i >= m->nparams) { /* optimizer state: its parameter's shape */
+            for (k = 0; k < m->nparams; k++)
+                if (!strncmp(name + 6, m->params[k]->name, strlen(m->params[k]->name)) &&
+                    name[6 + strlen(m->params[k]->name)] == '.') { p = m->params[k]; break; }
+        }
+        for (k = 0; k < st->nt; k++)
+            if (!strcmp(st->t[k].name, name)) { t = &st->t[k]; break; }
+        if (!t) DDP__ST_BAD("%s has no tensor \"%s\": it was written by another model%s", path, name,
+                            i >= m->nparams ? " or optimizer" : "");
+        if (t->ndim != p->ndim || t->shape[0] != (uint64_t)p->shape[0] ||
+            (p->ndim == 2 && t->shape[1] != (uint64_t)p->shape[1])) {
+            char fs[64], ms[32];
+            int n = snprintf(fs, sizeof fs, "[");
+            for (k = 0; k < t->ndim && n < 40; k++)
+                n += snprintf(fs + n, sizeof fs - (size_t)n, "%s%llu", k ? ", " : "", (unsigned long long)t->shape[k]);
+            snprintf(fs + n, sizeof fs - (size_t)n, "]");
+            if (p->ndim == 2) snprintf(ms, sizeof ms, "[%d, %d]", p->shape[0], p->shape[1]);
+            else snprintf(ms, sizeof ms, "[%d]", p->shape[0]);
+            DDP__ST_BAD("%s: %s has shape %s, the model's is %s: another model's snapshot", path, name, fs, ms);
+        }
+        t->used = 1;
+        nexpect++;
     }
-    if (s == DDP_OK && epoch) *epoch = (int)ddp__get_u32(buf + 16);
+    for (k = 0; k < st->nt; k++)
+        if (!st->t[k].used && (s->optim || strncmp(st->t[k].name, "optim.", 6) != 0))
+            DDP__ST_BAD("%s holds tensor \"%s\", which this model%s does not have: another model's snapshot", path,
+                        st->t[k].name, strncmp(st->t[k].name, "optim.", 6) ? "" : "'s optimizer");
+    if (s->sampler) {
+        const ddp_sampler* sp = s->sampler;
+        long long n, reps, shuffle, drop;
+        DDP__ST_NUM("sampler_n", 0, INT_MAX, &n);
+        DDP__ST_NUM("sampler_replicas", 1, INT_MAX, &reps);
+        DDP__ST_NUM("sampler_shuffle", 0, 1, &shuffle);
+        DDP__ST_NUM("sampler_drop_last", 0, 1, &drop);
+        DDP__ST_NUM("sampler_epoch", INT_MIN, INT_MAX, &x);
+        v = ddp__st_get(st, "sampler_seed");
+        if (!v || !*v || strspn(v, "0123456789") != strlen(v) || strlen(v) > 20)
+            DDP__ST_BAD("%s: metadata \"sampler_seed\" is not a whole number", path);
+        if (n != sp->n || shuffle != sp->shuffle || drop != sp->drop_last || strtoull(v, NULL, 10) != sp->seed)
+            DDP__ST_BAD("%s was taken with a sampler over %lld samples (shuffle %lld, drop_last %lld, seed %s); this "
+                        "one is over %d (shuffle %d, drop_last %d, seed %llu): not the same data or settings",
+                        path, n, shuffle, drop, v ? v : "?", sp->n, sp->shuffle, sp->drop_last,
+                        (unsigned long long)sp->seed);
+        if (reps != sp->num_replicas && s->loader && ddp__st_get(st, "loader_position") &&
+            strcmp(ddp__st_get(st, "loader_position"), "0") != 0)
+            DDP__ST_BAD("%s was taken mid-epoch with %lld ranks; this job has %d, so the epoch's remaining samples "
+                        "cannot be split the same way: resume with %lld ranks", path, reps, sp->num_replicas, reps);
+    }
+    if (s->loader) DDP__ST_NUM("loader_position", 0, INT_MAX, &pos);
+    if (s->rng) {
+        char* end;
+        v = ddp__st_get(st, "rng");
+        if (!v) DDP__ST_BAD("%s: the metadata lacks \"rng\"", path);
+        if (strlen(v) != 16 || strspn(v, "0123456789abcdef") != 16)
+            DDP__ST_BAD("%s: metadata \"rng\" is not 16 lower-case hex digits", path);
+        rng = (uint64_t)strtoull(v, &end, 16);
+    }
+#undef DDP__ST_BAD
+#undef DDP__ST_NUM
+    (void)nexpect;
+    /* Everything checked: only now change the model and the rest. */
+    for (i = 0; r == DDP_OK && ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &count); i++) {
+        for (k = 0; k < st->nt && strcmp(st->t[k].name, name); k++) {}
+        r = ddp_copy(m->device, data, ddp__cpu(), buf + st->data_off + st->t[k].begin, count * sizeof(float), NULL);
+    }
+    if (r != DDP_OK) goto done;
+    if (s->optim) s->optim->steps = (long)osteps;
+    if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
+    if (s->loader) s->loader->resume_pos = (int)pos;
+    if (s->rng) s->rng->state = rng;
+    s->epoch = (int)epoch;
+    s->step = (long)step;
+done:
+    DDP_FREE(st);
     DDP_FREE(buf);
-    return s;
+    return r;
 }
 
 /* ============================================================================================== */
@@ -5970,6 +6675,7 @@ DDP__DEF ddp_status ddp_env_resolve(const ddp_desc* desc, ddp_env* out) {
     ddp_env e;
     ddp_status s;
     if (!out) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_env_resolve: out is NULL");
+    DDP__TRY(ddp__timeout_env_check());
     memset(&e, 0, sizeof e);
     if (desc && desc->explicit_rank) s = ddp__env_explicit(desc, &e);
     else if (getenv("RANK")) s = ddp__env_torchrun(&e);
@@ -6123,6 +6829,7 @@ typedef struct ddp__ln_job {
     int* status;     /* waitpid's status for each reaped rank; -1 if lost */
     int alive;       /* ranks not reaped yet */
     int first_fail;  /* the rank that failed first, -1 while none has */
+    time_t fail_time; /* when it did */
     int fail_after_signal; /* it failed after we passed on a SIGINT/SIGTERM: the signal is the cause */
     double grace;    /* seconds between SIGTERM and SIGKILL */
     double kill_at;  /* when stopping: when survivors get SIGKILL; 0 while not stopping */
@@ -6224,6 +6931,7 @@ DDP__PRIVATE void ddp__ln_signal_all(ddp__ln_job* j, int sig) {
 DDP__PRIVATE void ddp__ln_stop(ddp__ln_job* j) {
     if (j->kill_at > 0) return;
     ddp__ln_signal_all(j, SIGTERM);
+    ddp__ln_signal_all(j, SIGCONT); /* a rank stopped by SIGSTOP acts on SIGTERM only once continued */
     j->kill_at = ddp__now() + j->grace;
 }
 
@@ -6244,6 +6952,7 @@ DDP__PRIVATE void ddp__ln_tick(ddp__ln_job* j) {
         j->alive--;
         if (j->first_fail < 0 && (j->status[i] == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
             j->first_fail = i;
+            j->fail_time = time(NULL);
             j->fail_after_signal = ddp__ln_got_signal != 0;
             ddp__ln_stop(j);
         }
@@ -6372,6 +7081,7 @@ DDP__DEF ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg) {
 
 typedef struct ddp__ln_opts {
     int nproc, nnodes, node_rank, port, standalone, max_restarts;
+    int restart;         /* restarts so far: the ranks' DDP_RESTART_COUNT */
     int addr_given, port_given;
     const char* addr;
     const char* backend; /* NULL: the program chooses */
@@ -6387,7 +7097,8 @@ static const char ddp__ln_usage[] =
     "  --master-port P      rank 0's store port (default 29500)\n"
     "  --standalone         one machine: 127.0.0.1 and a free port (no clash with other jobs)\n"
     "  --backend cpu|nccl   exported as DDP_BACKEND (default: the program chooses)\n"
-    "  --max-restarts N     restart the job after a failure (only 0 is built so far)\n"
+    "  --max-restarts N     when a rank fails, stop the others and start the job again, up to N\n"
+    "                       times (default 0); ranks read DDP_RESTART_COUNT and resume from a snapshot\n"
     "  -h, --help           this text\n"
     "Flags may be written --a-b or --a_b, and --flag=value. \"--\" ends the flags.\n"
     "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
@@ -6484,11 +7195,6 @@ DDP__PRIVATE int ddp__ln_validate(ddp__ln_opts* o) {
         fprintf(stderr, "ddprun: --backend %s is not one of cpu, nccl\n", o->backend);
         return 2;
     }
-    if (o->max_restarts > 0) {
-        fprintf(stderr, "ddprun: warning: --max-restarts %d: restarts are not built yet; a failure ends "
-                        "the job (as --max-restarts 0)\n", o->max_restarts);
-        o->max_restarts = 0;
-    }
     if (o->standalone) {
         if (o->addr_given || o->port_given)
             fprintf(stderr, "ddprun: warning: --standalone picks 127.0.0.1 and a free port; "
@@ -6559,8 +7265,8 @@ DDP__PRIVATE void ddp__ln_exec(const ddp__ln_opts* o, const char* token, int loc
     setenv("MASTER_ADDR", o->addr, 1);
     ddp__ln_setenv_int("MASTER_PORT", o->port);
     setenv("DDP_JOB_TOKEN", token, 1);
-    setenv("DDP_RESTART_COUNT", "0", 1);
-    setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
+    ddp__ln_setenv_int("DDP_RESTART_COUNT", o->restart);
+    ddp__ln_setenv_int("TORCHELASTIC_RESTART_COUNT", o->restart);
     if (o->backend) setenv("DDP_BACKEND", o->backend, 1);
     /* N ranks each starting a thread per core would oversubscribe the machine (torchrun does this) */
     if (o->nproc > 1) setenv("OMP_NUM_THREADS", "1", 0);
@@ -6654,16 +7360,50 @@ DDP__PRIVATE void ddp__ln_job_token(const ddp__ln_opts* o, char* token, size_t n
                         "before ddprun on each node\n", token);
 }
 
-/* The final word: the first failure (or the signal we got) and the exit status for main. */
-DDP__PRIVATE int ddp__ln_summary(const ddp__ln_opts* o, const ddp__ln_job* j, const pid_t* pids) {
-    char how[96];
+/* One failed attempt of the job: the rank that failed first, and how. */
+typedef struct ddp__ln_failure { int rank, status, restart; long pid; time_t when; } ddp__ln_failure;
+#define DDP__LN_MAX_FAILURES 32 /* the summary keeps the first 31 failures and the last one */
+
+/* Print one failure: "restart 0, 12:00:01: rank 1 (pid 4242) was killed by signal 9 (SIGKILL)". */
+DDP__PRIVATE void ddp__ln_print_failure(const ddp__ln_failure* f, const char* note) {
+    char how[96], when[16];
+    struct tm tmv;
+    ddp__ln_how(f->status, how, sizeof how);
+    localtime_r(&f->when, &tmv);
+    strftime(when, sizeof when, "%H:%M:%S", &tmv);
+    fprintf(stderr, "ddprun:   attempt %d (DDP_RESTART_COUNT=%d), %s: rank %d (pid %ld) %s%s%s\n", f->restart + 1,
+            f->restart, when, f->rank, f->pid, how, ddp__ln_exit_code(f->status) == 127 ? " (the program could not be run)" : "",
+            note);
+}
+
+/* The final word: the failures (the first is the root cause), or the signal we got; returns the
+   exit status for main: the last failing rank's. */
+DDP__PRIVATE int ddp__ln_summary(const ddp__ln_opts* o, const ddp__ln_job* j, const ddp__ln_failure* fails,
+                                 int nfails, int total_fails) {
+    int i;
     if (j->first_fail >= 0 && !j->fail_after_signal) {
-        int st = j->status[j->first_fail];
-        ddp__ln_how(st, how, sizeof how);
-        fprintf(stderr, "ddprun: rank %d (pid %ld) %s%s%s\n", o->node_rank * o->nproc + j->first_fail,
-                (long)pids[j->first_fail], how, ddp__ln_exit_code(st) == 127 ? " (the program could not be run)" : "",
-                j->n > 1 ? "; stopped the other ranks" : "");
-        return ddp__ln_exit_code(st);
+        const ddp__ln_failure* last = &fails[nfails - 1];
+        char how[96];
+        ddp__ln_how(last->status, how, sizeof how);
+        if (total_fails == 1) {
+            fprintf(stderr, "ddprun: rank %d (pid %ld) %s%s%s\n", last->rank, last->pid, how,
+                    ddp__ln_exit_code(last->status) == 127 ? " (the program could not be run)" : "",
+                    j->n > 1 || o->nnodes > 1 ? "; stopped the other ranks" : "");
+            if (o->max_restarts == 0 && ddp__ln_exit_code(last->status) != 127)
+                fprintf(stderr, "ddprun: no restart (--max-restarts 0): start ddprun with --max-restarts N to "
+                                "restart the job after a failure\n");
+        } else {
+            fprintf(stderr, "ddprun: giving up: the job failed %d times (--max-restarts %d); each attempt's first "
+                            "failure:\n", total_fails, o->max_restarts);
+            for (i = 0; i < nfails; i++) {
+                if (i == nfails - 1 && total_fails > nfails)
+                    fprintf(stderr, "ddprun:   ... %d more ...\n", total_fails - nfails);
+                ddp__ln_print_failure(&fails[i], i == 0 ? "  <- root cause (the first failure)" : "");
+            }
+            fprintf(stderr, "ddprun: exiting with rank %d's status %d\n", last->rank,
+                    ddp__ln_exit_code(last->status));
+        }
+        return ddp__ln_exit_code(last->status);
     }
     if (ddp__ln_got_signal) {
         fprintf(stderr, "ddprun: received %s and passed it to every rank; all have stopped\n",
@@ -6673,15 +7413,39 @@ DDP__PRIVATE int ddp__ln_summary(const ddp__ln_opts* o, const ddp__ln_job* j, co
     return 0;
 }
 
+/* Start every local rank and supervise them until all have ended. Returns 0, or -1 if a rank
+   could not be started (the others were stopped). pids[] gets the ranks' pids. */
+DDP__PRIVATE int ddp__ln_run_once(const ddp__ln_opts* o, const char* token, ddp__ln_job* j, ddp__ln_stream* st,
+                                  struct pollfd* pf, pid_t* pids) {
+    ddp__ln_signals sv;
+    int i, start_failed = 0;
+    for (i = 0; i < 2 * o->nproc; i++) st[i].fd = -1;
+    fflush(NULL);
+    ddp__ln_signals_begin(j, &sv);
+    for (i = 0; i < o->nproc; i++) {
+        if (ddp__ln_start(o, token, i, j, &st[2 * i], &st[2 * i + 1], &sv) != 0) {
+            fprintf(stderr, "ddprun: cannot start local rank %d: %s; stopping the others\n", i, strerror(errno));
+            start_failed = 1;
+            ddp__ln_stop(j);
+            break;
+        }
+        pids[i] = j->pid[i];
+    }
+    ddp__ln_signals_unblock(&sv);
+    ddp__ln_relay(j, st, 2 * o->nproc, pf);
+    ddp__ln_signals_end(&sv);
+    return start_failed ? -1 : 0;
+}
+
 DDP__DEF int ddp_launcher_main(int argc, char** argv) {
     ddp__ln_opts o;
     ddp__ln_job j;
-    ddp__ln_signals sv;
     ddp__ln_stream* st;
     struct pollfd* pf;
     pid_t* pids;
+    ddp__ln_failure fails[DDP__LN_MAX_FAILURES];
     char token[256];
-    int i, rc, start_failed = 0;
+    int rc, nfails = 0, total_fails = 0;
     if ((rc = ddp__ln_parse(argc, argv, &o)) >= 0) return rc;
     if ((rc = ddp__ln_validate(&o)) >= 0) return rc;
     ddp__ln_job_token(&o, token, sizeof token);
@@ -6695,22 +7459,40 @@ DDP__DEF int ddp_launcher_main(int argc, char** argv) {
         if (pids) DDP_FREE(pids);
         return 1;
     }
-    for (i = 0; i < 2 * o.nproc; i++) st[i].fd = -1;
-    fflush(NULL);
-    ddp__ln_signals_begin(&j, &sv);
-    for (i = 0; i < o.nproc; i++) {
-        if (ddp__ln_start(&o, token, i, &j, &st[2 * i], &st[2 * i + 1], &sv) != 0) {
-            fprintf(stderr, "ddprun: cannot start local rank %d: %s; stopping the others\n", i, strerror(errno));
-            start_failed = 1;
-            ddp__ln_stop(&j);
+    for (o.restart = 0;; o.restart++) {
+        ddp__ln_failure* f;
+        if (ddp__ln_run_once(&o, token, &j, st, pf, pids) != 0) { rc = 1; break; }
+        if (j.first_fail < 0 || j.fail_after_signal || ddp__ln_got_signal) {
+            rc = ddp__ln_summary(&o, &j, fails, nfails, total_fails);
             break;
         }
-        pids[i] = j.pid[i];
+        /* keep the first failures and, in the last slot, the newest */
+        f = &fails[nfails < DDP__LN_MAX_FAILURES ? nfails++ : nfails - 1];
+        f->rank = o.node_rank * o.nproc + j.first_fail;
+        f->status = j.status[j.first_fail];
+        f->pid = (long)pids[j.first_fail];
+        f->when = j.fail_time;
+        f->restart = o.restart;
+        total_fails++;
+        if (o.restart >= o.max_restarts || ddp__ln_exit_code(f->status) == 127) {
+            rc = ddp__ln_summary(&o, &j, fails, nfails, total_fails);
+            break;
+        }
+        {
+            char how[96];
+            ddp__ln_how(f->status, how, sizeof how);
+            fprintf(stderr, "ddprun: rank %d (pid %ld) %s; stopped the other ranks; restarting the job (restart %d "
+                            "of %d)\n", f->rank, f->pid, how, o.restart + 1, o.max_restarts);
+        }
+        ddp__ln_job_free(&j);
+        if (ddp__ln_job_init(&j, o.nproc) != DDP_OK) {
+            fprintf(stderr, "ddprun: out of memory\n");
+            DDP_FREE(st);
+            DDP_FREE(pf);
+            DDP_FREE(pids);
+            return 1;
+        }
     }
-    ddp__ln_signals_unblock(&sv);
-    ddp__ln_relay(&j, st, 2 * o.nproc, pf);
-    ddp__ln_signals_end(&sv);
-    rc = start_failed ? 1 : ddp__ln_summary(&o, &j, pids);
     ddp__ln_job_free(&j);
     DDP_FREE(st);
     DDP_FREE(pf);

@@ -19,7 +19,7 @@ typedef struct options {
     const char* device;
     const char* data;
     const char* data_dir;
-    const char* checkpoint;
+    const char* snapshot;
     int epochs, batch_size, hidden, save_every, nproc;
     float lr;
     unsigned long seed;
@@ -29,12 +29,12 @@ static void usage(const char* prog) {
     fprintf(stderr,
             "usage: %s [--device cpu|cuda|cuda:N|auto] [--data wine|digits|FILE.csv] [--data-dir DIR]\n"
             "          [--epochs N] [--batch-size N] [--lr X] [--hidden N] [--seed N]\n"
-            "          [--save-every N] [--checkpoint FILE] [--nproc N]\n", prog);
+            "          [--save-every N] [--snapshot FILE] [--nproc N]\n", prog);
     exit(2);
 }
 
 static options parse_args(int argc, char** argv) {
-    options o = {"auto", "wine", NULL, "checkpoint.ddp", 100, 32, 0, 50, 4, 1e-3f, 1};
+    options o = {"auto", "wine", NULL, "snapshot.safetensors", 100, 32, 0, 50, 4, 1e-3f, 1};
     int i;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -48,7 +48,7 @@ static options parse_args(int argc, char** argv) {
         if (!strcmp(a, "--device")) o.device = v;
         else if (!strcmp(a, "--data")) o.data = v;
         else if (!strcmp(a, "--data-dir")) o.data_dir = v;
-        else if (!strcmp(a, "--checkpoint")) o.checkpoint = v;
+        else if (!strcmp(a, "--snapshot")) o.snapshot = v;
         else if (!strcmp(a, "--epochs")) o.epochs = atoi(v);
         else if (!strcmp(a, "--batch-size")) o.batch_size = atoi(v);
         else if (!strcmp(a, "--hidden")) o.hidden = atoi(v);
@@ -157,8 +157,10 @@ static int train(int rank, void* arg) {
         }
         if (rank == 0) report(epoch, opt->epochs, loss_sum / sampler.num_samples);
         if (rank == 0 && opt->save_every && epoch % opt->save_every == 0) {
-            DDP_CHECK(ddp_checkpoint_save(model, epoch, opt->checkpoint));
-            printf("epoch %3d/%d  checkpoint saved to %s\n", epoch, opt->epochs, opt->checkpoint);
+            ddp_snapshot snap = {0}; /* chapter 6 adds the sampler and the position in the epoch */
+            snap.model = model, snap.optim = optim, snap.epoch = epoch;
+            DDP_CHECK(ddp_snapshot_save(&snap, opt->snapshot));
+            printf("epoch %3d/%d  snapshot saved to %s\n", epoch, opt->epochs, opt->snapshot);
         }
     }
 

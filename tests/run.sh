@@ -32,7 +32,7 @@ run_prog() {
 if [ $GPU_ONLY = 1 ]; then
     run_prog test_gpu env DDP_REQUIRE_GPU=1 "$BUILD/tests/test_gpu"
     run_prog test_gpu_pg env DDP_REQUIRE_GPU=1 "$BUILD/tests/test_gpu_pg"
-    out=$("$BUILD/examples/01_single_gpu" --device cuda --save-every 0 --checkpoint "$TMP/c" 2>&1)
+    out=$("$BUILD/examples/01_single_gpu" --device cuda --save-every 0 --snapshot "$TMP/c" 2>&1)
     acc=$(sed -n 's/^test accuracy: //p' <<<"$out")
     if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= 0.95)}"; then ok "example01_gpu_wine_accuracy ($acc)"
     else bad example01_gpu_wine_accuracy "$(tail -n 3 <<<"$out")"; fi
@@ -41,10 +41,51 @@ if [ $GPU_ONLY = 1 ]; then
 fi
 
 # ---- unit tests ------------------------------------------------------------------------------
-for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_sampler; do
+for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_sampler test_snapshot test_desync; do
     run_prog "$t" "$BUILD/tests/$t"
 done
 run_prog test_ddprun bash tests/test_ddprun.sh "$BUILD/ddprun"
+run_prog test_bad_input bash tests/test_bad_input.sh "$BUILD"
+run_prog test_restart bash tests/test_restart.sh "$BUILD" 5
+
+# ---- a snapshot read in Python: struct + json + numpy, the checksum rule, every tensor exact ----
+echo "== snapshot in numpy"
+if [ ! -x /usr/bin/python3 ]; then
+    skp snapshot_read_by_numpy "/usr/bin/python3 is not installed"
+elif ! /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1; then
+    skp snapshot_read_by_numpy "numpy is not installed for /usr/bin/python3 (apt-get install python3-numpy)"
+elif ! out=$("$BUILD/tests/snapshot_dump" "$TMP/dump.safetensors" "$TMP/dump.txt" 2>&1); then
+    bad snapshot_read_by_numpy "snapshot_dump failed:" "$(tail -n 3 <<<"$out")"
+elif out=$(/usr/bin/python3 tests/snapshot_numpy.py "$TMP/dump.safetensors" "$TMP/dump.txt" 2>&1); then
+    ok "snapshot_read_by_numpy ($out tensors)"
+else
+    bad snapshot_read_by_numpy "$(tail -n 5 <<<"$out")"
+fi
+
+# ---- fuzzing: a short fixed-seed libFuzzer round of the snapshot reader and the store server -----
+# (make fuzz runs them for longer). A crash's input is kept as $BUILD/fuzz/crash-*.
+echo "== fuzz"
+FUZZ_CC=${FUZZ_CC:-clang}
+fuzz_works=0
+if command -v "$FUZZ_CC" >/dev/null 2>&1 &&
+   printf 'int LLVMFuzzerTestOneInput(const unsigned char* d, unsigned long n) { (void)d; (void)n; return 0; }\n' |
+   "$FUZZ_CC" -x c -fsanitize=fuzzer,address,undefined - -o "$TMP/fuzz_probe" >/dev/null 2>&1; then
+    fuzz_works=1
+fi
+for f in snapshot store; do
+    name=fuzz_${f}_short bin="$BUILD/fuzz/fuzz_$f"
+    if [ $fuzz_works = 0 ]; then skp "$name" "clang with libFuzzer not found (apt-get install clang)"; continue; fi
+    if ! out=$(make --no-print-directory BUILD="$BUILD" FUZZ_CC="$FUZZ_CC" "$bin" 2>&1); then
+        bad "$name" "building $bin failed:" "$(tail -n 5 <<<"$out")"; continue
+    fi
+    mkdir -p "$TMP/fuzz_$f" "$TMP/seeds_$f"
+    DDP_FUZZ_WRITE_SEEDS="$TMP/seeds_$f" "$bin" >/dev/null 2>&1
+    out=$(timeout 300 "$bin" -seed=1 -runs=20000 -artifact_prefix="$BUILD/fuzz/" "$TMP/fuzz_$f" "tests/fuzz/corpus_$f" "$TMP/seeds_$f" 2>&1); rc=$?
+    runs=$(sed -n 's/^Done \([0-9]*\) runs in .*/\1/p' <<<"$out")
+    if [ $rc = 0 ] && [ -n "$runs" ]; then ok "$name ($runs runs, no crash)"
+    else bad "$name" "exit status $rc; the input that crashed it: $(sed -n 's/.*Test unit written to //p' <<<"$out")" \
+             "$(grep -m 3 -E 'ERROR|runtime error|fuzz_(snapshot|store): ' <<<"$out")"; fi
+done
 
 # ---- whole jobs: ddprun and mpirun starting real ranks that join through the store ----------
 echo "== jobs"
@@ -141,11 +182,11 @@ check_accuracy() {  # name, minimum, args...
     if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= $min)}"; then ok "$name ($acc >= $min)"
     else bad "$name" "expected test accuracy >= $min" "$(tail -n 3 <<<"$out")"; fi
 }
-check_accuracy example01_wine_cpu 0.95 --device cpu --checkpoint "$TMP/wine.ckpt"
+check_accuracy example01_wine_cpu 0.95 --device cpu --snapshot "$TMP/wine.st"
 check_accuracy example01_digits_cpu 0.95 --device cpu --data digits --epochs 30 --save-every 0
 
-if [ -s "$TMP/wine.ckpt" ] && [ ! -e "$TMP/wine.ckpt.tmp."* ]; then ok example01_checkpoint_written
-else bad example01_checkpoint_written "no checkpoint at $TMP/wine.ckpt after --save-every 50"; fi
+if [ -s "$TMP/wine.st" ] && ! ls "$TMP"/wine.st.tmp* >/dev/null 2>&1; then ok example01_snapshot_written
+else bad example01_snapshot_written "no snapshot at $TMP/wine.st after --save-every 50, or a temporary file left"; fi
 
 # ---- chapters 2 and 3: several ranks, the same accuracy bar ---------------------------------------
 echo "== examples 02 and 03"

@@ -1,11 +1,10 @@
 /* tests/test_data.c: the >>data section (CSV loading, name resolution, split, standardisation,
-   gather) and the >>snapshot section (checkpoint files) on the CPU. Run from the repository's top
+   gather) on the CPU (snapshots: test_snapshot.c). Run from the repository's top
    folder: it reads examples/data/wine.csv and digits.csv. */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "harness.h"
 
-#include <dirent.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -13,7 +12,6 @@
 #include <unistd.h>
 
 static char g_tmp[64]; /* temporary folder made by mkdtemp, removed at the end */
-static const ddp_device g_cpu = {DDP_DEVICE_CPU, 0};
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
@@ -33,47 +31,6 @@ static int write_bytes(const char* path, const void* data, size_t n) {
     return fclose(f) == 0 && ok;
 }
 static int write_text(const char* path, const char* text) { return write_bytes(path, text, strlen(text)); }
-
-/* The whole file in a malloc'd buffer (NULL if it cannot be read). */
-static unsigned char* read_bytes(const char* path, size_t* n) {
-    FILE* f = fopen(path, "rb");
-    unsigned char* p;
-    long len;
-    *n = 0;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    p = (unsigned char*)malloc((size_t)len + 1);
-    if (p && fread(p, 1, (size_t)len, f) != (size_t)len) {
-        free(p);
-        p = NULL;
-    }
-    fclose(f);
-    if (p) *n = (size_t)len;
-    return p;
-}
-
-static int file_exists(const char* path) {
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
-/* Names in `dir` that contain ".tmp." (leftover temporary files); the count, the first in `first`. */
-static int count_tmp_files(const char* dir, char* first, size_t cap) {
-    DIR* d = opendir(dir);
-    struct dirent* e;
-    int n = 0;
-    first[0] = 0;
-    if (!d) return 0;
-    while ((e = readdir(d)) != NULL)
-        if (strstr(e->d_name, ".tmp.")) {
-            if (!n) snprintf(first, cap, "%s", e->d_name);
-            n++;
-        }
-    closedir(d);
-    return n;
-}
 
 /* An independent reader of the bundled CSV files: fgets, strtod on each comma-separated field. */
 typedef struct {
@@ -582,249 +539,6 @@ static void test_gather(void) {
     ddp_dataset_free(&all);
 }
 
-/* ---- 7. checkpoints ----------------------------------------------------------------------------------- */
-
-static ddp_model* make_mlp(const int* sizes, int n, uint64_t seed) {
-    ddp_model_desc desc;
-    ddp_model* m = NULL;
-    memset(&desc, 0, sizeof desc);
-    desc.device = g_cpu;
-    desc.seed = seed;
-    CHECK_OK(ddp_model_mlp(&desc, sizes, n, DDP_LAYER_RELU, &m));
-    return m;
-}
-
-/* A copy of all parameters of m, in order (free with free). */
-static float* params_copy(ddp_model* m, size_t* count) {
-    size_t n = ddp_model_num_elements(m), off = 0;
-    float* p = (float*)malloc(n * sizeof(float) + 1);
-    int i;
-    for (i = 0; i < ddp_model_num_params(m); i++) {
-        ddp_param* q = ddp_model_param(m, i);
-        memcpy(p + off, q->data, q->count * sizeof(float));
-        off += q->count;
-    }
-    *count = n;
-    return p;
-}
-static int params_equal(ddp_model* m, const float* ref, size_t n) {
-    size_t k;
-    float* now = params_copy(m, &k);
-    int eq = k == n && !memcmp(now, ref, n * sizeof(float));
-    free(now);
-    return eq;
-}
-
-static void put_u32(unsigned char* p, uint32_t v) {
-    p[0] = (unsigned char)v, p[1] = (unsigned char)(v >> 8), p[2] = (unsigned char)(v >> 16), p[3] = (unsigned char)(v >> 24);
-}
-static uint32_t get_u32(const unsigned char* p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-/* Recompute the trailing FNV-1a 64 checksum (the documented format), so that a deliberate edit
-   reaches the checks behind the checksum. */
-static void rehash(unsigned char* b, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    size_t i;
-    for (i = 0; i < n - 8; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    put_u32(b + n - 8, (uint32_t)h);
-    put_u32(b + n - 4, (uint32_t)(h >> 32));
-}
-
-/* Load `bytes` written to tmp/probe.ckpt into m; expect `want`, m unchanged, epoch untouched. */
-static int expect_refused(ddp_model* m, const float* ref, size_t nref, const unsigned char* bytes, size_t n,
-                          ddp_status want, const char* what, long arg, int line) {
-    const char* path = tmp_path("probe.ckpt");
-    int epoch = -12345;
-    ddp_status s;
-    if (!write_bytes(path, bytes, n)) {
-        h_failf(__FILE__, line, "cannot write %s", path);
-        return 0;
-    }
-    s = ddp_checkpoint_load(m, path, &epoch);
-    if (s != want || epoch != -12345 || !params_equal(m, ref, nref)) {
-        int changed = !params_equal(m, ref, nref), i;
-        size_t off = 0;
-        h_failf(__FILE__, line, "%s %ld: status %s (expected %s), epoch %d, model %s; message: %s", what, arg,
-                ddp_status_name(s), ddp_status_name(want), epoch, changed ? "CHANGED" : "unchanged",
-                ddp_error_string());
-        for (i = 0; i < ddp_model_num_params(m); i++) { /* put the model back for the next checks */
-            ddp_param* q = ddp_model_param(m, i);
-            memcpy(q->data, ref + off, q->count * sizeof(float));
-            off += q->count;
-        }
-        return 0;
-    }
-    return 1;
-}
-
-static void test_checkpoints(void) {
-    static const int s483[] = {4, 8, 3}, s493[] = {4, 9, 3}, s4883[] = {4, 8, 8, 3};
-    ddp_model *m1 = make_mlp(s483, 3, 1), *m2 = make_mlp(s483, 3, 2), *m3 = make_mlp(s483, 3, 3);
-    ddp_model *other_shape = make_mlp(s493, 3, 1), *other_layers = make_mlp(s4883, 4, 1);
-    char path[256], tmpname[300], leftover[256];
-    float *p1 = NULL, *p3 = NULL;
-    size_t n1 = 0, n3 = 0, size = 0, len, off;
-    unsigned char *file = NULL, *buf = NULL;
-    int epoch = -1, fails;
-
-    snprintf(path, sizeof path, "%s", tmp_path("model.ckpt"));
-    if (!m1 || !m2 || !m3 || !other_shape || !other_layers) goto done;
-    p1 = params_copy(m1, &n1);
-    CHECK(n1 == 4 * 8 + 8 + 8 * 3 + 3 && ddp_model_num_params(m1) == 4);
-    CHECK(!params_equal(m2, p1, n1)); /* another seed: other weights, so the load below shows */
-
-    /* save and load: bit-identical parameters and the epoch */
-    CHECK_OK(ddp_checkpoint_save(m1, 7, path));
-    snprintf(tmpname, sizeof tmpname, "%s.tmp.%ld", path, (long)getpid());
-    CHECK(file_exists(path));
-    CHECK(!file_exists(tmpname));
-    CHECK(count_tmp_files(g_tmp, leftover, sizeof leftover) == 0);
-    CHECK_OK(ddp_checkpoint_load(m2, path, &epoch));
-    CHECK(epoch == 7);
-    CHECK(params_equal(m2, p1, n1));
-    CHECK_OK(ddp_checkpoint_load(m2, path, NULL)); /* epoch may be NULL */
-
-    file = read_bytes(path, &size);
-    CHECK(file != NULL && size > 28);
-    if (!file || size <= 28) goto done;
-    CHECK(!memcmp(file, "DDPCKPT1", 8) && get_u32(file + 8) == 1 && get_u32(file + 12) == 4 && get_u32(file + 16) == 7);
-    buf = (unsigned char*)malloc(size + 16);
-    p3 = params_copy(m3, &n3);
-    CHECK(!params_equal(m3, p1, n1));
-
-    /* truncated at every length */
-    for (len = 0, fails = 0; len < size && fails < 3; len++)
-        fails += !expect_refused(m3, p3, n3, file, len, DDP_ERR_CHECKPOINT, "truncated to", (long)len, __LINE__);
-    /* every byte flipped, and every single bit of every byte */
-    for (off = 0, fails = 0; off < size && fails < 3; off++) {
-        int bit;
-        memcpy(buf, file, size);
-        buf[off] ^= 0xFF;
-        fails += !expect_refused(m3, p3, n3, buf, size, DDP_ERR_CHECKPOINT, "byte flipped at", (long)off, __LINE__);
-        for (bit = 0; bit < 8; bit++) {
-            memcpy(buf, file, size);
-            buf[off] ^= (unsigned char)(1u << bit);
-            fails += !expect_refused(m3, p3, n3, buf, size, DDP_ERR_CHECKPOINT, "bit flipped at", (long)(off * 8 + bit),
-                                     __LINE__);
-        }
-    }
-    /* one byte appended */
-    memcpy(buf, file, size);
-    buf[size] = 0;
-    expect_refused(m3, p3, n3, buf, size + 1, DDP_ERR_CHECKPOINT, "appended", 1, __LINE__);
-
-    /* edits with a valid checksum reach the checks behind it */
-    memcpy(buf, file, size);
-    put_u32(buf + 16, 9); /* the epoch: a legal change */
-    rehash(buf, size);
-    CHECK(write_bytes(tmp_path("epoch9.ckpt"), buf, size));
-    CHECK_OK(ddp_checkpoint_load(m2, tmp_path("epoch9.ckpt"), &epoch));
-    CHECK(epoch == 9); /* also proves the checksum is the documented FNV-1a over all bytes before it */
-    memcpy(buf, file, size);
-    put_u32(buf + 8, 2); /* the version */
-    rehash(buf, size);
-    expect_refused(m3, p3, n3, buf, size, DDP_ERR_CHECKPOINT, "version", 2, __LINE__);
-    CHECK(strstr(ddp_error_string(), "version") != NULL);
-    memcpy(buf, file, size);
-    put_u32(buf + 12, 5); /* the parameter count */
-    rehash(buf, size);
-    expect_refused(m3, p3, n3, buf, size, DDP_ERR_CHECKPOINT, "nparams", 5, __LINE__);
-    memcpy(buf, file, size);
-    buf[24] ^= 0x20; /* the first parameter's name ("fc1.weight" -> "Fc1.weight") */
-    rehash(buf, size);
-    expect_refused(m3, p3, n3, buf, size, DDP_ERR_CHECKPOINT, "name", 0, __LINE__);
-    memcpy(buf, file, size);
-    put_u32(buf + 20, 0xFFFFFFFFu); /* the first name's length */
-    rehash(buf, size);
-    expect_refused(m3, p3, n3, buf, size, DDP_ERR_CHECKPOINT, "name length", -1, __LINE__);
-    {
-        /* the first parameter's ndim, first dimension and element count follow its name */
-        uint32_t nl = get_u32(file + 20);
-        size_t at = 24 + nl;
-        CHECK(nl == strlen(ddp_model_param(m1, 0)->name) && !memcmp(file + 24, ddp_model_param(m1, 0)->name, nl));
-        memcpy(buf, file, size);
-        put_u32(buf + at, 1); /* ndim 2 -> 1 */
-        rehash(buf, size);
-        expect_refused(m3, p3, n3, buf, size, DDP_ERR_CHECKPOINT, "ndim", 1, __LINE__);
-        memcpy(buf, file, size);
-        put_u32(buf + at + 4, 9); /* shape [8, 4] -> [9, 4] */
-        rehash(buf, size);
-        expect_refused(m3, p3, n3, buf, size, DDP_ERR_CHECKPOINT, "shape", 9, __LINE__);
-        memcpy(buf, file, size);
-        put_u32(buf + at + 12, 33); /* count 32 -> 33 */
-        rehash(buf, size);
-        expect_refused(m3, p3, n3, buf, size, DDP_ERR_CHECKPOINT, "count", 33, __LINE__);
-    }
-    memcpy(buf, file, size - 8); /* four more data bytes before the checksum */
-    memset(buf + size - 8, 0, 4);
-    rehash(buf, size + 4);
-    expect_refused(m3, p3, n3, buf, size + 4, DDP_ERR_CHECKPOINT, "data +4 bytes", 4, __LINE__);
-    memcpy(buf, file, size - 12); /* four fewer */
-    rehash(buf, size - 4);
-    expect_refused(m3, p3, n3, buf, size - 4, DDP_ERR_CHECKPOINT, "data -4 bytes", -4, __LINE__);
-
-    /* other models' files, a file that is not a checkpoint, no file */
-    CHECK_OK(ddp_checkpoint_save(other_shape, 3, tmp_path("shape.ckpt")));
-    free(buf);
-    buf = read_bytes(tmp_path("shape.ckpt"), &len);
-    if (buf) expect_refused(m3, p3, n3, buf, len, DDP_ERR_CHECKPOINT, "4,9,3 model", 0, __LINE__);
-    CHECK(strstr(ddp_error_string(), "fc1.weight") != NULL);
-    CHECK_OK(ddp_checkpoint_save(other_layers, 3, tmp_path("layers.ckpt")));
-    free(buf);
-    buf = read_bytes(tmp_path("layers.ckpt"), &len);
-    if (buf) expect_refused(m3, p3, n3, buf, len, DDP_ERR_CHECKPOINT, "4,8,8,3 model", 0, __LINE__);
-    free(buf);
-    buf = read_bytes("examples/data/wine.csv", &len);
-    if (buf) expect_refused(m3, p3, n3, buf, len, DDP_ERR_CHECKPOINT, "wine.csv", 0, __LINE__);
-    CHECK_FAILS(ddp_checkpoint_load(m3, tmp_path("none.ckpt"), &epoch), DDP_ERR_IO, "none.ckpt");
-    CHECK(params_equal(m3, p3, n3));
-    /* the bigger model refuses the small model's file too */
-    {
-        size_t nl;
-        float* pl = params_copy(other_layers, &nl);
-        epoch = -12345;
-        CHECK_FAILS(ddp_checkpoint_load(other_layers, path, &epoch), DDP_ERR_CHECKPOINT, "parameters");
-        CHECK(epoch == -12345 && params_equal(other_layers, pl, nl));
-        free(pl);
-    }
-
-    /* saving where it cannot: no file, no temporary left */
-    CHECK_FAILS(ddp_checkpoint_save(m1, 1, tmp_path("no/such/dir/model.ckpt")), DDP_ERR_IO, "no/such/dir");
-    CHECK(count_tmp_files(g_tmp, leftover, sizeof leftover) == 0);
-    CHECK(mkdir(tmp_path("adir"), 0700) == 0);
-    CHECK_FAILS(ddp_checkpoint_save(m1, 1, tmp_path("adir")), DDP_ERR_IO, "adir"); /* rename onto a folder */
-    CHECKF(count_tmp_files(g_tmp, leftover, sizeof leftover) == 0, "a temporary file was left: %s", leftover);
-
-    /* saving over an existing checkpoint replaces it */
-    CHECK_OK(ddp_checkpoint_save(m3, 8, path));
-    CHECK(count_tmp_files(g_tmp, leftover, sizeof leftover) == 0);
-    CHECK_OK(ddp_checkpoint_load(m2, path, &epoch));
-    CHECK(epoch == 8);
-    CHECK(params_equal(m2, p3, n3));
-    /* a failed save leaves the previous file intact */
-    {
-        char blocker[300];
-        snprintf(blocker, sizeof blocker, "%s.tmp.%ld", path, (long)getpid());
-        CHECK(mkdir(blocker, 0700) == 0); /* the temporary name is taken by a folder: fopen fails */
-        CHECK_FAILS(ddp_checkpoint_save(m1, 9, path), DDP_ERR_IO, "model.ckpt.tmp.");
-        CHECK(rmdir(blocker) == 0);
-    }
-    CHECK_OK(ddp_checkpoint_load(m2, path, &epoch));
-    CHECK(epoch == 8 && params_equal(m2, p3, n3));
-
-done:
-    free(file);
-    free(buf);
-    free(p1);
-    free(p3);
-    ddp_model_destroy(m1);
-    ddp_model_destroy(m2);
-    ddp_model_destroy(m3);
-    ddp_model_destroy(other_shape);
-    ddp_model_destroy(other_layers);
-}
-
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/ddp_test_data.XXXXXX");
     if (!mkdtemp(g_tmp)) {
@@ -837,7 +551,6 @@ int main(void) {
     RUN(test_split);
     RUN(test_standardize);
     RUN(test_gather);
-    RUN(test_checkpoints);
     unsetenv("DDP_DATA_DIR");
     h_remove_tree(g_tmp);
     return H_EXIT();

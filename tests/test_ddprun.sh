@@ -164,6 +164,39 @@ else
     bad sigterm_ignored_gets_sigkill "status $rc (expected 3) after $(awk "BEGIN{print $t1 - $t0}") s (expected about 1 s); left running:${left:- none}" "$out"
 fi
 
+# ---- restarts ------------------------------------------------------------------------------------------
+# rank 1 fails on its first two starts: --max-restarts 3 restarts the whole job twice, each rank
+# sees its restart count, and the third start succeeds
+out=$("$DDPRUN" --standalone --nproc-per-node 2 --max-restarts 3 sh -c \
+      'echo "start $DDP_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT"; if [ "$RANK" = 1 ] && [ "$DDP_RESTART_COUNT" -lt 2 ]; then exit 7; fi' 2>&1); rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c 'start 2 2' <<<"$out")" -eq 2 ] && [ "$(grep -c 'start 0 0' <<<"$out")" -eq 2 ] &&
+   grep -q "rank 1 (pid [0-9]*) exited with status 7; stopped the other ranks; restarting the job (restart 2 of 3)" <<<"$out"; then
+    ok restarts_until_success
+else bad restarts_until_success "status $rc:" "$out"; fi
+
+# always failing: gives up after the last restart, lists every attempt, marks the first as the
+# root cause, and exits with the failing rank's status
+out=$("$DDPRUN" --standalone --nproc-per-node 2 --max-restarts 2 sh -c 'if [ "$RANK" = 1 ]; then exit 5; fi; sleep 10' 2>&1); rc=$?
+if [ $rc -eq 5 ] && grep -q "giving up: the job failed 3 times (--max-restarts 2)" <<<"$out" &&
+   grep -q "attempt 1 (DDP_RESTART_COUNT=0), [0-9:]*: rank 1 (pid [0-9]*) exited with status 5  <- root cause" <<<"$out" &&
+   grep -q "attempt 3 (DDP_RESTART_COUNT=2)" <<<"$out" && grep -q "exiting with rank 1's status 5" <<<"$out"; then
+    ok restarts_give_up_with_summary
+else bad restarts_give_up_with_summary "status $rc:" "$out"; fi
+
+# a rank killed by a signal is restarted too; a program that cannot be run is not (it never would)
+out=$("$DDPRUN" --nproc-per-node 1 --max-restarts 1 sh -c 'if [ "$DDP_RESTART_COUNT" = 0 ]; then kill -9 $$; fi; echo resumed' 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "killed by signal 9 (SIGKILL); stopped the other ranks; restarting" <<<"$out" && grep -q resumed <<<"$out"; then
+    ok restart_after_sigkill
+else bad restart_after_sigkill "status $rc:" "$out"; fi
+out=$("$DDPRUN" --nproc-per-node 1 --max-restarts 3 "$TMP/no-such-program" 2>&1); rc=$?
+if [ $rc -eq 127 ] && ! grep -q restarting <<<"$out"; then ok no_restart_when_program_missing
+else bad no_restart_when_program_missing "status $rc:" "$out"; fi
+
+# without --max-restarts a failure ends the job, and the message says how to ask for restarts
+out=$("$DDPRUN" --nproc-per-node 1 sh -c 'exit 3' 2>&1); rc=$?
+if [ $rc -eq 3 ] && grep -q "no restart (--max-restarts 0)" <<<"$out"; then ok no_restart_by_default
+else bad no_restart_by_default "status $rc:" "$out"; fi
+
 # ---- bad command lines ----------------------------------------------------------------------------------
 expect_usage_error() {  # name, text the message must contain, args...
     local name=$1 want=$2 out rc; shift 2

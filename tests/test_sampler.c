@@ -15,11 +15,17 @@ static void counted_free(void* p);
 #include <stdint.h>
 #include <stdlib.h>
 
+static pthread_mutex_t g_alloc_lock = PTHREAD_MUTEX_INITIALIZER; /* the store's thread allocates too */
 static void* counted_malloc(size_t n) {
-    if (g_fail_after == 0) return NULL;
-    if (g_fail_after > 0) g_fail_after--;
-    g_allocs++;
-    return malloc(n);
+    void* p = NULL;
+    pthread_mutex_lock(&g_alloc_lock);
+    if (g_fail_after != 0) {
+        if (g_fail_after > 0) g_fail_after--;
+        g_allocs++;
+        p = malloc(n);
+    }
+    pthread_mutex_unlock(&g_alloc_lock);
+    return p;
 }
 static void counted_free(void* p) { free(p); }
 

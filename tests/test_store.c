@@ -244,20 +244,20 @@ static int closed_by_server(int fd, double s) {
     return 0;
 }
 
-typedef struct { int port; volatile int stop; int rounds, ok; } job_arg;
+typedef struct { int port, stop, rounds, ok; } job_arg; /* stop, rounds: __atomic, both threads use them */
 /* A well-behaved rank using the store throughout the hostile test. */
 static void* job(void* p) {
     job_arg* a = (job_arg*)p;
     ddp_store* c = client(a->port, 5, "tok");
     a->ok = c != NULL;
-    while (c && !a->stop) {
+    while (c && !__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE)) {
         int64_t v;
         char buf[16];
         size_t n;
         if (ddp_store_add(c, "job/steps", 1, &v) != DDP_OK || ddp_store_set(c, "job/last", "x", 1) != DDP_OK ||
             ddp_store_get(c, "job/last", buf, sizeof buf, &n) != DDP_OK)
             a->ok = 0;
-        a->rounds++;
+        __atomic_fetch_add(&a->rounds, 1, __ATOMIC_RELAXED);
         ddp__sleep(0.002);
     }
     ddp_store_destroy(c);
@@ -307,14 +307,14 @@ static void hostile_connections_refused(void) {
     CHECK(await_log("protocol version 9", 1.0));
     CHECK(await_log("before HELLO", 1.0));
     /* the job keeps going while silent and half-sent connections are open */
-    rounds_before = ja.rounds;
+    rounds_before = __atomic_load_n(&ja.rounds, __ATOMIC_RELAXED);
     ddp__sleep(0.3);
-    CHECKF(ja.rounds > rounds_before + 10, "the job made %d store rounds in 0.3 s beside hostile connections",
-           ja.rounds - rounds_before);
+    rounds_before = __atomic_load_n(&ja.rounds, __ATOMIC_RELAXED) - rounds_before;
+    CHECKF(rounds_before > 10, "the job made %d store rounds in 0.3 s beside hostile connections", rounds_before);
     CHECK(closed_by_server(fd_silent, 3.5));
     CHECK(closed_by_server(fd_half, 3.5));
     CHECK(await_log("no valid HELLO", 1.0));
-    ja.stop = 1;
+    __atomic_store_n(&ja.stop, 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);
     CHECKF(ja.ok && ja.rounds > 50, "the job using the store failed (ok %d, %d rounds)", ja.ok, ja.rounds);
     close(fd_garbage), close(fd_huge), close(fd_version), close(fd_early), close(fd_silent), close(fd_half);

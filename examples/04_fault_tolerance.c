@@ -1,0 +1,203 @@
+/* Chapter 6 of TUTORIAL.md: fault tolerance.
+
+   The chapter-5 program, made to survive a lost process. Every --save-every optimizer steps rank
+   0 writes a snapshot: the weights, Adam's moments and step count, the sampler's epoch and how far
+   into the epoch the loader is. On start, every rank loads the snapshot if there is one and
+   carries on from exactly that step, so a job restarted after a crash ends with the same weights,
+   bit for bit, as one that never stopped. The restart itself is the launcher's work:
+   ddprun --max-restarts N stops the surviving ranks and starts the whole job again.
+
+   Run (from the repository's top folder), then kill a rank with kill -9 and watch it resume:
+       build/ddprun --standalone --nproc-per-node 2 --max-restarts 3 build/examples/04_fault_tolerance
+   Every rank reads the same snapshot file: on several machines, put it on a shared filesystem.
+   Delete the snapshot to start over. */
+#define DDP_IMPLEMENTATION
+#include "ddp.h"
+
+typedef struct options {
+    const char* device;
+    const char* data;
+    const char* data_dir;
+    const char* snapshot;
+    int epochs, batch_size, hidden, save_every, nproc;
+    float lr;
+    unsigned long seed;
+} options;
+
+static void usage(const char* prog) {
+    fprintf(stderr,
+            "usage: %s [--device cpu|cuda|cuda:N|auto] [--data wine|digits|FILE.csv] [--data-dir DIR]\n"
+            "          [--epochs N] [--batch-size N] [--lr X] [--hidden N] [--seed N]\n"
+            "          [--save-every STEPS] [--snapshot FILE]\n", prog);
+    exit(2);
+}
+
+static options parse_args(int argc, char** argv) {
+    options o = {"auto", "wine", NULL, "snapshot.safetensors", 100, 32, 0, 10, 4, 1e-3f, 1};
+    int i;
+    for (i = 1; i < argc; i++) {
+        const char* a = argv[i];
+        const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) usage(argv[0]);
+        if (!v) {
+            fprintf(stderr, "%s needs a value\n", a);
+            usage(argv[0]);
+        }
+        i++;
+        if (!strcmp(a, "--device")) o.device = v;
+        else if (!strcmp(a, "--data")) o.data = v;
+        else if (!strcmp(a, "--data-dir")) o.data_dir = v;
+        else if (!strcmp(a, "--snapshot")) o.snapshot = v;
+        else if (!strcmp(a, "--epochs")) o.epochs = atoi(v);
+        else if (!strcmp(a, "--batch-size")) o.batch_size = atoi(v);
+        else if (!strcmp(a, "--hidden")) o.hidden = atoi(v);
+        else if (!strcmp(a, "--save-every")) o.save_every = atoi(v);
+        else if (!strcmp(a, "--lr")) o.lr = (float)atof(v);
+        else if (!strcmp(a, "--seed")) o.seed = strtoul(v, NULL, 10);
+        else {
+            fprintf(stderr, "unknown option %s\n", a);
+            usage(argv[0]);
+        }
+    }
+    if (o.epochs < 1 || o.batch_size < 1 || o.hidden < 0 || o.save_every < 0 || !(o.lr > 0) || o.nproc < 1) {
+        fprintf(stderr, "--epochs and --batch-size must be >= 1, --hidden and --save-every >= 0, --lr > 0\n");
+        exit(2);
+    }
+    return o;
+}
+
+/* One line per epoch; on a terminal, a progress bar that rewrites itself instead. */
+static void report(int epoch, int epochs, double loss) {
+    if (isatty(1)) {
+        int i, done = 30 * epoch / epochs;
+        printf("\r[");
+        for (i = 0; i < 30; i++) putchar(i < done ? '#' : '.');
+        printf("] epoch %3d/%d  loss %.4f%s", epoch, epochs, loss, epoch == epochs ? "\n" : "");
+    } else {
+        printf("epoch %3d/%d  loss %.4f\n", epoch, epochs, loss);
+    }
+    fflush(stdout);
+}
+
+/* Everything a training run does. Here `rank` is always 0 and only rank 0 exists; from chapter 2
+   on, this same function runs in every process of the job. Returns the exit status. */
+static int train(int rank, void* arg) {
+    const options* opt = (const options*)arg;
+    ddp_dataset all, data, test;
+    ddp_device device;
+    ddp_pg* pg;
+    ddp_wrapper* ddp;
+    ddp_model* model;
+    ddp_optim* optim;
+    ddp_sampler sampler;
+    ddp_loader loader;
+    char devname[32];
+    int epoch, seen;
+    ddp_snapshot snap = {0};
+
+    /* 1. Data: load, hold out 20% for testing, standardise with the training statistics. */
+    DDP_CHECK(ddp_dataset_load(opt->data, opt->data_dir, &all));
+    DDP_CHECK(ddp_dataset_split(&all, 0.2, 42, &data, &test));
+    ddp_dataset_standardize(&data, &test);
+
+    /* 2. Join the job. The group picks the device: this rank's GPU if every rank has one,
+       else the CPU (--device overrides). */
+    {
+        ddp_desc dd = {0};
+        DDP_CHECK(ddp_device_parse(opt->device, &dd.device));
+        DDP_CHECK(ddp_init(&dd, &pg));
+        device = ddp_pg_device(pg);
+        rank = ddp_rank(pg);
+    }
+
+    /* 3. Model and optimizer: the MLP features -> hidden -> classes, Adam. */
+    {
+        int hidden = opt->hidden ? opt->hidden : (data.nfeatures > 32 ? 256 : 64);
+        int sizes[3];
+        ddp_model_desc md = {{DDP_DEVICE_AUTO, 0}, 0};
+        ddp_optim_desc od = {DDP_ADAM, 0, 0, 0, 0, 0, 0, 0, 0};
+        sizes[0] = data.nfeatures, sizes[1] = hidden, sizes[2] = all.nclasses;
+        md.device = device;
+        md.seed = opt->seed;
+        od.lr = opt->lr;
+        DDP_CHECK(ddp_model_mlp(&md, sizes, 3, DDP_LAYER_RELU, &model));
+        DDP_CHECK(ddp_wrap(pg, model, NULL, &ddp)); /* same weights everywhere; gradients averaged */
+        DDP_CHECK(ddp_optim_create(model, &od, &optim));
+        if (rank == 0)
+            printf("training %d -> %d -> %d on %s: %d training and %d test samples, batch %d\n", sizes[0], sizes[1],
+                   sizes[2], ddp_device_name(device, devname, sizeof devname), data.n, test.n, opt->batch_size);
+    }
+
+    /* 4. Train: each epoch visits the training set once in a fresh random order. With one replica
+       the sampler is simply a seeded shuffle; chapter 2 hands it the process group instead, and
+       each rank then visits its own share. The loader gathers the batches in that order. */
+    {
+        ddp_sampler_desc sd = {0};
+        sd.seed = opt->seed;
+        sd.pg = pg; /* each rank takes every world-size-th sample of the epoch's order */
+        DDP_CHECK(ddp_sampler_init(&sampler, data.n, &sd));
+        DDP_CHECK(ddp_loader_init(&loader, &data, opt->batch_size, 0));
+    }
+
+    /* 5. Resume: everything the snapshot holds goes back where it came from. Every rank reads the
+       file (after ddp_wrap, whose broadcast would otherwise overwrite the loaded weights). */
+    snap.model = model, snap.optim = optim, snap.sampler = &sampler, snap.loader = &loader;
+    snap.epoch = 1, snap.step = 0;
+    if (ddp_snapshot_exists(opt->snapshot)) {
+        DDP_CHECK(ddp_snapshot_load(&snap, opt->snapshot));
+        if (rank == 0)
+            printf("resuming from %s: epoch %d, step %ld, %d samples into the epoch (restart %s)\n", opt->snapshot,
+                   snap.epoch, snap.step, loader.resume_pos, getenv("DDP_RESTART_COUNT") ? getenv("DDP_RESTART_COUNT") : "0");
+    }
+    for (epoch = snap.epoch; epoch <= opt->epochs; epoch++) {
+        double loss_sum = 0;
+        const float* xb;
+        const int* yb;
+        int n;
+        seen = 0;
+        ddp_sampler_set_epoch(&sampler, epoch); /* without it every epoch repeats one order */
+        DDP_CHECK(ddp_loader_start(&loader, &sampler));
+        while ((n = ddp_loader_next(&loader, &xb, &yb)) > 0) {
+            float loss;
+            DDP_CHECK(ddp_model_zero_grad(model));
+            DDP_CHECK(ddp_model_forward(model, xb, n));
+            DDP_CHECK(ddp_loss_cross_entropy(model, yb, &loss));
+            DDP_CHECK(ddp_model_backward(model));
+            DDP_CHECK(ddp_optim_step(optim));
+            loss_sum += (double)loss * n;
+            seen += n;
+            snap.epoch = epoch, snap.step++;
+            /* after the optimizer step: the state is whole (no gradient half-averaged) */
+            if (rank == 0 && opt->save_every && snap.step % opt->save_every == 0)
+                DDP_CHECK(ddp_snapshot_save(&snap, opt->snapshot));
+        }
+        if (rank == 0 && seen > 0) report(epoch, opt->epochs, loss_sum / seen);
+    }
+    snap.epoch = opt->epochs + 1; /* finished: a rerun resumes after the last epoch */
+    if (rank == 0) {
+        DDP_CHECK(ddp_snapshot_save(&snap, opt->snapshot));
+        printf("final snapshot (step %ld) saved to %s; delete it to train again from the start\n", snap.step,
+               opt->snapshot);
+    }
+
+    /* 6. Evaluate on the held-out samples. */
+    if (rank == 0) {
+        float accuracy, test_loss;
+        DDP_CHECK(ddp_model_evaluate(model, test.x, test.y, test.n, &accuracy, &test_loss));
+        printf("test loss: %.4f\n", test_loss);
+        printf("test accuracy: %.4f\n", accuracy);
+    }
+
+    ddp_loader_free(&loader);
+    ddp_optim_destroy(optim);
+    ddp_wrapper_destroy(ddp);
+    ddp_model_destroy(model);
+    ddp_destroy(pg);
+    ddp_dataset_free(&data), ddp_dataset_free(&test), ddp_dataset_free(&all);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    options opt = parse_args(argc, argv);
+    return train(0, &opt); /* the launcher started this process: ddp_init reads where it stands */
+}
