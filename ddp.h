@@ -6622,9 +6622,15 @@ DDP__PRIVATE ddp_status ddp__env_master_addr(const ddp_desc* d, ddp_env* e) {
     const char* a = d && d->master_addr && *d->master_addr ? d->master_addr : getenv("MASTER_ADDR");
     const char* list = getenv("SLURM_JOB_NODELIST") ? getenv("SLURM_JOB_NODELIST") : getenv("SLURM_NODELIST");
     if (a && *a) {
+        const char* colon = strchr(a, ':');
         if (strlen(a) >= sizeof e->master_addr)
             return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is %d characters long; at most %d fit",
                              (int)strlen(a), (int)sizeof e->master_addr - 1);
+        /* one colon is "host:port" (an IPv6 address has several): a common slip */
+        if (colon && !strchr(colon + 1, ':'))
+            return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR=%s holds a port: give only the host in MASTER_ADDR "
+                             "(MASTER_ADDR=%.*s) and the port in MASTER_PORT (MASTER_PORT=%s)", a, (int)(colon - a),
+                             a, colon + 1);
         strcpy(e->master_addr, a);
         return DDP_OK;
     }

@@ -108,6 +108,8 @@ static int train(int rank, void* arg) {
         DDP_CHECK(ddp_init(&dd, &pg));
         device = ddp_pg_device(pg);
         rank = ddp_rank(pg);
+        printf("rank %d of %d is pid %ld\n", rank, ddp_world_size(pg), (long)getpid()); /* for kill -9 */
+        fflush(stdout);
     }
 
     /* 3. Model and optimizer: the MLP features -> hidden -> classes, Adam. */
@@ -145,7 +147,9 @@ static int train(int rank, void* arg) {
     snap.epoch = 1, snap.step = 0;
     if (ddp_snapshot_exists(opt->snapshot)) {
         DDP_CHECK(ddp_snapshot_load(&snap, opt->snapshot));
-        if (rank == 0)
+        if (rank == 0 && snap.epoch > opt->epochs)
+            printf("%s holds a finished run (step %ld): nothing left to train\n", opt->snapshot, snap.step);
+        else if (rank == 0)
             printf("resuming from %s: epoch %d, step %ld, %d samples into the epoch (restart %s)\n", opt->snapshot,
                    snap.epoch, snap.step, loader.resume_pos, getenv("DDP_RESTART_COUNT") ? getenv("DDP_RESTART_COUNT") : "0");
     }

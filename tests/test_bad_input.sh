@@ -326,7 +326,7 @@ verdict master_unreachable master_unreachable \
 # MASTER_ADDR with the port glued on (a common slip): it cannot resolve; the message must quote it.
 finish_async master_addr_with_port
 verdict master_addr_with_port master_addr_with_port \
-    "DDP_ERR_STORE_UNREACHABLE: .*127\.0\.0\.1:$P_ADDR.*does not resolve" 0 15
+    "DDP_ERR_ENV: MASTER_ADDR=127\.0\.0\.1:$P_ADDR holds a port" 0 15
 
 # ---- 6: MASTER_PORT held by another program when rank 0 starts --------------------------------------
 if [ $HAVE_PY = 1 ]; then
