@@ -92,6 +92,7 @@ TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/tes
             $(BUILD)/tests/test_snapshot $(BUILD)/tests/snapshot_dump
 
 TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync
+TESTS    += $(BUILD)/tests/sampler_dump
 
 .PHONY: all demo test test-faults test-gpu sanitize tsan fuzz install uninstall clean help
 all: $(EXAMPLES) $(TOOLS) $(TESTS)
@@ -170,6 +171,7 @@ fuzz: $(BUILD)/fuzz/fuzz_snapshot $(BUILD)/fuzz/fuzz_store
 	    $(BUILD)/fuzz/corpus_$$f tests/fuzz/corpus_$$f $(BUILD)/fuzz/seeds_$$f || rc=1; \
 	done; exit $$rc
 
+-include labs/labs.mk
 # Installs ddp.h and a pkg-config file, so a student's build line is
 #   cc train.c $(pkg-config --cflags --libs ddp)
 install: $(TOOLS)

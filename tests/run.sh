@@ -62,6 +62,19 @@ else
     bad snapshot_read_by_numpy "$(tail -n 5 <<<"$out")"
 fi
 
+# ---- the sampler against PyTorch's DistributedSampler: exact without shuffling, the rules with it ----
+echo "== sampler against PyTorch"
+if [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
+    skp sampler_matches_pytorch "/usr/bin/python3 with torch not found"
+elif [ ! -x "$BUILD/tests/sampler_dump" ]; then
+    bad sampler_matches_pytorch "$BUILD/tests/sampler_dump is not built"
+elif out=$(/usr/bin/python3 tests/sampler_torch.py "$BUILD/tests/sampler_dump" 2>&1); then
+    ok "sampler_matches_pytorch ($out)"
+else
+    mapfile -t sampler_lines < <(tail -n 15 <<<"$out")
+    bad sampler_matches_pytorch "${sampler_lines[@]}"
+fi
+
 # ---- fuzzing: a short fixed-seed libFuzzer round of the snapshot reader and the store server -----
 # (make fuzz runs them for longer). A crash's input is kept as $BUILD/fuzz/crash-*.
 echo "== fuzz"
@@ -85,6 +98,37 @@ for f in snapshot store; do
     if [ $rc = 0 ] && [ -n "$runs" ]; then ok "$name ($runs runs, no crash)"
     else bad "$name" "exit status $rc; the input that crashed it: $(sed -n 's/.*Test unit written to //p' <<<"$out")" \
              "$(grep -m 3 -E 'ERROR|runtime error|fuzz_(snapshot|store): ' <<<"$out")"; fi
+done
+
+# ---- the classroom labs (labs/README.md): each starter builds and fails its tests, each solution passes ----
+echo "== labs"
+for lab in sampler ring buckets resume no_sync; do
+    for kind in starter solution; do
+        name=lab_${lab}_${kind}_$([ $kind = starter ] && echo fails || echo passes)
+        sol=(); [ $kind = solution ] && sol=(SOLUTION=1)
+        out=$(make --no-print-directory BUILD="$BUILD" "lab-$lab" ${sol[@]+"${sol[@]}"} 2>&1); rc=$?
+        p=$(grep -c '^ok ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out"); s=$(grep -c '^skip ' <<<"$out")
+        if grep -q "^skip lab_${lab}: " <<<"$out"; then  # the solutions were removed (a student's copy)
+            skp "$name" "$(sed -n "s/^skip lab_${lab}: //p" <<<"$out")"
+        elif grep -q "^FAIL lab_${lab}_build" <<<"$out"; then
+            bad "$name" "labs/$lab does not build with the $kind:" "$(sed -n '/^FAIL lab_/,$p' <<<"$out" | sed -n '2,8p')"
+        elif grep -q "the compiler warns" <<<"$out"; then
+            bad "$name" "the $kind of labs/$lab builds with warnings:" "$(grep -m 4 'warning:' <<<"$out")"
+        elif ! grep -q '^[0-9]* passed, [0-9]* failed, [0-9]* skipped$' <<<"$out"; then
+            bad "$name" "the test program ended without its summary (exit status $rc):" "$(tail -n 4 <<<"$out")"
+        elif [ $kind = starter ] && [ "$f" -gt 0 ]; then
+            ok "$name ($f of $((p + f + s)) tests fail)"
+        elif [ $kind = starter ] && [ "$p" -gt 0 ]; then
+            bad "$name" "labs/$lab/starter.c passes all $p tests: a student would have nothing to do"
+        elif [ $kind = solution ] && [ "$f" -eq 0 ] && [ "$p" -gt 0 ] && [ $rc -eq 0 ]; then
+            ok "$name ($p tests$([ "$s" -gt 0 ] && echo ", $s skipped"))"
+        elif [ "$f" -eq 0 ] && [ "$p" -eq 0 ]; then
+            skp "$name" "$(grep -m 1 '^skip ' <<<"$out" | sed 's/^skip [^:]*: //')"
+        else
+            mapfile -t lab_lines < <(grep -A 3 '^FAIL ' <<<"$out" | head -n 12)
+            bad "$name" "labs/solutions/$lab.c fails $f test(s) (exit status $rc):" "${lab_lines[@]}"
+        fi
+    done
 done
 
 # ---- whole jobs: ddprun and mpirun starting real ranks that join through the store ----------

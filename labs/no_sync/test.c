@@ -1,0 +1,254 @@
+/* labs/no_sync/test.c: the tests of lab "no_sync", built together with the student's file and
+   ddp.h's implementation.
+
+   Each case starts WORLD ranks with ddp_spawn (ddp.h's CPU backend, over TCP on 127.0.0.1). Every
+   rank wraps the same model, and calls the student's lab_accumulate_step STEPS times on its own
+   K micro-batches; the ranks hand their final weights and the wrapper's counters back through
+   shared memory. The reference is computed here in one process, without DDP: per step, the sum
+   of the gradients of every micro-batch of every rank, divided by WORLD, then the same SGD
+   step. */
+#include "../lab_test.h"
+
+#include <math.h>
+
+#include "ddp.h"
+#include "no_sync.h"
+
+#define WORLD 2
+#define STEPS 3
+#define ROWS 4 /* rows per micro-batch */
+#define FEAT 5
+#define CLASSES 3
+#define MAX_K 8
+#define MAX_W 512
+
+typedef struct rank_result {
+    int done;
+    size_t nweights;
+    float weights[MAX_W];
+    ddp_wrap_stats stats;
+    char message[512];
+} rank_result;
+
+typedef struct run_cfg {
+    int K;
+    size_t bucket_cap; /* 0: ddp.h's defaults (one bucket for this model) */
+    rank_result* results;
+} run_cfg;
+
+static ddp_model* make_model(void) {
+    int sizes[3] = {FEAT, 12, CLASSES};
+    ddp_model_desc md;
+    ddp_model* m = NULL;
+    memset(&md, 0, sizeof md);
+    md.device.type = DDP_DEVICE_CPU;
+    md.seed = 9;
+    if (ddp_model_mlp(&md, sizes, 3, DDP_LAYER_RELU, &m) != DDP_OK) return NULL;
+    return m;
+}
+static ddp_optim* make_sgd(ddp_model* m) {
+    ddp_optim_desc od;
+    ddp_optim* o = NULL;
+    memset(&od, 0, sizeof od);
+    od.kind = DDP_SGD;
+    od.lr = 0.1f;
+    od.momentum = 0.9f;
+    if (ddp_optim_create(m, &od, &o) != DDP_OK) return NULL;
+    return o;
+}
+
+/* Micro-batch k of rank r at step s: its own rows, different everywhere. */
+static void micro_batch(int s, int r, int k, float* x, int* y) {
+    ddp_rng g = ddp_rng_seed((uint64_t)(1000 * s + 100 * r + k + 1));
+    int i;
+    for (i = 0; i < ROWS * FEAT; i++) x[i] = 2 * ddp_rng_uniform(&g) - 1;
+    for (i = 0; i < ROWS; i++) y[i] = (int)ddp_rng_below(&g, CLASSES);
+}
+
+static int copy_weights(ddp_model* m, float* out) {
+    size_t n = 0;
+    int i;
+    for (i = 0; i < ddp_model_num_params(m); i++) {
+        ddp_param* p = ddp_model_param(m, i);
+        if (n + p->count > MAX_W) return 0;
+        memcpy(out + n, p->data, p->count * sizeof(float));
+        n += p->count;
+    }
+    return (int)n;
+}
+
+static int rank_main(int rank, void* arg) {
+    const run_cfg* c = (const run_cfg*)arg;
+    rank_result* res = &c->results[rank];
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_optim* o;
+    ddp_wrapper* w;
+    ddp_wrap_desc wd;
+    float xb[MAX_K][ROWS * FEAT];
+    int yb[MAX_K][ROWS], s, k;
+    const float* xs[MAX_K];
+    const int* ys[MAX_K];
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CPU;
+    d.timeout_s = 20;
+    if (ddp_init(&d, &pg) != DDP_OK) {
+        snprintf(res->message, sizeof res->message, "ddp_init failed: %s", ddp_error_string());
+        return 1;
+    }
+    memset(&wd, 0, sizeof wd);
+    wd.bucket_cap_bytes = wd.first_bucket_bytes = c->bucket_cap;
+    if (!(m = make_model()) || !(o = make_sgd(m)) || ddp_wrap(pg, m, &wd, &w) != DDP_OK) {
+        snprintf(res->message, sizeof res->message, "setting up the model failed: %s", ddp_error_string());
+        return 1;
+    }
+    for (k = 0; k < c->K; k++) xs[k] = xb[k], ys[k] = yb[k];
+    for (s = 0; s < STEPS; s++) {
+        ddp_status st;
+        for (k = 0; k < c->K; k++) micro_batch(s, rank, k, xb[k], yb[k]);
+        st = lab_accumulate_step(w, m, o, xs, ys, ROWS, c->K);
+        if (st != DDP_OK) {
+            snprintf(res->message, sizeof res->message, "step %d: lab_accumulate_step returned %s: %s", s + 1,
+                     ddp_status_name(st), ddp_error_string());
+            return 1; /* ddp_spawn stops the other rank */
+        }
+    }
+    ddp_wrapper_stats(w, &res->stats);
+    res->nweights = (size_t)copy_weights(m, res->weights);
+    res->done = 1;
+    ddp_wrapper_destroy(w);
+    ddp_optim_destroy(o);
+    ddp_model_destroy(m);
+    ddp_destroy(pg);
+    return 0;
+}
+
+/* The reference, in this process: no DDP, every micro-batch of every rank. */
+static size_t reference(int K, float* out) {
+    ddp_model* m = make_model();
+    ddp_optim* o = make_sgd(m);
+    float x[ROWS * FEAT], loss;
+    int y[ROWS], s, r, k, i;
+    size_t j, n;
+    for (s = 0; s < STEPS; s++) {
+        ddp_model_zero_grad(m);
+        for (r = 0; r < WORLD; r++)
+            for (k = 0; k < K; k++) { /* backward adds into p->grad: the sum of them all */
+                micro_batch(s, r, k, x, y);
+                ddp_model_forward(m, x, ROWS);
+                ddp_loss_cross_entropy(m, y, &loss);
+                ddp_model_backward(m);
+            }
+        for (i = 0; i < ddp_model_num_params(m); i++) { /* averaged over the ranks */
+            ddp_param* p = ddp_model_param(m, i);
+            for (j = 0; j < p->count; j++) p->grad[j] /= (float)WORLD;
+        }
+        ddp_optim_step(o);
+    }
+    n = (size_t)copy_weights(m, out);
+    ddp_optim_destroy(o);
+    ddp_model_destroy(m);
+    return n;
+}
+
+/* Run the ranks; 1 when every rank finished. */
+static int run(run_cfg* c) {
+    int r, ok = 1;
+    lab_need_loopback();
+    c->results = (rank_result*)lab_shared(sizeof(rank_result) * WORLD);
+    if (!c->results) LAB_SKIP("cannot map shared memory: %s", strerror(errno));
+    if (ddp_spawn(WORLD, rank_main, c) != DDP_OK) lab_failf("the %d ranks did not all finish: %s", WORLD, ddp_error_string());
+    for (r = 0; r < WORLD; r++)
+        if (!c->results[r].done) {
+            lab_failf("rank %d: %s", r, c->results[r].message[0] ? c->results[r].message : "did not finish (see above)");
+            ok = 0;
+        }
+    return ok;
+}
+
+static void expect_weights(const run_cfg* c) {
+    float ref[MAX_W];
+    size_t n = reference(c->K, ref), i, worst = 0;
+    double maxerr = 0;
+    int r;
+    const rank_result* r0 = &c->results[0];
+    for (r = 1; r < WORLD; r++)
+        EXPECT(c->results[r].nweights == r0->nweights &&
+               !memcmp(c->results[r].weights, r0->weights, r0->nweights * sizeof(float)),
+               "rank %d's weights differ from rank 0's: the replicas drifted apart (were the accumulated gradients "
+               "ever all-reduced?)", r);
+    if (r0->nweights != n) {
+        lab_failf("rank 0 has %zu weights, the reference %zu", r0->nweights, n);
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        double e = fabs((double)r0->weights[i] - ref[i]) / (1e-3 + fabs((double)ref[i]));
+        if (e > maxerr) maxerr = e, worst = i;
+    }
+    EXPECT(maxerr <= 1e-4,
+           "K = %d: the weights differ from the reference (each step: the sum of every micro-batch's gradient, "
+           "averaged over the ranks) by up to %.3g relative, at weight %zu: %.9g, reference %.9g", c->K, maxerr, worst,
+           (double)r0->weights[worst], (double)ref[worst]);
+    if (maxerr <= 1e-4) lab_note("K = %d: weights within %.2g (relative) of the reference", c->K, maxerr);
+}
+
+static void expect_all_reduces(const run_cfg* c) {
+    const ddp_wrap_stats* st = &c->results[0].stats;
+    long want = (long)STEPS * st->buckets;
+    EXPECT(st->all_reduces == want,
+           "K = %d micro-batches, %d steps, %d bucket(s): the wrapper issued %ld all-reduces, expected %ld (one per "
+           "bucket per step)%s", c->K, STEPS, st->buckets, st->all_reduces, want,
+           st->all_reduces == want * c->K ? ": that is one per micro-batch; the first K-1 backward passes should run "
+           "under ddp_no_sync" : st->all_reduces == 0 ? ": were all the backward passes under no_sync?" : "");
+    EXPECT(st->steps == STEPS, "K = %d: the wrapper counted %ld synchronised backward passes, expected %d (one per step)",
+           c->K, st->steps, STEPS);
+    lab_note("K = %d, %d steps, %d bucket(s): %ld all-reduces, %llu bytes handed to all-reduce", c->K, STEPS,
+             st->buckets, st->all_reduces, (unsigned long long)st->bytes_reduced);
+}
+
+static void k4_weights_match_the_reference(void) {
+    run_cfg c;
+    memset(&c, 0, sizeof c);
+    c.K = 4;
+    if (run(&c)) expect_weights(&c);
+}
+
+static void k4_one_all_reduce_per_step(void) {
+    run_cfg c;
+    memset(&c, 0, sizeof c);
+    c.K = 4;
+    if (run(&c)) expect_all_reduces(&c);
+}
+
+static void k1_is_a_plain_step(void) {
+    run_cfg c;
+    memset(&c, 0, sizeof c);
+    c.K = 1;
+    if (run(&c)) {
+        expect_weights(&c);
+        expect_all_reduces(&c);
+    }
+}
+
+static void k3_with_three_buckets(void) {
+    run_cfg c;
+    memset(&c, 0, sizeof c);
+    c.K = 3;
+    c.bucket_cap = 40; /* buckets: fc2.bias + fc2.weight (156 bytes), fc1.bias (48), fc1.weight (240) */
+    if (run(&c)) {
+        EXPECT(c.results[0].stats.buckets == 3, "expected ddp_wrap to make 3 buckets with a 40-byte cap, got %d",
+               c.results[0].stats.buckets);
+        expect_weights(&c);
+        expect_all_reduces(&c);
+    }
+}
+
+int main(int argc, char** argv) {
+    lab_begin(argc, argv);
+    LAB_CASE(k4_weights_match_the_reference, 60);
+    LAB_CASE(k4_one_all_reduce_per_step, 60);
+    LAB_CASE(k1_is_a_plain_step, 60);
+    LAB_CASE(k3_with_three_buckets, 60);
+    return lab_end();
+}
