@@ -85,7 +85,7 @@ DDP_LIBS   := $(CUDA_LIBS) $(BLAS_LIBS) -lpthread -lm
 export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS
 
 EXAMPLES := $(BUILD)/examples/01_single_gpu $(BUILD)/examples/02_multi_gpu $(BUILD)/examples/03_multi_node
-EXAMPLES += $(BUILD)/examples/04_fault_tolerance $(BUILD)/examples/05_large_mlp
+EXAMPLES += $(BUILD)/examples/04_fault_tolerance $(BUILD)/examples/05_large_mlp $(BUILD)/examples/09_hang
 TOOLS    := $(BUILD)/ddprun $(BUILD)/allreduce_perf
 TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu \
             $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_sampler \

@@ -657,7 +657,8 @@ DDP_API ddp_store* ddp_pg_store(ddp_pg* pg);
 /* Order later collectives after the work queued so far on `s` (e.g. the model's compute stream);
    NULL: no ordering beyond the host's. */
 DDP_API void ddp_pg_set_stream(ddp_pg* pg, ddp_stream* s);
-/* Bytes this rank has sent and received through the backend since ddp_init. */
+/* Payload bytes this rank has sent and received through the backend since ddp_init (the CPU
+   ring's 32-byte header per collective is not counted). */
 DDP_API void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received);
 
 /* The collectives. Each is collective (every rank calls it, in the same order, with the same
@@ -4263,6 +4264,66 @@ DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w) {
     return s;
 }
 
+/* Before the data of each collective, every rank sends its right neighbour a 32-byte header (sequence number, kind, count, dtype, op or root) and checks the
+   one from its left against its own. Ranks that call different collectives, or one with a
+   different size, would otherwise pair up silently: a 1-float all_reduce on one rank would take
+   part of another rank's gradient bucket, and training would go on with wrong numbers. The
+   header travels ahead of the data on the same stream, so it costs two small system calls, not
+   a round trip. */
+DDP__PRIVATE void ddp__ring_header(const ddp_work* w, unsigned char h[32]) {
+    uint64_t v[4];
+    int i;
+    v[0] = 0x52504444u | (uint64_t)w->kind << 32;                  /* "DDPR", kind */
+    v[1] = w->seq;
+    v[2] = (uint64_t)w->count;
+    v[3] = (uint64_t)w->dtype | (uint64_t)(w->kind == DDP__BROADCAST ? (unsigned)w->root : (unsigned)w->op) << 32;
+    for (i = 0; i < 32; i++) h[i] = (unsigned char)(v[i / 8] >> (8 * (i % 8)));
+}
+DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, size_t n) {
+    uint64_t v[4] = {0, 0, 0, 0};
+    int i, kind, dtype, extra;
+    for (i = 31; i >= 0; i--) v[i / 8] = v[i / 8] << 8 | h[i];
+    kind = (int)(v[0] >> 32), dtype = (int)(uint32_t)v[3], extra = (int)(v[3] >> 32);
+    if (kind == DDP__BROADCAST)
+        snprintf(out, n, "%s #%llu (%llu x %s, root %d)", ddp__coll_name(kind), (unsigned long long)v[1],
+                 (unsigned long long)v[2], ddp_dtype_name((ddp_dtype)dtype), extra);
+    else
+        snprintf(out, n, "%s #%llu (%llu x %s, %s)", ddp__coll_name(kind), (unsigned long long)v[1],
+                 (unsigned long long)v[2], ddp_dtype_name((ddp_dtype)dtype),
+                 extra == DDP_SUM ? "sum" : extra == DDP_AVG ? "avg" : "max");
+}
+DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
+    const int left = ddp__mod(pg->rank - 1, pg->world), right = ddp__mod(pg->rank + 1, pg->world);
+    unsigned char mine[32], theirs[32];
+    char a[96], b[96];
+    double deadline = ddp__now() + pg->timeout;
+    ddp__ring_header(w, mine);
+    if (ddp__send_all(pg->right_fd, mine, 32, deadline) != 0)
+        return errno == ETIMEDOUT
+                   ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu timed out after %.0f s sending to rank %d: that rank is "
+                               "stuck, stopped, or calling a different collective", ddp__coll_name(w->kind),
+                               (unsigned long long)w->seq, pg->timeout, right)
+                   : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): it has probably died",
+                               ddp__coll_name(w->kind), (unsigned long long)w->seq, right, strerror(errno));
+    if (ddp__recv_all(pg->left_fd, theirs, 32, deadline) != 0)
+        return errno == ETIMEDOUT
+                   ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d to "
+                               "start it: that rank is stuck, stopped, or not calling this collective (every rank "
+                               "must issue the same collectives in the same order)", ddp__coll_name(w->kind),
+                               (unsigned long long)w->seq, w->count, ddp_dtype_name(w->dtype), pg->timeout, left)
+                   : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (%s): that rank has "
+                               "probably died; look at its output", ddp__coll_name(w->kind), (unsigned long long)w->seq,
+                               left, errno == ECONNRESET ? "end of stream" : strerror(errno));
+    if (memcmp(mine, theirs, 32) != 0) {
+        ddp__ring_header_text(mine, a, sizeof a);
+        ddp__ring_header_text(theirs, b, sizeof b);
+        return ddp__fail(DDP_ERR_DESYNC, "desync: this rank (%d) calls %s, but rank %d calls %s. Every rank must call "
+                         "the same collectives in the same order with the same sizes: look for a collective inside "
+                         "an if on the rank", pg->rank, a, left, b);
+    }
+    return DDP_OK;
+}
+
 DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
     const int W = pg->world;
     const size_t es = ddp_dtype_size(w->dtype);
@@ -4288,6 +4349,7 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
     /* A simulated slow network (for experiments with overlap): each collective takes at least as
        long as its bytes would need at the given speed. */
     if (pg->sim_s_per_byte > 0) ddp__sleep((double)(total * es) * pg->sim_s_per_byte);
+    if (W > 1) DDP__TRY(ddp__ring_check(pg, w));
     if (W > 1) {
         if (w->kind == DDP__ALL_REDUCE) s = ddp__ring(pg, w, host, w->count, 0, 2 * W - 2, 0);
         else if (w->kind == DDP__REDUCE_SCATTER) s = ddp__ring(pg, w, host, total, 0, W - 1, -1);

@@ -226,6 +226,14 @@ check_accuracy() {  # name, minimum, args...
     if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= $min)}"; then ok "$name ($acc >= $min)"
     else bad "$name" "expected test accuracy >= $min" "$(tail -n 3 <<<"$out")"; fi
 }
+# chapter 9: a collective inside `if (rank == 0)` is caught at once, not trained on silently
+out=$(DDP_TIMEOUT=10 timeout 60 "$BUILD/examples/09_hang" --nproc 2 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "DDP_ERR_DESYNC: desync: this rank (0) calls all_reduce #[0-9]* (1 x f32, sum), but rank 1 calls all_reduce #[0-9]* (1091 x f32, sum)" <<<"$out"; then
+    ok example09_collective_on_one_rank_caught
+else bad example09_collective_on_one_rank_caught "exit status $rc" "$(tail -n 4 <<<"$out")"; fi
+out=$(DDP_TIMEOUT=10 timeout 60 "$BUILD/examples/09_hang" --nproc 2 --fixed 2>&1); rc=$?
+if [ $rc -eq 0 ] && grep -q "epoch 20  mean loss over all ranks" <<<"$out"; then ok example09_fixed_trains
+else bad example09_fixed_trains "exit status $rc" "$(tail -n 4 <<<"$out")"; fi
 check_accuracy example01_wine_cpu 0.95 --device cpu --snapshot "$TMP/wine.st"
 check_accuracy example01_digits_cpu 0.95 --device cpu --data digits --epochs 30 --save-every 0
 

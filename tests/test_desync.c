@@ -71,6 +71,23 @@ static int sizes_main(int rank, void* arg) {
 }
 static void desync_shows_both_views(void) { CHECK_OK(ddp_spawn(2, sizes_main, NULL)); }
 
+/* ---- without DETAIL: the ring's header catches the same mismatch before any data moves ------------ */
+static int ring_sizes_main(int rank, void* arg) {
+    float x[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    ddp_pg* pg = join(0, 10);
+    ddp_status s;
+    (void)arg;
+    if (!pg) return fail_with(1, "ddp_init failed");
+    s = ddp_all_reduce(pg, x, rank == 0 ? 1 : 8, DDP_F32, DDP_SUM, NULL);
+    if (s != DDP_ERR_DESYNC) return fail_with(2, "an all_reduce of 1 float against one of 8 did not return DDP_ERR_DESYNC");
+    if (!strstr(ddp_error_string(), rank == 0 ? "rank 1 calls all_reduce #1 (8 x f32, sum)" : "rank 0 calls all_reduce #1 (1 x f32, sum)"))
+        return fail_with(3, "the message does not show the neighbour's call");
+    if (x[0] != 1.f) return fail_with(4, "the buffer was changed by a collective that should not have run");
+    ddp_destroy(pg);
+    return 0;
+}
+static void ring_header_catches_size_mismatch(void) { CHECK_OK(ddp_spawn(2, ring_sizes_main, NULL)); }
+
 /* ---- DETAIL: a collective that only rank 0 calls ---------------------------------------------------- */
 static int one_rank_main(int rank, void* arg) {
     float x = 1.f;
@@ -145,6 +162,7 @@ static void sigusr1_prints_flight_record(void) { CHECK_OK(ddp_spawn(2, usr1_main
 
 int main(void) {
     RUN(desync_shows_both_views);
+    RUN(ring_header_catches_size_mismatch);
     RUN(collective_on_one_rank_named);
     RUN(ring_timeout_prints_flight_record);
     RUN(sigusr1_prints_flight_record);
