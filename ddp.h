@@ -3085,30 +3085,21 @@ DDP__PRIVATE uint64_t ddp__le64(const unsigned char* p) {
     return (uint64_t)ddp__le32(p) | (uint64_t)ddp__le32(p + 4) << 32;
 }
 
-/* The timeout every blocking operation uses: desc value, else DDP_TIMEOUT (seconds), else 300. */
-/* DDP_TIMEOUT, when set, must be a positive number of seconds: "30s" or "abc" would otherwise
-   quietly mean the default. DDP_ERR_ENV naming the value. */
-DDP__PRIVATE ddp_status ddp__timeout_env_check(void) {
+/* The timeout every blocking operation uses, into *out: the desc's value, else DDP_TIMEOUT
+   (seconds), else 300. DDP_ERR_ENV when DDP_TIMEOUT is used and is not a positive number: "30s"
+   or "abc" would otherwise quietly mean the default. */
+DDP__PRIVATE ddp_status ddp__timeout(double from_desc, double* out) {
     const char* v = getenv("DDP_TIMEOUT");
     char* end;
     double t;
-    if (!v || !*v) return DDP_OK;
+    *out = from_desc > 0 ? from_desc : 300.0;
+    if (from_desc > 0 || !v || !*v) return DDP_OK;
     t = strtod(v, &end);
-    if (*end == 0 && t > 0 && t <= 1e7) return DDP_OK;
-    return ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is not a positive number of seconds: write it as a plain "
-                     "number, e.g. DDP_TIMEOUT=60, or unset it for the default 300", v);
-}
-
-DDP__PRIVATE double ddp__timeout(double from_desc) {
-    const char* v = getenv("DDP_TIMEOUT");
-    if (from_desc > 0) return from_desc;
-    if (v && *v) {
-        char* end;
-        double t = strtod(v, &end);
-        if (*end == 0 && t > 0) return t;
-        ddp_log(DDP_LOG_WARN, "DDP_TIMEOUT=%s is not a positive number of seconds; using 300", v);
-    }
-    return 300.0;
+    if (*end != 0 || !(t > 0) || t > 1e7)
+        return ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is not a positive number of seconds: write it as a plain "
+                         "number, e.g. DDP_TIMEOUT=60, or unset it for the default 300", v);
+    *out = t;
+    return DDP_OK;
 }
 
 /* ---- the server ------------------------------------------------------------------------------------ */
@@ -3640,12 +3631,11 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     snprintf(s->host, sizeof s->host, "%s", d.host ? d.host : (env && *env) ? env : "127.0.0.1");
     env = getenv("MASTER_PORT");
     s->port = d.port ? d.port : (env && *env) ? atoi(env) : 29500;
-    if (d.timeout_s <= 0 && (st = ddp__timeout_env_check()) != DDP_OK) {
+    if ((st = ddp__timeout(d.timeout_s, &s->timeout)) != DDP_OK) {
         pthread_mutex_destroy(&s->lock);
         DDP_FREE(s);
         return st;
     }
-    s->timeout = ddp__timeout(d.timeout_s);
     env = getenv("DDP_JOB_TOKEN");
     snprintf(s->token, sizeof s->token, "%s", d.token ? d.token : (env ? env : ""));
     if (d.is_server) {
@@ -3915,6 +3905,16 @@ DDP__PRIVATE const char* ddp__coll_name(int kind) {
     case DDP__REDUCE_SCATTER: return "reduce_scatter";
     }
     return "?";
+}
+
+/* How messages name a collective: "all_reduce #42 (1091 x f32, sum)", "broadcast #7 (13 x f32, root 0)". */
+DDP__PRIVATE void ddp__fingerprint(const ddp_work* w, char* out, size_t n) {
+    if (w->kind == DDP__BROADCAST)
+        snprintf(out, n, "%s #%llu (%zu x %s, root %d)", ddp__coll_name(w->kind), (unsigned long long)w->seq,
+                 w->count, ddp_dtype_name(w->dtype), w->root);
+    else
+        snprintf(out, n, "%s #%llu (%zu x %s, %s)", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
+                 ddp_dtype_name(w->dtype), w->op == DDP_SUM ? "sum" : w->op == DDP_AVG ? "avg" : "max");
 }
 
 /* Record that collective w reached `state`. */
@@ -4271,26 +4271,24 @@ DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w) {
    header travels ahead of the data on the same stream, so it costs two small system calls, not
    a round trip. */
 DDP__PRIVATE void ddp__ring_header(const ddp_work* w, unsigned char h[32]) {
-    uint64_t v[4];
-    int i;
-    v[0] = 0x52504444u | (uint64_t)w->kind << 32;                  /* "DDPR", kind */
-    v[1] = w->seq;
-    v[2] = (uint64_t)w->count;
-    v[3] = (uint64_t)w->dtype | (uint64_t)(w->kind == DDP__BROADCAST ? (unsigned)w->root : (unsigned)w->op) << 32;
-    for (i = 0; i < 32; i++) h[i] = (unsigned char)(v[i / 8] >> (8 * (i % 8)));
+    ddp__put_le64(h, 0x52504444u | (uint64_t)w->kind << 32); /* "DDPR", kind */
+    ddp__put_le64(h + 8, w->seq);
+    ddp__put_le64(h + 16, (uint64_t)w->count);
+    ddp__put_le64(h + 24, (uint64_t)w->dtype |
+                              (uint64_t)(w->kind == DDP__BROADCAST ? (unsigned)w->root : (unsigned)w->op) << 32);
 }
+/* A header as the words ddp__fingerprint uses: "all_reduce #42 (1091 x f32, sum)". */
 DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, size_t n) {
-    uint64_t v[4] = {0, 0, 0, 0};
-    int i, kind, dtype, extra;
-    for (i = 31; i >= 0; i--) v[i / 8] = v[i / 8] << 8 | h[i];
-    kind = (int)(v[0] >> 32), dtype = (int)(uint32_t)v[3], extra = (int)(v[3] >> 32);
-    if (kind == DDP__BROADCAST)
-        snprintf(out, n, "%s #%llu (%llu x %s, root %d)", ddp__coll_name(kind), (unsigned long long)v[1],
-                 (unsigned long long)v[2], ddp_dtype_name((ddp_dtype)dtype), extra);
-    else
-        snprintf(out, n, "%s #%llu (%llu x %s, %s)", ddp__coll_name(kind), (unsigned long long)v[1],
-                 (unsigned long long)v[2], ddp_dtype_name((ddp_dtype)dtype),
-                 extra == DDP_SUM ? "sum" : extra == DDP_AVG ? "avg" : "max");
+    ddp_work w;
+    uint64_t last = ddp__le64(h + 24);
+    memset(&w, 0, sizeof w);
+    w.kind = (int)(ddp__le64(h) >> 32);
+    w.seq = ddp__le64(h + 8);
+    w.count = (size_t)ddp__le64(h + 16);
+    w.dtype = (ddp_dtype)(uint32_t)last;
+    w.root = (int)(last >> 32);
+    w.op = (ddp_reduce_op)(last >> 32);
+    ddp__fingerprint(&w, out, n);
 }
 DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
     const int left = ddp__mod(pg->rank - 1, pg->world), right = ddp__mod(pg->rank + 1, pg->world);
@@ -4857,7 +4855,8 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (s != DDP_OK) goto fail;
     pg->rank = pg->env.rank;
     pg->world = pg->env.world_size;
-    pg->timeout = ddp__timeout(d.timeout_s);
+    s = ddp__timeout(d.timeout_s, &pg->timeout);
+    if (s != DDP_OK) goto fail;
     want = d.device;
     if (want.type == DDP_DEVICE_AUTO) {
         /* one GPU per rank when this machine has enough of them (NCCL refuses two ranks on one
@@ -4963,15 +4962,6 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
    of a DDP hang); an entry that never comes means a rank is not calling this collective at all.
    Four slots per rank suffice: no rank can get more than one collective ahead of another,
    because each waits here for all the others. Costs a few store round trips per collective. */
-DDP__PRIVATE void ddp__fingerprint(const ddp_work* w, char* out, size_t n) {
-    if (w->kind == DDP__BROADCAST)
-        snprintf(out, n, "%s #%llu (%zu x %s, root %d)", ddp__coll_name(w->kind), (unsigned long long)w->seq,
-                 w->count, ddp_dtype_name(w->dtype), w->root);
-    else
-        snprintf(out, n, "%s #%llu (%zu x %s, %s)", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
-                 ddp_dtype_name(w->dtype), w->op == DDP_SUM ? "sum" : w->op == DDP_AVG ? "avg" : "max");
-}
-
 DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w) {
     char mine[128], theirs[128], key[64], seqtag[32];
     size_t n;
@@ -5958,12 +5948,6 @@ DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) {
     if (n < 0 || n >= (int)sizeof tmp) { b->oom = 1; return; } /* every piece we write is short */
     ddp__put(b, tmp, (size_t)n);
 }
-DDP__PRIVATE uint64_t ddp__get_u64(const unsigned char* p) {
-    uint64_t v = 0;
-    int i;
-    for (i = 7; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
 
 /* Remove the temporary files that writers on this host killed mid-write left beside `path`
    (`path`.tmp.<host>.<pid> whose pid no longer runs). */
@@ -6020,14 +6004,15 @@ static const char* const ddp__optim_names[] = {"none", "sgd", "adam", "adamw"};
 #define DDP__ST_MAX_TENSORS (3 * 2 * DDP_MAX_LAYERS)
 
 /* The i-th tensor of a snapshot of (m, o): parameters first, then each parameter's optimizer
-   state. Writes its name, and its device pointer and element count; 0 past the end. */
+   state. Writes its name, its device pointer, and the parameter it belongs to (whose shape and
+   count it has); 0 past the end. */
 DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name, size_t nn, float** data,
-                                   size_t* count) {
+                                   const ddp_param** owner) {
     int per = 0, k;
     if (i < m->nparams) {
         snprintf(name, nn, "%s", m->params[i]->name);
         *data = m->params[i]->data;
-        *count = m->params[i]->count;
+        *owner = m->params[i];
         return 1;
     }
     i -= m->nparams;
@@ -6041,7 +6026,7 @@ DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name
         snprintf(name, nn, "optim.%s.%s", m->params[k]->name, i % per ? "exp_avg_sq" : "exp_avg");
         *data = i % per ? o->state2[k] : o->state1[k];
     }
-    *count = m->params[k]->count;
+    *owner = m->params[k];
     return 1;
 }
 
@@ -6055,7 +6040,8 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
     ddp_model* m;
     char name[96];
     float* data;
-    size_t count, off = 0, hdr_start, cs_at = 0;
+    const ddp_param* p;
+    size_t off = 0, hdr_start, cs_at = 0;
     int i, okind;
     ddp_status st = DDP_OK;
     if (!s || !s->model || !path)
@@ -6081,24 +6067,12 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
     ddp__putf(&b, ",\"checksum\":\"");
     cs_at = b.n;
     ddp__putf(&b, "0000000000000000\"}");
-    for (i = 0; ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &count); i++) {
-        const ddp_param* p = m->params[i < m->nparams ? i : 0];
+    for (i = 0; ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &p); i++) {
         ddp__putf(&b, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", name);
-        if (i < m->nparams && p->ndim == 2) ddp__putf(&b, "%d,%d", p->shape[0], p->shape[1]);
-        else if (i < m->nparams) ddp__putf(&b, "%d", p->shape[0]);
-        else { /* optimizer state has its parameter's shape */
-            const char* pname = name + 6; /* after "optim." */
-            int k;
-            for (k = 0; k < m->nparams; k++)
-                if (!strncmp(pname, m->params[k]->name, strlen(m->params[k]->name)) &&
-                    pname[strlen(m->params[k]->name)] == '.')
-                    break;
-            p = m->params[k];
-            if (p->ndim == 2) ddp__putf(&b, "%d,%d", p->shape[0], p->shape[1]);
-            else ddp__putf(&b, "%d", p->shape[0]);
-        }
-        ddp__putf(&b, "],\"data_offsets\":[%zu,%zu]}", off, off + count * sizeof(float));
-        off += count * sizeof(float);
+        if (p->ndim == 2) ddp__putf(&b, "%d,%d", p->shape[0], p->shape[1]);
+        else ddp__putf(&b, "%d", p->shape[0]);
+        ddp__putf(&b, "],\"data_offsets\":[%zu,%zu]}", off, off + p->count * sizeof(float));
+        off += p->count * sizeof(float);
     }
     ddp__put(&b, "}", 1);
     while ((b.n - hdr_start) % 8) ddp__put(&b, " ", 1); /* the data starts 8-byte aligned */
@@ -6107,8 +6081,8 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
         for (i = 0; i < 8; i++) b.p[i] = (unsigned char)(len >> (8 * i));
     }
     st = ddp_stream_sync(m->stream); /* the weights are final only once the GPU is done */
-    for (i = 0; st == DDP_OK && !b.oom && ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &count); i++) {
-        size_t at = b.n, nb = count * sizeof(float);
+    for (i = 0; st == DDP_OK && !b.oom && ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &p); i++) {
+        size_t at = b.n, nb = p->count * sizeof(float);
         ddp__put(&b, data, nb); /* reserves the space on a GPU: overwritten by the copy below */
         if (!b.oom && m->device.type != DDP_DEVICE_CPU) st = ddp_copy(ddp__cpu(), b.p + at, m->device, data, nb, NULL);
     }
@@ -6262,7 +6236,7 @@ DDP__PRIVATE ddp_status ddp__st_parse(const unsigned char* buf, size_t size, con
     int i, d, seen_meta = 0;
     memset(st, 0, sizeof *st);
     if (size < 8) return ddp__fail(DDP_ERR_CHECKPOINT, "%s is truncated: %zu bytes, not even the 8-byte length", what, size);
-    hlen = ddp__get_u64(buf);
+    hlen = ddp__le64(buf);
     if (hlen < 2 || hlen > size - 8)
         return ddp__fail(DDP_ERR_CHECKPOINT, "%s is truncated or not a snapshot: its header length %llu does not fit "
                          "in the file's %zu bytes", what, (unsigned long long)hlen, size);
@@ -6361,13 +6335,15 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     unsigned char* buf = NULL;
     ddp__st* st = NULL;
     ddp_model* m;
-    size_t size, count;
+    size_t size;
     char name[96], hex[17];
     float* data;
+    const ddp_param* p;
     const char* v;
     long long epoch = 0, step = 0, osteps = 0, pos = 0, x;
     uint64_t rng = 0;
-    int i, k, okind = 0, nexpect;
+    int i, k, okind = 0;
+    int match[DDP__ST_MAX_TENSORS]; /* match[i]: where the i-th tensor the struct needs is in st->t */
     ddp_status r = DDP_OK;
     if (!s || !s->model || !path)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: %s is NULL", !path ? "path" : "the model");
@@ -6408,16 +6384,10 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
         DDP__ST_BAD("%s holds %s state, but the optimizer is %s: resume with the same optimizer", path,
                     okind ? ddp__optim_names[okind] : "no optimizer", ddp__optim_names[s->optim->d.kind]);
     /* every tensor the struct needs, with its shape; nothing the struct cannot take */
-    for (i = 0, nexpect = 0; ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &count); i++) {
-        const ddp_param* p = m->params[i < m->nparams ? i : 0];
+    for (i = 0; ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &p); i++) {
         ddp__st_tensor* t = NULL;
-        if (i >= m->nparams) { /* optimizer state: its parameter's shape */
-            for (k = 0; k < m->nparams; k++)
-                if (!strncmp(name + 6, m->params[k]->name, strlen(m->params[k]->name)) &&
-                    name[6 + strlen(m->params[k]->name)] == '.') { p = m->params[k]; break; }
-        }
         for (k = 0; k < st->nt; k++)
-            if (!strcmp(st->t[k].name, name)) { t = &st->t[k]; break; }
+            if (!strcmp(st->t[k].name, name)) { t = &st->t[k]; match[i] = k; break; }
         if (!t) DDP__ST_BAD("%s has no tensor \"%s\": it was written by another model%s", path, name,
                             i >= m->nparams ? " or optimizer" : "");
         if (t->ndim != p->ndim || t->shape[0] != (uint64_t)p->shape[0] ||
@@ -6432,7 +6402,6 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
             DDP__ST_BAD("%s: %s has shape %s, the model's is %s: another model's snapshot", path, name, fs, ms);
         }
         t->used = 1;
-        nexpect++;
     }
     for (k = 0; k < st->nt; k++)
         if (!st->t[k].used && (s->optim || strncmp(st->t[k].name, "optim.", 6) != 0))
@@ -6470,12 +6439,10 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     }
 #undef DDP__ST_BAD
 #undef DDP__ST_NUM
-    (void)nexpect;
     /* Everything checked: only now change the model and the rest. */
-    for (i = 0; r == DDP_OK && ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &count); i++) {
-        for (k = 0; k < st->nt && strcmp(st->t[k].name, name); k++) {}
-        r = ddp_copy(m->device, data, ddp__cpu(), buf + st->data_off + st->t[k].begin, count * sizeof(float), NULL);
-    }
+    for (i = 0; r == DDP_OK && ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &p); i++)
+        r = ddp_copy(m->device, data, ddp__cpu(), buf + st->data_off + st->t[match[i]].begin, p->count * sizeof(float),
+                     NULL);
     if (r != DDP_OK) goto done;
     if (s->optim) s->optim->steps = (long)osteps;
     if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
@@ -6743,7 +6710,6 @@ DDP__DEF ddp_status ddp_env_resolve(const ddp_desc* desc, ddp_env* out) {
     ddp_env e;
     ddp_status s;
     if (!out) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_env_resolve: out is NULL");
-    DDP__TRY(ddp__timeout_env_check());
     memset(&e, 0, sizeof e);
     if (desc && desc->explicit_rank) s = ddp__env_explicit(desc, &e);
     else if (getenv("RANK")) s = ddp__env_torchrun(&e);
