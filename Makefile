@@ -86,6 +86,8 @@ export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS
 
 EXAMPLES := $(BUILD)/examples/01_single_gpu $(BUILD)/examples/02_multi_gpu $(BUILD)/examples/03_multi_node
 EXAMPLES += $(BUILD)/examples/04_fault_tolerance $(BUILD)/examples/05_large_mlp $(BUILD)/examples/09_hang
+EXAMPLES += $(BUILD)/examples/07_accumulate
+EXAMPLES += $(BUILD)/examples/sampler_demo $(BUILD)/examples/ring_bytes
 TOOLS    := $(BUILD)/ddprun $(BUILD)/allreduce_perf
 TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu \
             $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_sampler \
@@ -93,8 +95,10 @@ TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/tes
 
 TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync
 TESTS    += $(BUILD)/tests/sampler_dump
+# learners' mistakes as small programs, run by tests/test_confusions.sh (built by the tests/% rule)
+TESTS    += $(BUILD)/tests/confusions/confusions
 
-.PHONY: all demo test test-faults test-gpu sanitize tsan fuzz install uninstall clean help
+.PHONY: all demo test test-faults test-gpu diffs sanitize tsan fuzz install uninstall clean help
 all: $(EXAMPLES) $(TOOLS) $(TESTS)
 
 $(BUILD)/%: tools/%.c ddp.h
@@ -109,7 +113,7 @@ $(BUILD)/tests/%: tests/%.c ddp.h tests/harness.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
 
-# The main job: the chapter-2 program on 4 ranks (CPU backend) on the bundled wine data.
+# The main job: the chapter-3 program (examples/02_multi_gpu.c) on 4 ranks (CPU backend) on the bundled wine data.
 demo: all
 	@$(BUILD)/examples/02_multi_gpu --nproc 4 --device cpu --save-every 0
 
@@ -124,6 +128,11 @@ test-faults: all
 # The GPU tests; on a machine without a GPU they fail (make test skips them instead).
 test-gpu: all
 	@BUILD=$(BUILD) bash tests/run.sh --gpu
+
+# The diffs between the chapters' programs that TUTORIAL.md shows, regenerated from the files
+# (make test fails when one is stale).
+diffs:
+	@python3 tools/docs.py diffs
 
 # The CPU suite again under AddressSanitizer and UndefinedBehaviorSanitizer, in its own folder.
 # protect_shadow_gap=0 lets the CUDA runtime map its memory under ASan; the suppressions cover
@@ -172,6 +181,7 @@ fuzz: $(BUILD)/fuzz/fuzz_snapshot $(BUILD)/fuzz/fuzz_store
 	done; exit $$rc
 
 -include labs/labs.mk
+-include docs/figures/figures.mk
 # Installs ddp.h and a pkg-config file, so a student's build line is
 #   cc train.c $(pkg-config --cflags --libs ddp)
 install: $(TOOLS)
@@ -192,8 +202,10 @@ clean:
 
 help:
 	@echo "make            build examples and tests under $(BUILD)/"
-	@echo "make demo       train the chapter-2 example on 4 CPU ranks"
+	@echo "make demo       train the chapter-3 example on 4 CPU ranks"
 	@echo "make test       run the CPU test suite (last line: N passed, N failed, N skipped)"
+	@echo "make diffs      regenerate the chapter diffs that TUTORIAL.md shows"
+	@echo "make figures   measure and draw the tutorial's figures (gnuplot); figures-render: draw only"
 	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks"
 	@echo "make test-gpu   run the GPU tests (needs a GPU)"
 	@echo "make sanitize   run the CPU suite under ASan and UBSan"

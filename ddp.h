@@ -642,7 +642,9 @@ typedef struct ddp_work ddp_work; /* a collective in flight */
    the store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT, DDP_ERR_NCCL. */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
 /* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
-   timeout for every rank to call it). NULL is ignored. */
+   timeout for every rank to call it). On the CPU backend a neighbour still inside a collective
+   this rank never called is told at once (DDP_ERR_DESYNC: "rank R has left the job"). NULL is
+   ignored. */
 DDP_API void ddp_destroy(ddp_pg* pg);
 /* This process's rank, the world size, the local rank and local world size, the backend in use,
    and the device collective buffers live on. */
@@ -761,6 +763,8 @@ typedef struct ddp_loader {
     int* order;        /* this epoch's indices */
     int count, pos;
     int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start begins here */
+    uint64_t last_order; /* which shuffled order the previous start used (0: none); the same
+                            one twice means ddp_sampler_set_epoch was not called in between */
     float* x;          /* the current batch, [batch_size, nfeatures] */
     int* y;
 } ddp_loader;
@@ -768,7 +772,9 @@ typedef struct ddp_loader {
 /* Prepare a loader (allocates its batch buffers once). DDP_ERR_INVALID_ARGUMENT for batch < 1. */
 DDP_API ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, int batch_size, int drop_last);
 /* Start an epoch in the sampler's current order (call ddp_sampler_set_epoch first). After
-   ddp_snapshot_load, the first start resumes at the snapshot's position in the epoch. */
+   ddp_snapshot_load, the first start resumes at the snapshot's position in the epoch. A shuffling
+   sampler at the same epoch as this loader's previous start logs a warning (once per process)
+   naming ddp_sampler_set_epoch: every epoch would repeat one order. */
 DDP_API ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s);
 /* The next batch: *x and *y point into the loader; returns its size, 0 when the epoch is over. */
 DDP_API int ddp_loader_next(ddp_loader* l, const float** x, const int** y);
@@ -821,7 +827,8 @@ DDP_API ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc,
 /* Unhook the model and free the wrapper (the model keeps its weights). NULL is ignored. */
 DDP_API void ddp_wrapper_destroy(ddp_wrapper* w);
 /* on = 1: the following backward passes only accumulate gradients locally (PyTorch's no_sync());
-   on = 0: the next backward all-reduces the accumulated sum. */
+   on = 0: the next backward all-reduces the accumulated sum. An optimizer step on gradients that
+   no_sync backward passes added after the last all-reduce logs a warning (once per process). */
 DDP_API void ddp_no_sync(ddp_wrapper* w, int on);
 /* Copy the counters into *out. */
 DDP_API void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out);
@@ -885,7 +892,8 @@ typedef int (*ddp_spawn_fn)(int rank, void* arg);
    neither its parent's other threads nor its GPU context. */
 DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
 /* The ddprun launcher (build/ddprun; torchrun's analogue): parse torchrun-style flags from argv,
-   start the ranks and supervise them. Returns the exit status for main. */
+   start the ranks and supervise them. Under srun it refuses (status 2) to run as one of several
+   tasks on a node, or with --nnodes 1 in a step over several nodes. Returns the exit status for main. */
 DDP_API int ddp_launcher_main(int argc, char** argv);
 
 #ifdef __cplusplus
@@ -1058,6 +1066,19 @@ DDP__DEF void ddp_log(ddp_log_level level, const char* fmt, ...) {
     ddp__vlog(level, fmt, ap);
     va_end(ap);
 }
+
+/* 1 the first time it is called with *flag, 0 ever after: for the warnings about a likely mistake
+   that a training loop would otherwise repeat every step (atomic with GCC and Clang). */
+DDP__PRIVATE int ddp__first_time(int* flag) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __atomic_exchange_n(flag, 1, __ATOMIC_RELAXED) == 0;
+#else
+    if (*flag) return 0;
+    *flag = 1;
+    return 1;
+#endif
+}
+static int ddp__warned_set_epoch, ddp__warned_no_sync; /* one warning each per process */
 
 /* ---- errors ------------------------------------------------------------------------------------- */
 
@@ -1424,6 +1445,16 @@ DDP__DEF ddp_status ddp_device_parse(const char* text, ddp_device* out) {
                      DDP__MAX_GPUS);
 }
 
+/* The error for a GPU number past the visible GPUs: the usual cause is a GPU picked by the global
+   RANK, which on a second machine counts past the GPUs this one has. Built in every build, so a
+   test without a GPU can read it. */
+DDP__PRIVATE ddp_status ddp__fail_gpu_index(int index, int ngpus) {
+    return ddp__fail(DDP_ERR_NO_GPU,
+                     "device cuda:%d was asked for, but only %d GPU%s visible (0..%d): pick "
+                     "the GPU with LOCAL_RANK, not RANK, and check CUDA_VISIBLE_DEVICES",
+                     index, ngpus, ngpus == 1 ? " is" : "s are", ngpus - 1);
+}
+
 DDP__DEF ddp_status ddp_device_resolve(ddp_device want, ddp_device* out) {
     int n = ddp_cuda_device_count();
     *out = want;
@@ -1446,11 +1477,7 @@ DDP__DEF ddp_status ddp_device_resolve(ddp_device want, ddp_device* out) {
     if (n == 0)
         return ddp__fail(DDP_ERR_NO_GPU, "device cuda:%d was asked for, but %s", want.index,
                          ddp_cuda_unavailable_reason());
-    if (want.index < 0 || want.index >= n)
-        return ddp__fail(DDP_ERR_NO_GPU,
-                         "device cuda:%d was asked for, but only %d GPU%s visible (0..%d): pick "
-                         "the GPU with LOCAL_RANK, not RANK, and check CUDA_VISIBLE_DEVICES",
-                         want.index, n, n == 1 ? " is" : "s are", n - 1);
+    if (want.index < 0 || want.index >= n) return ddp__fail_gpu_index(want.index, n);
     return DDP_OK;
 #endif
 }
@@ -2192,6 +2219,8 @@ struct ddp_model {
     int have_output, have_loss;
     ddp_post_backward_fn post_backward;
     void* post_backward_user;
+    int local_backwards;  /* backward passes added into p->grad under ddp_no_sync since the last
+                             all-reduce or zero_grad: gradients no other rank has seen */
     char trace_name[48];  /* the layer whose backward span is open (DDP_TRACE) */
     double trace_t;
     ddp_stream* stream;
@@ -2707,6 +2736,7 @@ DDP__DEF void ddp_model_set_post_backward(ddp_model* m, ddp_post_backward_fn fn,
 
 DDP__DEF ddp_status ddp_model_zero_grad(ddp_model* m) {
     int i;
+    m->local_backwards = 0;
     for (i = 0; i < m->nparams; i++)
         DDP__TRY(ddp_zero(m->device, m->params[i]->grad, m->params[i]->count * sizeof(float), m->stream));
     return DDP_OK;
@@ -2817,6 +2847,14 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
     int i, first;
     float step_size = 0.f, bc2_sqrt = 1.f;
     double t_start = ddp__now();
+    /* An accumulation loop that turned no_sync off too early (the first micro-batch synchronised,
+       the others not) steps on gradients the other ranks never saw: the replicas drift apart. */
+    if (m->local_backwards > 0 && ddp__first_time(&ddp__warned_no_sync))
+        ddp_log(DDP_LOG_WARN, "ddp_optim_step: the last %d backward pass%s ran under ddp_no_sync after the last "
+                "all-reduce, so %s gradients were never averaged across the ranks and the replicas now drift apart. "
+                "Keep no_sync on for the first K-1 micro-batches and off for the last one: ddp_no_sync(w, k < K - 1) "
+                "before each backward. Printed once per process", m->local_backwards,
+                m->local_backwards == 1 ? "" : "es", m->local_backwards == 1 ? "its" : "their");
     o->steps++;
     first = o->steps == 1;
     if (d->kind != DDP_SGD) {
@@ -2999,17 +3037,24 @@ DDP__PRIVATE int ddp__recv_all(int fd, void* buf, size_t n, double deadline) {
     return 0;
 }
 
+/* getaddrinfo's status of this thread's last ddp__sock_connect: 0, or why the name did not resolve
+   (for gai_strerror). */
+static DDP__TLS int ddp__gai_err;
+
 /* One non-blocking connect attempt to host:port, finished before `deadline`. Returns the socket
-   or -1 with errno (and, for a name that does not resolve, errno = EHOSTUNREACH). */
+   or -1 with errno (and, for a name that does not resolve, errno = EHOSTUNREACH and ddp__gai_err
+   set). */
 DDP__PRIVATE int ddp__sock_connect(const char* host, int port, double deadline) {
     struct addrinfo hints, *res = NULL, *ai;
     char portstr[16];
-    int fd = -1, err = ECONNREFUSED;
+    int fd = -1, err = ECONNREFUSED, g;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     snprintf(portstr, sizeof portstr, "%d", port);
-    if (getaddrinfo(host, portstr, &hints, &res) != 0 || !res) {
+    ddp__gai_err = 0;
+    if ((g = getaddrinfo(host, portstr, &hints, &res)) != 0 || !res) {
+        ddp__gai_err = g ? g : EAI_NONAME;
         errno = EHOSTUNREACH;
         return -1;
     }
@@ -3618,7 +3663,7 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     ddp_store_desc d;
     const char* env;
     double deadline, backoff = 0.01;
-    int last_err = 0;
+    int last_err = 0, last_gai = 0, warned_name = 0;
     ddp_status st;
     *out = NULL;
     if (desc) d = *desc;
@@ -3655,13 +3700,27 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
                                   ddp__now() + 2.0 < deadline ? ddp__now() + 2.0 : deadline);
         if (s->fd >= 0) break;
         last_err = errno;
+        /* A name that does not resolve is said at once: the retries only help when the name is about
+           to appear (a cluster's DNS catching up), and a typo would otherwise wait out DDP_TIMEOUT. */
+        if (ddp__gai_err && !warned_name++)
+            ddp_log(DDP_LOG_WARN, "the rendezvous host \"%s\" (MASTER_ADDR) does not resolve to an address: %s. "
+                    "Retrying until DDP_TIMEOUT (%.0f s); set MASTER_ADDR to rank 0's IP address, or to a name every "
+                    "machine resolves (127.0.0.1 when all ranks run here)", s->host, gai_strerror(ddp__gai_err),
+                    s->timeout);
+        last_gai = ddp__gai_err;
         if (ddp__now() >= deadline) {
-            st = ddp__fail(DDP_ERR_STORE_UNREACHABLE,
-                           "no rendezvous store answered at %s:%d within %.0f s (last error: %s). Is rank 0 "
-                           "running, and do all ranks use the same MASTER_ADDR and MASTER_PORT?",
-                           s->host, s->port, s->timeout,
-                           last_err == EHOSTUNREACH ? "the address does not resolve or is unreachable"
-                                                    : strerror(last_err));
+            if (last_gai)
+                st = ddp__fail(DDP_ERR_STORE_UNREACHABLE,
+                               "no rendezvous store answered at %s:%d within %.0f s (last error: the host name \"%s\" "
+                               "does not resolve: %s). Set MASTER_ADDR to rank 0's IP address, or to a name every "
+                               "machine resolves (127.0.0.1 when all ranks run here)",
+                               s->host, s->port, s->timeout, s->host, gai_strerror(last_gai));
+            else
+                st = ddp__fail(DDP_ERR_STORE_UNREACHABLE,
+                               "no rendezvous store answered at %s:%d within %.0f s (last error: %s). Is rank 0 "
+                               "running, and do all ranks use the same MASTER_ADDR and MASTER_PORT?",
+                               s->host, s->port, s->timeout,
+                               last_err == EHOSTUNREACH ? "the address is unreachable" : strerror(last_err));
             ddp_store_destroy(s); /* after the message: it quotes s */
             return st;
         }
@@ -3811,7 +3870,8 @@ DDP__DEF ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count)
      destroy  close everything.
 */
 
-enum { DDP__ALL_REDUCE = 1, DDP__BROADCAST, DDP__ALL_GATHER, DDP__REDUCE_SCATTER };
+enum { DDP__ALL_REDUCE = 1, DDP__BROADCAST, DDP__ALL_GATHER, DDP__REDUCE_SCATTER,
+       DDP__LEAVE /* not a collective: the ring header a rank sends its right neighbour in ddp_destroy */ };
 
 struct ddp_work {
     ddp_pg* pg;
@@ -4290,19 +4350,40 @@ DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, si
     w.op = (ddp_reduce_op)(last >> 32);
     ddp__fingerprint(&w, out, n);
 }
+/* The left neighbour's header says it has left the job (ddp_destroy): this collective is one it
+   never called. */
+DDP__PRIVATE ddp_status ddp__ring_left_job(ddp_pg* pg, ddp_work* w, const unsigned char theirs[32]) {
+    char a[96];
+    ddp__fingerprint(w, a, sizeof a);
+    return ddp__fail(DDP_ERR_DESYNC, "desync: rank %d has left the job (it called ddp_destroy after %llu collectives), "
+                     "but this rank (%d) calls %s. The ranks ran different numbers of collectives: one rank had "
+                     "more batches than another (give every rank the same number; ddp_sampler pads for this), or "
+                     "a collective runs on some ranks only (inside an if on the rank)",
+                     ddp__mod(pg->rank - 1, pg->world), (unsigned long long)ddp__le64(theirs + 16), pg->rank, a);
+}
+DDP__PRIVATE int ddp__ring_is_leave(const unsigned char h[32]) {
+    return ddp__le64(h) == (0x52504444u | (uint64_t)DDP__LEAVE << 32);
+}
+
 DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
     const int left = ddp__mod(pg->rank - 1, pg->world), right = ddp__mod(pg->rank + 1, pg->world);
     unsigned char mine[32], theirs[32];
     char a[96], b[96];
     double deadline = ddp__now() + pg->timeout;
     ddp__ring_header(w, mine);
-    if (ddp__send_all(pg->right_fd, mine, 32, deadline) != 0)
+    if (ddp__send_all(pg->right_fd, mine, 32, deadline) != 0) {
+        int e = errno;
+        /* a neighbour that left the job may have said so before its connection closed */
+        if (e != ETIMEDOUT && ddp__recv_all(pg->left_fd, theirs, 32, ddp__now() + 0.1) == 0 && ddp__ring_is_leave(theirs))
+            return ddp__ring_left_job(pg, w, theirs);
+        errno = e;
         return errno == ETIMEDOUT
                    ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu timed out after %.0f s sending to rank %d: that rank is "
                                "stuck, stopped, or calling a different collective", ddp__coll_name(w->kind),
                                (unsigned long long)w->seq, pg->timeout, right)
                    : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): it has probably died",
                                ddp__coll_name(w->kind), (unsigned long long)w->seq, right, strerror(errno));
+    }
     if (ddp__recv_all(pg->left_fd, theirs, 32, deadline) != 0)
         return errno == ETIMEDOUT
                    ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d to "
@@ -4312,6 +4393,7 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
                    : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (%s): that rank has "
                                "probably died; look at its output", ddp__coll_name(w->kind), (unsigned long long)w->seq,
                                left, errno == ECONNRESET ? "end of stream" : strerror(errno));
+    if (ddp__ring_is_leave(theirs)) return ddp__ring_left_job(pg, w, theirs);
     if (memcmp(mine, theirs, 32) != 0) {
         ddp__ring_header_text(mine, a, sizeof a);
         ddp__ring_header_text(theirs, b, sizeof b);
@@ -4531,6 +4613,26 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
         setsockopt(pg->left_fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
     }
     return DDP_OK;
+}
+
+/* Tell the right neighbour that this rank is leaving, as the header of a collective it will never
+   call (sequence number: the next one; count: how many it made). A neighbour still inside a
+   collective (it had one more batch, or calls a collective inside an if on the rank) then stops
+   at once with a message saying so, instead of finding the connection closed or waiting out
+   DDP_TIMEOUT. When every rank leaves together nobody reads it. */
+DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg) {
+    unsigned char h[32];
+    int idle;
+    if (pg->world < 2 || pg->right_fd < 0) return;
+    pthread_mutex_lock(&pg->lock);
+    idle = !pg->head && !pg->inline_busy && !pg->broken;
+    pthread_mutex_unlock(&pg->lock);
+    if (!idle) return; /* a collective still running or failed: the stream is not at a header */
+    ddp__put_le64(h, 0x52504444u | (uint64_t)DDP__LEAVE << 32);
+    ddp__put_le64(h + 8, pg->seq + 1);
+    ddp__put_le64(h + 16, pg->seq);
+    ddp__put_le64(h + 24, 0);
+    (void)ddp__send_all(pg->right_fd, h, 32, ddp__now() + 1.0);
 }
 
 DDP__PRIVATE void ddp__cpu_destroy(ddp_pg* pg) {
@@ -4871,6 +4973,15 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (want.type == DDP_DEVICE_CUDA && d.device.type == DDP_DEVICE_CUDA && d.device.index == 0 &&
         ddp_cuda_device_count() > 0) /* "cuda" means this rank's GPU: LOCAL_RANK picks it */
         want.index = pg->env.local_rank % ddp_cuda_device_count();
+    /* torch.cuda.set_device(rank): fine on one machine, where RANK == LOCAL_RANK; past this
+       machine's GPUs on the next one. Said before the device is even looked at, so a machine
+       without that GPU (or without any) shows the cause next to the error. */
+    if (d.device.type == DDP_DEVICE_CUDA && d.device.index > 0 && d.device.index == pg->env.rank &&
+        pg->env.rank != pg->env.local_rank)
+        ddp_log(DDP_LOG_WARN, "device cuda:%d is this process's RANK, but a GPU is picked by LOCAL_RANK (%d here): "
+                "RANK counts the ranks of every machine, so from the second machine on it points past this "
+                "machine's GPUs. Use cuda:LOCAL_RANK, or \"cuda\", which picks this rank's GPU",
+                d.device.index, pg->env.local_rank);
     s = ddp_device_resolve(want, &pg->device);
     if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
     if (s != DDP_OK) goto fail;
@@ -4942,9 +5053,15 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
            out of ddp_init, or reading a key, would find the store gone (torchrun's exit barrier). */
         int64_t left = 0;
         double deadline = ddp__now() + pg->timeout;
-        if (ddp_store_add(pg->store, "ddp/left", 1, &left) == DDP_OK && pg->rank == 0)
+        if (pg->vt == &ddp__cpu_backend) ddp__cpu_leave(pg);
+        if (ddp_store_add(pg->store, "ddp/left", 1, &left) == DDP_OK && pg->rank == 0) {
             while (left < pg->world && ddp__now() < deadline && ddp_store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
                 ddp__sleep(0.002);
+            if (left < pg->world)
+                ddp_log(DDP_LOG_WARN, "ddp_destroy: only %lld of %d ranks reached ddp_destroy within %.0f s; the others "
+                        "are still inside a collective or have failed (see their output)", (long long)left, pg->world,
+                        pg->timeout);
+        }
     }
     if (pg->vt) pg->vt->destroy(pg);
     ddp__trace_write(); /* DDP_TRACE: this rank's file, while its rank is still known */
@@ -5496,7 +5613,10 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
     double t0;
     int i, k;
     ddp_status s = DDP_OK;
-    if (!w->sync) return DDP_OK;
+    if (!w->sync) { /* no_sync: the gradients stay this rank's own until a synchronised backward */
+        m->local_backwards++;
+        return DDP_OK;
+    }
     if (w->broken) return ddp__fail(w->broken, "%s", w->err);
     /* parameters that received no gradient this time */
     for (i = 0; i < m->nparams; i++) {
@@ -5545,6 +5665,7 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
     for (k = 0; k < w->nbuckets; k++) w->buckets[k].pending = w->buckets[k].nparams;
     w->next_launch = 0;
     w->st.steps++;
+    m->local_backwards = 0; /* what accumulated under no_sync has now been averaged too */
     if (w->t_backward_start > 0) w->st.backward_s += ddp__now() - w->t_backward_start;
     w->t_backward_start = 0;
     return DDP_OK;
@@ -5881,6 +6002,22 @@ DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
     l->count = s->num_samples;
     l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
     l->resume_pos = 0;
+    /* PyTorch's most common sampler slip: no set_epoch, so every epoch draws the same order. The
+       order is named by everything that draws it; a resumed epoch (ddp_snapshot_load) starts afresh. */
+    if (s->shuffle && s->num_samples > 0) {
+        ddp_rng h = ddp_rng_seed(s->seed ^ ((uint64_t)(unsigned)s->epoch * 0x9E3779B97F4A7C15ull) ^
+                                 ((uint64_t)(unsigned)s->n << 32 | (uint64_t)(unsigned)s->num_replicas) ^
+                                 ((uint64_t)(unsigned)s->rank * 0xC2B2AE3D27D4EB4Full));
+        uint64_t order = ddp_rng_next(&h) | 1u;
+        if (order == l->last_order && ddp__first_time(&ddp__warned_set_epoch))
+            ddp_log(DDP_LOG_WARN, "ddp_loader_start: the sampler's epoch is %d again, as at this loader's previous "
+                    "start, so this epoch visits the samples in the same order as the last one. Call "
+                    "ddp_sampler_set_epoch(&sampler, epoch) before each ddp_loader_start (PyTorch: "
+                    "sampler.set_epoch(epoch)). Printed once per process", s->epoch);
+        l->last_order = order;
+    } else {
+        l->last_order = 0;
+    }
     return DDP_OK;
 }
 
@@ -6446,7 +6583,7 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     if (r != DDP_OK) goto done;
     if (s->optim) s->optim->steps = (long)osteps;
     if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
-    if (s->loader) s->loader->resume_pos = (int)pos;
+    if (s->loader) s->loader->resume_pos = (int)pos, s->loader->last_order = 0; /* a resumed epoch is no repeat */
     if (s->rng) s->rng->state = rng;
     s->epoch = (int)epoch;
     s->step = (long)step;
@@ -7134,6 +7271,7 @@ static const char ddp__ln_usage[] =
     "  --max-restarts N     when a rank fails, stop the others and start the job again, up to N\n"
     "                       times (default 0); ranks read DDP_RESTART_COUNT and resume from a snapshot\n"
     "  -h, --help           this text\n"
+    "Under srun, start one ddprun per node (srun --ntasks-per-node=1), with --nnodes and --node-rank.\n"
     "Flags may be written --a-b or --a_b, and --flag=value. \"--\" ends the flags.\n"
     "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
     "MASTER_PORT and DDP_JOB_TOKEN (every node of a job must share DDP_JOB_TOKEN). Output lines are\n"
@@ -7205,8 +7343,64 @@ DDP__PRIVATE int ddp__ln_parse(int argc, char** argv, ddp__ln_opts* o) {
     return -1;
 }
 
+/* Tasks on node `node` of a SLURM per-node count: "4", "2(x3)" (2 on each of 3 nodes), "3,2" or
+   "2(x2),1". 0 when the text is malformed or has no such node. */
+DDP__PRIVATE int ddp__ln_slurm_tasks_on(const char* v, int node) {
+    while (v && *v) {
+        char* end;
+        long n = isdigit((unsigned char)*v) ? strtol(v, &end, 10) : -1, reps = 1;
+        if (n < 0 || n > 65536) return 0;
+        if (*end == '(') {
+            if (end[1] != 'x' || !isdigit((unsigned char)end[2])) return 0;
+            reps = strtol(end + 2, &end, 10);
+            if (*end != ')' || reps < 1 || reps > INT_MAX) return 0;
+            end++;
+        }
+        if (node < reps) return (int)n;
+        node -= (int)reps;
+        if (*end != ',') return 0;
+        v = end + 1;
+    }
+    return 0;
+}
+
+/* ddprun inside an srun step. srun starts every task itself, so srun --ntasks-per-node=M with
+   ddprun --nproc-per-node N gives M x N processes on each node (and, with GPUs, two ranks on one
+   GPU); and a step on several nodes with --nnodes 1 trains one separate job per node. Only srun
+   sets the SLURM_STEP_* variables: ddprun in a batch script (no srun) is not looked at. Returns -1
+   when fine, else 2 after a message. */
+DDP__PRIVATE int ddp__ln_slurm_check(const ddp__ln_opts* o) {
+    const char* per_node = getenv("SLURM_STEP_TASKS_PER_NODE");
+    const char* nodes_v = getenv("SLURM_STEP_NUM_NODES");
+    long node = 0, local = 0, nodes = 0;
+    int here;
+    if (!per_node && !nodes_v) return -1;
+    if (getenv("SLURM_NODEID") && !ddp__env_parse_int(getenv("SLURM_NODEID"), &node)) node = 0;
+    if (getenv("SLURM_LOCALID") && !ddp__env_parse_int(getenv("SLURM_LOCALID"), &local)) local = 0;
+    here = per_node ? ddp__ln_slurm_tasks_on(per_node, node < 0 ? 0 : (int)node) : 0;
+    if (here < local + 1 && local > 0) here = (int)local + 1; /* at least this many */
+    if (here > 1) {
+        fprintf(stderr, "ddprun: srun started %d tasks on this node (SLURM_STEP_TASKS_PER_NODE=%s; this is "
+                        "SLURM_LOCALID=%ld), each running its own ddprun with --nproc-per-node %d: %d processes "
+                        "instead of %d. Start one ddprun per node (srun --ntasks-per-node=1 ddprun ...), or let srun "
+                        "start the ranks without ddprun (srun --ntasks-per-node=%d PROGRAM)\n",
+                here, per_node ? per_node : "?", local, o->nproc, here * o->nproc, o->nproc, o->nproc);
+        return 2;
+    }
+    if (nodes_v && ddp__env_parse_int(nodes_v, &nodes) && nodes > 1 && o->nnodes == 1) {
+        fprintf(stderr, "ddprun: srun runs this step on %ld nodes (SLURM_STEP_NUM_NODES=%s), but ddprun has "
+                        "--nnodes 1: each node would train a separate job of its own. Give every node's ddprun "
+                        "--nnodes %ld --node-rank $SLURM_NODEID, the same --master-addr (the first host of "
+                        "SLURM_JOB_NODELIST) and the same DDP_JOB_TOKEN\n", nodes, nodes_v, nodes);
+        return 2;
+    }
+    return -1;
+}
+
 /* The checks that need all the flags at once. Returns -1 when fine, else 2 after a message. */
 DDP__PRIVATE int ddp__ln_validate(ddp__ln_opts* o) {
+    int rc = ddp__ln_slurm_check(o);
+    if (rc >= 0) return rc;
     if (o->standalone && o->nnodes != 1) {
         fprintf(stderr, "ddprun: --standalone runs on one machine; it cannot be combined with --nnodes %d\n",
                 o->nnodes);

@@ -55,7 +55,7 @@ static options parse_args(int argc, char** argv) {
         else if (!strcmp(a, "--save-every")) o.save_every = atoi(v);
         else if (!strcmp(a, "--lr")) o.lr = (float)atof(v);
         else if (!strcmp(a, "--seed")) o.seed = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--nproc")) o.nproc = atoi(v); /* used from chapter 2 on */
+        else if (!strcmp(a, "--nproc")) o.nproc = atoi(v); /* used from chapter 3 on */
         else {
             fprintf(stderr, "unknown option %s\n", a);
             usage(argv[0]);
@@ -81,8 +81,8 @@ static void report(int epoch, int epochs, double loss) {
     fflush(stdout);
 }
 
-/* Everything a training run does. Here `rank` is always 0 and only rank 0 exists; from chapter 2
-   on, this same function runs in every process of the job. Returns the exit status. */
+/* Everything a training run does. In chapter 1 `rank` is 0, the only process; from chapter 3 on,
+   this same function runs in every process of the job, with its own rank. Returns the exit status. */
 static int train(int rank, void* arg) {
     const options* opt = (const options*)arg;
     ddp_dataset all, data, test;
@@ -121,7 +121,7 @@ static int train(int rank, void* arg) {
     }
 
     /* 4. Train: each epoch visits the training set once in a fresh random order. With one replica
-       the sampler is simply a seeded shuffle; chapter 2 hands it the process group instead, and
+       the sampler is simply a seeded shuffle; chapter 3 hands it the process group instead, and
        each rank then visits its own share. The loader gathers the batches in that order. */
     {
         ddp_sampler_desc sd = {0};

@@ -1,4 +1,4 @@
-/* Chapter 2 of TUTORIAL.md: data parallelism on one machine.
+/* Chapter 3 of TUTORIAL.md: several devices on one machine.
 
    The chapter-1 program, trained by --nproc processes at once (default 4): each joins the job
    (ddp_init), wraps the model (ddp_wrap), and takes its own share of every epoch from the
@@ -57,7 +57,7 @@ static options parse_args(int argc, char** argv) {
         else if (!strcmp(a, "--save-every")) o.save_every = atoi(v);
         else if (!strcmp(a, "--lr")) o.lr = (float)atof(v);
         else if (!strcmp(a, "--seed")) o.seed = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--nproc")) o.nproc = atoi(v); /* used from chapter 2 on */
+        else if (!strcmp(a, "--nproc")) o.nproc = atoi(v); /* used from chapter 3 on */
         else {
             fprintf(stderr, "unknown option %s\n", a);
             usage(argv[0]);
@@ -83,12 +83,13 @@ static void report(int epoch, int epochs, double loss) {
     fflush(stdout);
 }
 
-/* Everything a training run does. Here `rank` is always 0 and only rank 0 exists; from chapter 2
-   on, this same function runs in every process of the job. Returns the exit status. */
+/* Everything a training run does. In chapter 1 `rank` is 0, the only process; from chapter 3 on,
+   this same function runs in every process of the job, with its own rank. Returns the exit status. */
 static int train(int rank, void* arg) {
     const options* opt = (const options*)arg;
     ddp_dataset all, data, test;
     ddp_device device;
+    ddp_desc desc = {0};
     ddp_pg* pg;
     ddp_wrapper* ddp;
     ddp_model* model;
@@ -103,15 +104,10 @@ static int train(int rank, void* arg) {
     DDP_CHECK(ddp_dataset_split(&all, 0.2, 42, &data, &test));
     ddp_dataset_standardize(&data, &test);
 
-    /* 2. Join the job. The group picks the device: this rank's GPU if every rank has one,
-       else the CPU (--device overrides). */
-    {
-        ddp_desc dd = {0};
-        DDP_CHECK(ddp_device_parse(opt->device, &dd.device));
-        DDP_CHECK(ddp_init(&dd, &pg));
-        device = ddp_pg_device(pg);
-        rank = ddp_rank(pg);
-    }
+    /* 2. Device: a GPU when usable, else the CPU (--device overrides). */
+    DDP_CHECK(ddp_device_parse(opt->device, &desc.device));
+    DDP_CHECK(ddp_init(&desc, &pg)); /* join the job: this rank's GPU when every rank has one */
+    device = ddp_pg_device(pg), rank = ddp_rank(pg);
 
     /* 3. Model and optimizer: the MLP features -> hidden -> classes, Adam. */
     {
@@ -132,7 +128,7 @@ static int train(int rank, void* arg) {
     }
 
     /* 4. Train: each epoch visits the training set once in a fresh random order. With one replica
-       the sampler is simply a seeded shuffle; chapter 2 hands it the process group instead, and
+       the sampler is simply a seeded shuffle; chapter 3 hands it the process group instead, and
        each rank then visits its own share. The loader gathers the batches in that order. */
     {
         ddp_sampler_desc sd = {0};
@@ -176,9 +172,8 @@ static int train(int rank, void* arg) {
 
     ddp_loader_free(&loader);
     ddp_optim_destroy(optim);
-    ddp_wrapper_destroy(ddp);
+    ddp_wrapper_destroy(ddp), ddp_destroy(pg);
     ddp_model_destroy(model);
-    ddp_destroy(pg);
     ddp_dataset_free(&data), ddp_dataset_free(&test), ddp_dataset_free(&all);
     return 0;
 }

@@ -1,6 +1,6 @@
-/* Chapter 3 of TUTORIAL.md: several machines.
+/* Chapter 5 of TUTORIAL.md: several machines.
 
-   The chapter-2 program, but it does not start its own ranks: a launcher starts one process per
+   The chapter-3 program, but it does not start its own ranks: a launcher starts one process per
    rank (build/ddprun, SLURM's srun, or mpirun) and ddp_init reads the rank, world size, local
    rank and master address from the environment those set. The global rank is node rank x ranks
    per node + local rank; the local rank picks the GPU. Nothing else changes.
@@ -55,7 +55,7 @@ static options parse_args(int argc, char** argv) {
         else if (!strcmp(a, "--save-every")) o.save_every = atoi(v);
         else if (!strcmp(a, "--lr")) o.lr = (float)atof(v);
         else if (!strcmp(a, "--seed")) o.seed = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--nproc")) o.nproc = atoi(v); /* used from chapter 2 on */
+        else if (!strcmp(a, "--nproc")) o.nproc = atoi(v); /* used from chapter 3 on */
         else {
             fprintf(stderr, "unknown option %s\n", a);
             usage(argv[0]);
@@ -81,12 +81,13 @@ static void report(int epoch, int epochs, double loss) {
     fflush(stdout);
 }
 
-/* Everything a training run does. Here `rank` is always 0 and only rank 0 exists; from chapter 2
-   on, this same function runs in every process of the job. Returns the exit status. */
+/* Everything a training run does. In chapter 1 `rank` is 0, the only process; from chapter 3 on,
+   this same function runs in every process of the job, with its own rank. Returns the exit status. */
 static int train(int rank, void* arg) {
     const options* opt = (const options*)arg;
     ddp_dataset all, data, test;
     ddp_device device;
+    ddp_desc desc = {0};
     ddp_pg* pg;
     ddp_wrapper* ddp;
     ddp_model* model;
@@ -101,15 +102,10 @@ static int train(int rank, void* arg) {
     DDP_CHECK(ddp_dataset_split(&all, 0.2, 42, &data, &test));
     ddp_dataset_standardize(&data, &test);
 
-    /* 2. Join the job. The group picks the device: this rank's GPU if every rank has one,
-       else the CPU (--device overrides). */
-    {
-        ddp_desc dd = {0};
-        DDP_CHECK(ddp_device_parse(opt->device, &dd.device));
-        DDP_CHECK(ddp_init(&dd, &pg));
-        device = ddp_pg_device(pg);
-        rank = ddp_rank(pg);
-    }
+    /* 2. Device: a GPU when usable, else the CPU (--device overrides). */
+    DDP_CHECK(ddp_device_parse(opt->device, &desc.device));
+    DDP_CHECK(ddp_init(&desc, &pg)); /* join the job: this rank's GPU when every rank has one */
+    device = ddp_pg_device(pg), rank = ddp_rank(pg);
 
     /* 3. Model and optimizer: the MLP features -> hidden -> classes, Adam. */
     {
@@ -130,7 +126,7 @@ static int train(int rank, void* arg) {
     }
 
     /* 4. Train: each epoch visits the training set once in a fresh random order. With one replica
-       the sampler is simply a seeded shuffle; chapter 2 hands it the process group instead, and
+       the sampler is simply a seeded shuffle; chapter 3 hands it the process group instead, and
        each rank then visits its own share. The loader gathers the batches in that order. */
     {
         ddp_sampler_desc sd = {0};
@@ -174,9 +170,8 @@ static int train(int rank, void* arg) {
 
     ddp_loader_free(&loader);
     ddp_optim_destroy(optim);
-    ddp_wrapper_destroy(ddp);
+    ddp_wrapper_destroy(ddp), ddp_destroy(pg);
     ddp_model_destroy(model);
-    ddp_destroy(pg);
     ddp_dataset_free(&data), ddp_dataset_free(&test), ddp_dataset_free(&all);
     return 0;
 }

@@ -79,12 +79,13 @@ static void report(int epoch, int epochs, double loss) {
     fflush(stdout);
 }
 
-/* Everything a training run does. Here `rank` is always 0 and only rank 0 exists; from chapter 2
-   on, this same function runs in every process of the job. Returns the exit status. */
+/* Everything a training run does. In chapter 1 `rank` is 0, the only process; from chapter 3 on,
+   this same function runs in every process of the job, with its own rank. Returns the exit status. */
 static int train(int rank, void* arg) {
     const options* opt = (const options*)arg;
     ddp_dataset all, data, test;
     ddp_device device;
+    ddp_desc desc = {0};
     ddp_pg* pg;
     ddp_wrapper* ddp;
     ddp_model* model;
@@ -100,17 +101,12 @@ static int train(int rank, void* arg) {
     DDP_CHECK(ddp_dataset_split(&all, 0.2, 42, &data, &test));
     ddp_dataset_standardize(&data, &test);
 
-    /* 2. Join the job. The group picks the device: this rank's GPU if every rank has one,
-       else the CPU (--device overrides). */
-    {
-        ddp_desc dd = {0};
-        DDP_CHECK(ddp_device_parse(opt->device, &dd.device));
-        DDP_CHECK(ddp_init(&dd, &pg));
-        device = ddp_pg_device(pg);
-        rank = ddp_rank(pg);
-        printf("rank %d of %d is pid %ld\n", rank, ddp_world_size(pg), (long)getpid()); /* for kill -9 */
-        fflush(stdout);
-    }
+    /* 2. Device: a GPU when usable, else the CPU (--device overrides). */
+    DDP_CHECK(ddp_device_parse(opt->device, &desc.device));
+    DDP_CHECK(ddp_init(&desc, &pg)); /* join the job: this rank's GPU when every rank has one */
+    device = ddp_pg_device(pg), rank = ddp_rank(pg);
+    printf("rank %d of %d is pid %ld\n", rank, ddp_world_size(pg), (long)getpid()); /* for kill -9 */
+    fflush(stdout);
 
     /* 3. Model and optimizer: the MLP features -> hidden -> classes, Adam. */
     {
@@ -131,7 +127,7 @@ static int train(int rank, void* arg) {
     }
 
     /* 4. Train: each epoch visits the training set once in a fresh random order. With one replica
-       the sampler is simply a seeded shuffle; chapter 2 hands it the process group instead, and
+       the sampler is simply a seeded shuffle; chapter 3 hands it the process group instead, and
        each rank then visits its own share. The loader gathers the batches in that order. */
     {
         ddp_sampler_desc sd = {0};
@@ -194,9 +190,8 @@ static int train(int rank, void* arg) {
 
     ddp_loader_free(&loader);
     ddp_optim_destroy(optim);
-    ddp_wrapper_destroy(ddp);
+    ddp_wrapper_destroy(ddp), ddp_destroy(pg);
     ddp_model_destroy(model);
-    ddp_destroy(pg);
     ddp_dataset_free(&data), ddp_dataset_free(&test), ddp_dataset_free(&all);
     return 0;
 }

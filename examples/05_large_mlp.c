@@ -2,7 +2,7 @@
 
    The MLP 1024 -> 4096 -> 4096 -> 1024 -> 10 (ReLU between the Linear layers; 25,185,290
    parameters, 96 MiB of gradients) on synthetic data, SGD lr 0.01, batch 64 per rank: the model
-   PyTorch DDP's training-step figures in /work/shared/reference/performance.md ("PyTorch DDP
+   PyTorch DDP's training-step figures in the project's performance reference ("PyTorch DDP
    training steps") were measured on, so the two compare directly. bench/pytorch_ddp_large.py is
    the same program in PyTorch; bench/large_model.sh runs both side by side.
 

@@ -46,6 +46,7 @@ for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env 
 done
 run_prog test_ddprun bash tests/test_ddprun.sh "$BUILD/ddprun"
 run_prog test_bad_input bash tests/test_bad_input.sh "$BUILD"
+run_prog test_confusions bash tests/test_confusions.sh "$BUILD"
 run_prog test_restart bash tests/test_restart.sh "$BUILD" 5
 
 # ---- a snapshot read in Python: struct + json + numpy, the checksum rule, every tensor exact ----
@@ -101,6 +102,35 @@ for f in snapshot store; do
 done
 
 # ---- the classroom labs (labs/README.md): each starter builds and fails its tests, each solution passes ----
+echo "== docs"
+# The tutorial never rots: every generated diff is current, and every block of TUTORIAL.md and
+# README.md marked runnable runs as written, with the output shown where the text marks it.
+if ! command -v python3 >/dev/null 2>&1; then
+    skp docs_diffs "python3 is not installed"; skp docs_runnable_blocks "python3 is not installed"
+else
+    run_prog docs_diffs python3 tools/docs.py diffs --check
+    case $BUILD in
+        */sanitize|*/tsan) skp docs_runnable_blocks "make test runs the tutorial's commands; under a sanitizer they would only repeat the cases above, several times slower" ;;
+        *) run_prog docs_runnable_blocks python3 tools/docs.py run "$BUILD" TUTORIAL.md README.md ;;
+    esac
+fi
+
+# The figures redraw from their committed data (into a copy: the test never touches docs/).
+if ! command -v gnuplot >/dev/null 2>&1; then
+    skp figures_render "gnuplot is not installed (apt-get install gnuplot-nox)"
+else
+    cp -r docs/figures "$TMP/figures" && rm -f "$TMP"/figures/*.png
+    fig_bad=()
+    for gp in "$TMP"/figures/*.gp; do
+        case $gp in */style.gp) continue ;; esac
+        png=${gp%.gp}.png
+        out=$(cd "$TMP/figures" && gnuplot "$(basename "$gp")" 2>&1)
+        [ -s "$png" ] || fig_bad+=("$(basename "$gp") drew nothing: $out")
+    done
+    if [ ${#fig_bad[@]} -eq 0 ]; then ok "figures_render ($(ls "$TMP"/figures/*.png | wc -l) PNGs from docs/figures/data)"
+    else bad figures_render "${fig_bad[@]}"; fi
+fi
+
 echo "== labs"
 for lab in sampler ring buckets resume no_sync; do
     for kind in starter solution; do

@@ -3,7 +3,7 @@
 #
 #   bash tests/slurm_two_hosts.sh [SBATCH_FILE]       (default tests/slurm_smoke.sbatch; needs root)
 #
-# Layout (docs: /work/shared/reference/slurm.md, section 2): network namespaces
+# Layout (after the team's SLURM reference, section 2): network namespaces
 #   ddpslurm-net-<id>:   br0 (bridge, no address) + v1, v2
 #   ddpslurm-node1-<id>: eth0 10.77.0.1/24 -> slurmctld + slurmd -N node1
 #   ddpslurm-node2-<id>: eth0 10.77.0.2/24 -> slurmd -N node2

@@ -166,9 +166,13 @@ fi
 
 # ---- restarts ------------------------------------------------------------------------------------------
 # rank 1 fails on its first two starts: --max-restarts 3 restarts the whole job twice, each rank
-# sees its restart count, and the third start succeeds
-out=$("$DDPRUN" --standalone --nproc-per-node 2 --max-restarts 3 sh -c \
-      'echo "start $DDP_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT"; if [ "$RANK" = 1 ] && [ "$DDP_RESTART_COUNT" -lt 2 ]; then exit 7; fi' 2>&1); rc=$?
+# sees its restart count, and the third start succeeds. Rank 1 fails only after rank 0 has printed
+# (a marker file per start): otherwise ddprun may stop rank 0 before its line, as it should.
+R=$TMP/restarts; mkdir -p "$R"
+out=$(R=$R "$DDPRUN" --standalone --nproc-per-node 2 --max-restarts 3 sh -c \
+      'echo "start $DDP_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT"; [ "$RANK" = 0 ] && : > "$R/printed.$DDP_RESTART_COUNT"
+       if [ "$RANK" = 1 ] && [ "$DDP_RESTART_COUNT" -lt 2 ]; then
+           while [ ! -e "$R/printed.$DDP_RESTART_COUNT" ]; do sleep 0.02; done; exit 7; fi' 2>&1); rc=$?
 if [ $rc -eq 0 ] && [ "$(grep -c 'start 2 2' <<<"$out")" -eq 2 ] && [ "$(grep -c 'start 0 0' <<<"$out")" -eq 2 ] &&
    grep -q "rank 1 (pid [0-9]*) exited with status 7; stopped the other ranks; restarting the job (restart 2 of 3)" <<<"$out"; then
     ok restarts_until_success
