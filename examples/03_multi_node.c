@@ -1,4 +1,4 @@
-/* Chapter 5 of TUTORIAL.md: several machines.
+/* Chapters 4 and 5 of TUTORIAL.md: launching with ddprun, and several machines.
 
    The chapter-3 program, but it does not start its own ranks: a launcher starts one process per
    rank (build/ddprun, SLURM's srun, or mpirun) and ddp_init reads the rank, world size, local
