@@ -763,8 +763,8 @@ typedef struct ddp_loader {
     int* order;        /* this epoch's indices */
     int count, pos;
     int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start begins here */
-    uint64_t last_order; /* which shuffled order the previous start used (0: none); the same
-                            one twice means ddp_sampler_set_epoch was not called in between */
+    int last_epoch;    /* the sampler's epoch + 1 at this loader's previous shuffled start (0:
+                          none); the same epoch twice means ddp_sampler_set_epoch was not called */
     float* x;          /* the current batch, [batch_size, nfeatures] */
     int* y;
 } ddp_loader;
@@ -3870,6 +3870,7 @@ DDP__DEF ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count)
      destroy  close everything.
 */
 
+#define DDP__RING_MAGIC 0x52504444u /* "DDPR": the first word of every ring header */
 enum { DDP__ALL_REDUCE = 1, DDP__BROADCAST, DDP__ALL_GATHER, DDP__REDUCE_SCATTER,
        DDP__LEAVE /* not a collective: the ring header a rank sends its right neighbour in ddp_destroy */ };
 
@@ -4324,14 +4325,15 @@ DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w) {
     return s;
 }
 
-/* Before the data of each collective, every rank sends its right neighbour a 32-byte header (sequence number, kind, count, dtype, op or root) and checks the
-   one from its left against its own. Ranks that call different collectives, or one with a
+/* Before the data of each collective, every rank sends its right neighbour a 32-byte header
+   (sequence number, kind, count, dtype, op or root) and checks the one from its left against its
+   own. Ranks that call different collectives, or one with a
    different size, would otherwise pair up silently: a 1-float all_reduce on one rank would take
    part of another rank's gradient bucket, and training would go on with wrong numbers. The
    header travels ahead of the data on the same stream, so it costs two small system calls, not
    a round trip. */
 DDP__PRIVATE void ddp__ring_header(const ddp_work* w, unsigned char h[32]) {
-    ddp__put_le64(h, 0x52504444u | (uint64_t)w->kind << 32); /* "DDPR", kind */
+    ddp__put_le64(h, DDP__RING_MAGIC | (uint64_t)w->kind << 32);
     ddp__put_le64(h + 8, w->seq);
     ddp__put_le64(h + 16, (uint64_t)w->count);
     ddp__put_le64(h + 24, (uint64_t)w->dtype |
@@ -4362,7 +4364,7 @@ DDP__PRIVATE ddp_status ddp__ring_left_job(ddp_pg* pg, ddp_work* w, const unsign
                      ddp__mod(pg->rank - 1, pg->world), (unsigned long long)ddp__le64(theirs + 16), pg->rank, a);
 }
 DDP__PRIVATE int ddp__ring_is_leave(const unsigned char h[32]) {
-    return ddp__le64(h) == (0x52504444u | (uint64_t)DDP__LEAVE << 32);
+    return ddp__le64(h) == (DDP__RING_MAGIC | (uint64_t)DDP__LEAVE << 32);
 }
 
 DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
@@ -4622,16 +4624,16 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
    DDP_TIMEOUT. When every rank leaves together nobody reads it. */
 DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg) {
     unsigned char h[32];
+    ddp_work leave;
     int idle;
     if (pg->world < 2 || pg->right_fd < 0) return;
     pthread_mutex_lock(&pg->lock);
     idle = !pg->head && !pg->inline_busy && !pg->broken;
     pthread_mutex_unlock(&pg->lock);
     if (!idle) return; /* a collective still running or failed: the stream is not at a header */
-    ddp__put_le64(h, 0x52504444u | (uint64_t)DDP__LEAVE << 32);
-    ddp__put_le64(h + 8, pg->seq + 1);
-    ddp__put_le64(h + 16, pg->seq);
-    ddp__put_le64(h + 24, 0);
+    memset(&leave, 0, sizeof leave);
+    leave.kind = DDP__LEAVE, leave.seq = pg->seq + 1, leave.count = (size_t)pg->seq;
+    ddp__ring_header(&leave, h);
     (void)ddp__send_all(pg->right_fd, h, 32, ddp__now() + 1.0);
 }
 
@@ -6002,21 +6004,18 @@ DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
     l->count = s->num_samples;
     l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
     l->resume_pos = 0;
-    /* PyTorch's most common sampler slip: no set_epoch, so every epoch draws the same order. The
-       order is named by everything that draws it; a resumed epoch (ddp_snapshot_load) starts afresh. */
+    /* PyTorch's most common sampler slip: no set_epoch, so every epoch draws the same order (the
+       order is a function of the seed and the epoch). A resumed epoch (ddp_snapshot_load) starts
+       afresh. */
     if (s->shuffle && s->num_samples > 0) {
-        ddp_rng h = ddp_rng_seed(s->seed ^ ((uint64_t)(unsigned)s->epoch * 0x9E3779B97F4A7C15ull) ^
-                                 ((uint64_t)(unsigned)s->n << 32 | (uint64_t)(unsigned)s->num_replicas) ^
-                                 ((uint64_t)(unsigned)s->rank * 0xC2B2AE3D27D4EB4Full));
-        uint64_t order = ddp_rng_next(&h) | 1u;
-        if (order == l->last_order && ddp__first_time(&ddp__warned_set_epoch))
+        if (s->epoch + 1 == l->last_epoch && ddp__first_time(&ddp__warned_set_epoch))
             ddp_log(DDP_LOG_WARN, "ddp_loader_start: the sampler's epoch is %d again, as at this loader's previous "
                     "start, so this epoch visits the samples in the same order as the last one. Call "
                     "ddp_sampler_set_epoch(&sampler, epoch) before each ddp_loader_start (PyTorch: "
                     "sampler.set_epoch(epoch)). Printed once per process", s->epoch);
-        l->last_order = order;
+        l->last_epoch = s->epoch + 1;
     } else {
-        l->last_order = 0;
+        l->last_epoch = 0;
     }
     return DDP_OK;
 }
@@ -6583,7 +6582,7 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     if (r != DDP_OK) goto done;
     if (s->optim) s->optim->steps = (long)osteps;
     if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
-    if (s->loader) s->loader->resume_pos = (int)pos, s->loader->last_order = 0; /* a resumed epoch is no repeat */
+    if (s->loader) s->loader->resume_pos = (int)pos, s->loader->last_epoch = 0; /* a resumed epoch is no repeat */
     if (s->rng) s->rng->state = rng;
     s->epoch = (int)epoch;
     s->step = (long)step;

@@ -210,6 +210,7 @@ def run(build, files):
                     continue
                 took = time.time() - start
                 actual = out.split("\n")
+                missing = missing_in_order(expected, actual) if expected is not None else None
                 tail = ["    | " + l for l in actual[-8:]]
                 if (p.returncode != 0) != fails:
                     print("FAIL %s\n    %s (exit status %d)" % (
@@ -217,10 +218,10 @@ def run(build, files):
                         p.returncode))
                     print("\n".join(tail))
                     failed += 1
-                elif expected is not None and missing_in_order(expected, actual) is not None:
+                elif missing is not None:
                     print("FAIL %s\n    the output shown in %s does not match the real one; first line "
                           "not found (in order):\n    > %s\n    the real output ends with:" % (
-                              name, f, missing_in_order(expected, actual)))
+                              name, f, missing))
                     print("\n".join(tail))
                     failed += 1
                 else:
