@@ -50,7 +50,8 @@
         >>nn        parameters, Linear/ReLU/GELU, losses, SGD/Adam; backward   1
                     fires the per-parameter "gradient ready" hook
         >>store     rendezvous key-value store                                2, 4
-        >>pg        process group: the CPU ring (>>ring), NCCL (>>nccl),      2-5, 9
+        >>pg        process group: the CPU ring over TCP (>>ring), shared     2-5, 9, 10
+                    memory between ranks on one host (>>shm), NCCL (>>nccl),
                     collectives and their work handles, desync detection and
                     the flight recorder of the last collectives
         >>data      data files, train/test split, the distributed sampler,    1-2
@@ -92,6 +93,13 @@
     DDP_RESTART_COUNT       set by ddprun --max-restarts: 0 on the first start, then 1, 2, ...
     DDP_TIMEOUT=seconds     deadline of every store operation, connection and collective (300).
     DDP_BACKEND=cpu|nccl    the backend when ddp_desc.backend is not set.
+    DDP_TRANSPORT=auto|shm|tcp  how the CPU backend moves data: shared memory when every rank
+                            is on this host (auto, the default), else the TCP ring; shm fails
+                            when it cannot be used, tcp always takes the ring.
+    DDP_SHM_CHUNK_BYTES     bytes per rank and chunk in the shared-memory segment (1 MiB).
+    DDP_SHM_SPIN_US         how long a shared-memory wait spins before it sleeps (20; 0 when
+                            there are more local ranks than cores).
+    DDP_SHM_STREAM_BYTES    all-reduces this large write their result past the caches (32 MiB).
     DDP_RING_PIECE_BYTES    size of the pieces the CPU ring pipelines (256 KiB).
     DDP_SIMULATE_NS_PER_BYTE  make every CPU-backend collective last at least this long per
                             byte: a slow network, to watch communication overlap backward.
@@ -119,8 +127,8 @@
     - f32 compute only; f16 and bf16 are storage and wire formats (conversion, gradient
       compression), with arithmetic in f32.
     - The network layer is a sequential stack; there is no automatic differentiation.
-    - The CPU backend talks TCP even between ranks on one machine (a shared-memory transport is
-      planned), and its small-message latency is tens of microseconds, not Open MPI's few.
+    - The CPU backend uses shared memory only when every rank is on one host; a job across
+      machines talks TCP between all its ranks, also between those that share a machine.
     - The GPU path compiles and links but has not yet run on a GPU.
 */
 
@@ -2960,6 +2968,7 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/uio.h> /* struct iovec: a header and its data in one system call */
 #include <sys/wait.h>
 #include <time.h>
 #include <arpa/inet.h>
@@ -3941,6 +3950,12 @@ struct ddp_pg {
     unsigned char* piece;      /* one received piece before it is reduced */
     size_t piece_elems;
     double sim_s_per_byte;     /* DDP_SIMULATE_NS_PER_BYTE: pretend the network is this slow */
+    unsigned char* shm;        /* the shared-memory transport's segment (>>shm), NULL: the TCP ring */
+    size_t shm_bytes, shm_chunk; /* its size; bytes per slot */
+    uint32_t shm_phase;        /* this rank's phase counter, as published */
+    uint64_t shm_chunks;       /* chunks done: picks the slot set */
+    double shm_spin_s;         /* how long a wait spins before it sleeps */
+    size_t shm_stream_bytes;   /* collectives this large copy their result out with streaming stores */
     void* nccl;                /* the NCCL backend's state */
     ddp__flight flight[DDP__FLIGHT_N]; /* the last collectives, slot seq % N; under `lock` */
 };
@@ -4352,32 +4367,45 @@ DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, si
     w.op = (ddp_reduce_op)(last >> 32);
     ddp__fingerprint(&w, out, n);
 }
-/* The left neighbour's header says it has left the job (ddp_destroy): this collective is one it
-   never called. */
-DDP__PRIVATE ddp_status ddp__ring_left_job(ddp_pg* pg, ddp_work* w, const unsigned char theirs[32]) {
+/* Rank `who` has left the job (ddp_destroy; its header says after how many collectives): this
+   collective is one it never called. */
+DDP__PRIVATE ddp_status ddp__ring_left_job(ddp_pg* pg, ddp_work* w, int who, const unsigned char theirs[32]) {
     char a[96];
     ddp__fingerprint(w, a, sizeof a);
     return ddp__fail(DDP_ERR_DESYNC, "desync: rank %d has left the job (it called ddp_destroy after %llu collectives), "
                      "but this rank (%d) calls %s. The ranks ran different numbers of collectives: one rank had "
                      "more batches than another (give every rank the same number; ddp_sampler pads for this), or "
                      "a collective runs on some ranks only (inside an if on the rank)",
-                     ddp__mod(pg->rank - 1, pg->world), (unsigned long long)ddp__le64(theirs + 16), pg->rank, a);
+                     who, (unsigned long long)ddp__le64(theirs + 16), pg->rank, a);
 }
 DDP__PRIVATE int ddp__ring_is_leave(const unsigned char h[32]) {
     return ddp__le64(h) == (DDP__RING_MAGIC | (uint64_t)DDP__LEAVE << 32);
 }
 
+/* Our header against the left neighbour's: DDP_OK, or the desync (or the neighbour's leaving). */
+DDP__PRIVATE ddp_status ddp__ring_compare(ddp_pg* pg, ddp_work* w, const unsigned char mine[32],
+                                          const unsigned char theirs[32]) {
+    const int left = ddp__mod(pg->rank - 1, pg->world);
+    char a[96], b[96];
+    if (ddp__ring_is_leave(theirs)) return ddp__ring_left_job(pg, w, left, theirs);
+    if (memcmp(mine, theirs, 32) == 0) return DDP_OK;
+    ddp__ring_header_text(mine, a, sizeof a);
+    ddp__ring_header_text(theirs, b, sizeof b);
+    return ddp__fail(DDP_ERR_DESYNC, "desync: this rank (%d) calls %s, but rank %d calls %s. Every rank must call "
+                     "the same collectives in the same order with the same sizes: look for a collective inside "
+                     "an if on the rank", pg->rank, a, left, b);
+}
+
 DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
     const int left = ddp__mod(pg->rank - 1, pg->world), right = ddp__mod(pg->rank + 1, pg->world);
     unsigned char mine[32], theirs[32];
-    char a[96], b[96];
     double deadline = ddp__now() + pg->timeout;
     ddp__ring_header(w, mine);
     if (ddp__send_all(pg->right_fd, mine, 32, deadline) != 0) {
         int e = errno;
         /* a neighbour that left the job may have said so before its connection closed */
         if (e != ETIMEDOUT && ddp__recv_all(pg->left_fd, theirs, 32, ddp__now() + 0.1) == 0 && ddp__ring_is_leave(theirs))
-            return ddp__ring_left_job(pg, w, theirs);
+            return ddp__ring_left_job(pg, w, ddp__mod(pg->rank - 1, pg->world), theirs);
         errno = e;
         return errno == ETIMEDOUT
                    ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu timed out after %.0f s sending to rank %d: that rank is "
@@ -4395,14 +4423,727 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
                    : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (%s): that rank has "
                                "probably died; look at its output", ddp__coll_name(w->kind), (unsigned long long)w->seq,
                                left, errno == ECONNRESET ? "end of stream" : strerror(errno));
-    if (ddp__ring_is_leave(theirs)) return ddp__ring_left_job(pg, w, theirs);
-    if (memcmp(mine, theirs, 32) != 0) {
-        ddp__ring_header_text(mine, a, sizeof a);
-        ddp__ring_header_text(theirs, b, sizeof b);
-        return ddp__fail(DDP_ERR_DESYNC, "desync: this rank (%d) calls %s, but rank %d calls %s. Every rank must call "
-                         "the same collectives in the same order with the same sizes: look for a collective inside "
-                         "an if on the rank", pg->rank, a, left, b);
+    return ddp__ring_compare(pg, w, mine, theirs);
+}
+
+/* ---- the shared-memory transport (>>shm) ------------------------------------------------------ */
+/*
+   Ranks on one machine need not push their data through the kernel's TCP stack and back: they can
+   map one segment of shared memory and read each other's data where it lies. When every rank of
+   the group is on this host, the CPU backend does so (DDP_TRANSPORT=tcp|shm overrides; the choice
+   is logged at DDP_DEBUG=INFO). The TCP ring stays connected, idle: a neighbour that dies closes
+   it, which is how a rank notices a dead peer without a network message.
+
+   The segment: a control block per rank (its phase counter, its sleepers, its headers), one abort
+   line, then two sets of W slots of `chunk` bytes each, slot (set, rank) written only by that rank.
+   A collective moves through the data in chunks; each chunk has two phases, and a rank says it has
+   finished one by raising its phase counter:
+     phase 1  copy my part of this chunk into my slot;
+     phase 2  once every rank has finished phase 1: read what I need from the others' slots and
+              compute my share (all-reduce: I own share r of the chunk, so I add up share r of
+              every slot, and write the sum into share r of my own slot);
+     after    once every rank has finished phase 2 (all-reduce only): copy every rank's share of
+              the sum out of its slot.
+   This is the ring's reduce-scatter then all-gather, with every rank reducing its share at the
+   same time instead of over W-1 steps: each rank writes S and reads about 2S, whatever W is. Two
+   sets of slots let a rank fill chunk g+1 while the others still copy chunk g out; before filling
+   a set again it waits until every rank has finished phase 1 of the chunk in between, which they
+   do only after they are done with that set.
+
+   A rank waits for a counter by spinning for a few microseconds (a peer on another core answers
+   in less) and then sleeping on it (a futex on Linux, short sleeps elsewhere), so that two ranks on
+   two cores do not take turns burning the core the other needs. Every wait has the collective's
+   deadline and watches for a dead neighbour, a rank that left (ddp_destroy) and another rank's
+   failure (the abort line). The header of each collective (ddp__ring_header) sits in the control
+   block, so ranks that call different collectives fail with DDP_ERR_DESYNC as on the ring.
+
+   The segment has a name only while the ranks open it: rank 0 removes the name once everyone has
+   mapped it, so the memory goes back to the system when the last rank exits, also after a crash.
+*/
+#if (defined(__linux__) || defined(__APPLE__) || defined(__FreeBSD__)) && (defined(__GNUC__) || defined(__clang__))
+#define DDP__SHM 1
+#include <sys/mman.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+#else
+#define DDP__SHM 0 /* no POSIX shared memory or no atomics we know: the TCP ring everywhere */
+#endif
+
+#define DDP__SHM_MAGIC 0x4d48535044445044ull /* "DDPDPSHM" */
+
+typedef struct ddp__shm_rank { /* one rank's control block, 256 bytes: fields others poll apart */
+    uint32_t phase;            /* phases finished (wraps; compared modulo 2^32) */
+    unsigned char pad0[60];
+    uint32_t waiters;          /* ranks asleep on `phase` */
+    unsigned char pad1[60];
+    uint32_t left, pid;        /* left: 1 after ddp_destroy */
+    uint64_t made;             /* collectives it made before it left */
+    unsigned char pad2[48];
+    unsigned char hdr[2][32];  /* its collectives' headers, by sequence number parity */
+} ddp__shm_rank;
+
+typedef struct ddp__shm_head { /* the segment's first 1024 bytes */
+    uint64_t magic, nonce;
+    uint32_t world, chunk;
+    unsigned char pad[40];
+    uint32_t who, status;      /* abort line: rank + 1 of the first rank whose collective failed */
+    char msg[952];             /* its message */
+} ddp__shm_head;
+
+typedef char ddp__shm_rank_is_256[sizeof(ddp__shm_rank) == 256 ? 1 : -1];
+typedef char ddp__shm_head_is_1024[sizeof(ddp__shm_head) == 1024 ? 1 : -1];
+
+DDP__PRIVATE size_t ddp__shm_ctl_bytes(int world) {
+    size_t n = sizeof(ddp__shm_head) + (size_t)world * sizeof(ddp__shm_rank);
+    return (n + 4095) & ~(size_t)4095;
+}
+DDP__PRIVATE ddp__shm_head* ddp__shm_head_of(ddp_pg* pg) { return (ddp__shm_head*)pg->shm; }
+DDP__PRIVATE ddp__shm_rank* ddp__shm_rank_of(ddp_pg* pg, int q) {
+    return (ddp__shm_rank*)(pg->shm + sizeof(ddp__shm_head)) + q;
+}
+DDP__PRIVATE unsigned char* ddp__shm_slot(ddp_pg* pg, int set, int q) {
+    return pg->shm + ddp__shm_ctl_bytes(pg->world) + ((size_t)set * (size_t)pg->world + (size_t)q) * pg->shm_chunk;
+}
+
+#if DDP__SHM
+DDP__PRIVATE int ddp__shm_reached(const ddp__shm_rank* o, uint32_t target) {
+    return (int32_t)(__atomic_load_n(&o->phase, __ATOMIC_ACQUIRE) - target) >= 0;
+}
+
+/* Raise this rank's phase counter, and wake the ranks asleep on it. */
+DDP__PRIVATE void ddp__shm_publish(ddp_pg* pg) {
+    ddp__shm_rank* me = ddp__shm_rank_of(pg, pg->rank);
+    __atomic_store_n(&me->phase, ++pg->shm_phase, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&me->waiters, __ATOMIC_SEQ_CST) > 0) {
+#if defined(__linux__)
+        syscall(SYS_futex, &me->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#endif
     }
+}
+
+/* Sleep until rank o's counter may have reached `target`, for at most `s` seconds (the caller
+   looks again: waking early is harmless). */
+DDP__PRIVATE void ddp__shm_sleep(ddp__shm_rank* o, uint32_t target, double s) {
+    __atomic_add_fetch(&o->waiters, 1, __ATOMIC_SEQ_CST);
+    if (!ddp__shm_reached(o, target)) {
+#if defined(__linux__)
+        struct timespec ts;
+        uint32_t seen = __atomic_load_n(&o->phase, __ATOMIC_SEQ_CST);
+        ts.tv_sec = 0, ts.tv_nsec = (long)(s * 1e9);
+        if ((int32_t)(seen - target) < 0) syscall(SYS_futex, &o->phase, FUTEX_WAIT, seen, &ts, NULL, 0);
+#else
+        ddp__sleep(s < 50e-6 ? s : 50e-6); /* no futex: a short sleep, woken by nobody */
+#endif
+    }
+    __atomic_sub_fetch(&o->waiters, 1, __ATOMIC_SEQ_CST);
+}
+
+/* After a failure: tell the other ranks, so that they stop at once with this message instead of
+   waiting out their deadlines. The first failure wins. */
+DDP__PRIVATE void ddp__shm_abort(ddp_pg* pg, ddp_status s) {
+    ddp__shm_head* h;
+    uint32_t none = 0;
+    int q;
+    if (!pg->shm) return;
+    h = ddp__shm_head_of(pg);
+    if (__atomic_compare_exchange_n(&h->who, &none, (uint32_t)UINT32_MAX, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        const char* e = ddp_error_string();
+        size_t len = strlen(e) < sizeof h->msg - 1 ? strlen(e) : sizeof h->msg - 1;
+        memcpy(h->msg, e, len);
+        h->msg[len] = 0;
+        h->status = (uint32_t)s;
+        __atomic_store_n(&h->who, (uint32_t)pg->rank + 1, __ATOMIC_RELEASE);
+    }
+#if defined(__linux__)
+    /* the others sleep on the counters of the ranks they wait for: wake them all to look */
+    for (q = 0; q < pg->world; q++) syscall(SYS_futex, &ddp__shm_rank_of(pg, q)->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#else
+    (void)q;
+#endif
+}
+
+/* A neighbour's idle ring connection became readable: in this mode nothing is ever sent on it,
+   so that is its end of stream, and the neighbour has died. Returns the dead rank, or -1. */
+DDP__PRIVATE int ddp__shm_dead_neighbour(ddp_pg* pg) {
+    struct pollfd pf[2];
+    int i;
+    pf[0].fd = pg->left_fd, pf[1].fd = pg->right_fd;
+    for (i = 0; i < 2; i++) pf[i].events = POLLIN, pf[i].revents = 0;
+    if (poll(pf, 2, 0) <= 0) return -1;
+    for (i = 0; i < 2; i++) {
+        char c;
+        if (pf[i].revents & (POLLIN | POLLERR | POLLHUP)) {
+            ssize_t k = recv(pf[i].fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                return ddp__mod(pg->rank + (i == 0 ? -1 : 1), pg->world);
+        }
+    }
+    return -1;
+}
+
+/* Wait until rank q has finished phase `target` of collective w. */
+DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32_t target, double deadline) {
+    ddp__shm_rank* o = ddp__shm_rank_of(pg, q);
+    ddp__shm_head* h = ddp__shm_head_of(pg);
+    double t = ddp__now(), spin_until = t + pg->shm_spin_s;
+    int i;
+    for (i = 0; !ddp__shm_reached(o, target); i++) {
+        uint32_t who;
+        int dead;
+        if ((i & 63) != 63) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+            continue;
+        }
+        t = ddp__now();
+        if (t < spin_until) continue;
+        who = __atomic_load_n(&h->who, __ATOMIC_ACQUIRE);
+        if (who && who != UINT32_MAX && (int)who - 1 != pg->rank) {
+            char msg[sizeof h->msg];
+            memcpy(msg, h->msg, sizeof msg);
+            msg[sizeof msg - 1] = 0;
+            return ddp__fail(h->status ? (ddp_status)h->status : DDP_ERR_PEER_LOST, "%s #%llu: rank %d failed: %s",
+                             ddp__coll_name(w->kind), (unsigned long long)w->seq, (int)who - 1, msg);
+        }
+        if (__atomic_load_n(&o->left, __ATOMIC_ACQUIRE)) {
+            unsigned char theirs[32];
+            ddp_work leave;
+            memset(&leave, 0, sizeof leave);
+            leave.kind = DDP__LEAVE, leave.count = (size_t)o->made;
+            ddp__ring_header(&leave, theirs);
+            return ddp__ring_left_job(pg, w, q, theirs);
+        }
+        if ((dead = ddp__shm_dead_neighbour(pg)) >= 0)
+            return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (end of stream): that rank "
+                             "has probably died; look at its output", ddp__coll_name(w->kind),
+                             (unsigned long long)w->seq, dead);
+        if (t >= deadline)
+            return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d (shared "
+                             "memory): that rank is stuck, stopped, or calling a different collective (every rank "
+                             "must issue the same collectives in the same order)", ddp__coll_name(w->kind),
+                             (unsigned long long)w->seq, w->count, ddp_dtype_name(w->dtype), pg->timeout, q);
+        ddp__shm_sleep(o, target, deadline - t < 0.01 ? deadline - t + 1e-4 : 0.01);
+    }
+    return DDP_OK;
+}
+
+/* Wait until every other rank has finished phase `target`; with `check`, compare its header of
+   this collective with ours (the first wait of each collective). */
+DDP__PRIVATE ddp_status ddp__shm_wait_all(ddp_pg* pg, ddp_work* w, uint32_t target, int check, double deadline) {
+    int q;
+    for (q = 0; q < pg->world; q++) {
+        const unsigned char *mine, *theirs;
+        if (q == pg->rank) continue;
+        if (!ddp__shm_reached(ddp__shm_rank_of(pg, q), target))
+            DDP__TRY(ddp__shm_wait_one(pg, w, q, target, deadline));
+        if (!check) continue;
+        mine = ddp__shm_rank_of(pg, pg->rank)->hdr[w->seq & 1];
+        theirs = ddp__shm_rank_of(pg, q)->hdr[w->seq & 1];
+        if (memcmp(mine, theirs, 32) != 0) {
+            char a[96], b[96];
+            const unsigned char* other = ddp__shm_rank_of(pg, q)->hdr[(w->seq & 1) ^ 1];
+            /* show the rank's latest collective: the other parity when it has moved on */
+            if (ddp__le64(other + 8) > ddp__le64(theirs + 8)) theirs = other;
+            ddp__ring_header_text(mine, a, sizeof a);
+            ddp__ring_header_text(theirs, b, sizeof b);
+            return ddp__fail(DDP_ERR_DESYNC, "desync: this rank (%d) calls %s, but rank %d calls %s. Every rank must "
+                             "call the same collectives in the same order with the same sizes: look for a collective "
+                             "inside an if on the rank", pg->rank, a, q, b);
+        }
+    }
+    return DDP_OK;
+}
+
+#if defined(__cplusplus)
+#define DDP__RESTRICT __restrict
+#else
+#define DDP__RESTRICT restrict
+#endif
+#if defined(__SSE2__)
+#include <emmintrin.h> /* streaming stores */
+#endif
+
+/* memcpy that accepts n == 0 with any pointers (memcpy wants valid ones even then) */
+DDP__PRIVATE void ddp__mcpy(void* dst, const void* src, size_t n) {
+    if (n) memcpy(dst, src, n);
+}
+
+/* Copy n bytes; with `stream`, past the caches (streaming stores): a destination that will not be
+   read again soon then costs one write instead of a read for ownership and a write. */
+DDP__PRIVATE void ddp__copy(void* dst, const void* src, size_t n, int stream) {
+#if defined(__SSE2__)
+    unsigned char* d = (unsigned char*)dst;
+    const unsigned char* s = (const unsigned char*)src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (!stream || n < 4096) {
+        ddp__mcpy(dst, src, n);
+        return;
+    }
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i*)s), b = _mm_loadu_si128((const __m128i*)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i*)(s + 32)), e = _mm_loadu_si128((const __m128i*)(s + 48));
+        _mm_stream_si128((__m128i*)d, a);
+        _mm_stream_si128((__m128i*)(d + 16), b);
+        _mm_stream_si128((__m128i*)(d + 32), c);
+        _mm_stream_si128((__m128i*)(d + 48), e);
+    }
+    _mm_sfence();
+    memcpy(d, s, n);
+#else
+    (void)stream;
+    memcpy(dst, src, n);
+#endif
+}
+
+/* io[i] + b[i] (divided by `div` when it is not 1), written to both out and io: a rank's share of
+   an f32 sum, into its slot for the others and into its own buffer, in one pass; with `stream`,
+   the write to io goes past the caches (see ddp__copy). */
+DDP__PRIVATE void ddp__add2_f32(float* DDP__RESTRICT out, float* DDP__RESTRICT io, const float* DDP__RESTRICT b,
+                                size_t n, float div, int stream) {
+    size_t i = 0;
+#if defined(__SSE2__)
+    if (stream) {
+        const __m128 d = _mm_set1_ps(div);
+        for (; i < n && ((uintptr_t)(io + i) & 15); i++) out[i] = io[i] = (io[i] + b[i]) / div;
+        for (; i + 8 <= n; i += 8) {
+            __m128 x = _mm_add_ps(_mm_load_ps(io + i), _mm_loadu_ps(b + i));
+            __m128 y = _mm_add_ps(_mm_load_ps(io + i + 4), _mm_loadu_ps(b + i + 4));
+            if (div != 1.0f) x = _mm_div_ps(x, d), y = _mm_div_ps(y, d);
+            _mm_storeu_ps(out + i, x);
+            _mm_storeu_ps(out + i + 4, y);
+            _mm_stream_ps(io + i, x);
+            _mm_stream_ps(io + i + 4, y);
+        }
+        _mm_sfence();
+    }
+#else
+    (void)stream;
+#endif
+    if (div == 1.0f)
+        for (; i < n; i++) out[i] = io[i] = io[i] + b[i];
+    else
+        for (; i < n; i++) out[i] = io[i] = (io[i] + b[i]) / div;
+}
+
+/* One collective through the segment, on `host` laid out as for the ring (ddp__cpu_run_once).
+   The chunked axis: the buffer (all-reduce, broadcast), or each rank's part (all-gather,
+   reduce-scatter; a reduce-scatter slot holds the chunk of every destination's part). */
+DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char* host) {
+    const int W = pg->world, r = pg->rank, kind = w->kind;
+    const size_t es = ddp_dtype_size(w->dtype), n = w->count;
+    /* all-reduce: a whole chunk splits into W equal shares of whole cache lines */
+    const size_t line = kind == DDP__ALL_REDUCE ? (size_t)W * (64 / es) : 1;
+    const size_t per = kind == DDP__REDUCE_SCATTER ? pg->shm_chunk / ((size_t)W * es)
+                                                    : (pg->shm_chunk / es / line ? pg->shm_chunk / es / line * line : pg->shm_chunk / es);
+    const double deadline = ddp__now() + pg->timeout;
+    size_t off = 0, sent = 0, got = 0;
+    int q, first = 1;
+    /* a result larger than the caches goes past them (ddp__copy) */
+    const int stream = n * es >= pg->shm_stream_bytes;
+    unsigned char empty[64];
+    if (!host) host = empty; /* an empty collective on a rank with no buffer: still checked, nothing copied */
+    if (ddp_log_level_enabled() >= DDP_LOG_DETAIL)
+        ddp_log(DDP_LOG_DETAIL, "%s #%llu through shared memory: %zu chunk(s) of up to %zu elements",
+                ddp__coll_name(kind), (unsigned long long)w->seq, n ? (n + per - 1) / per : 1, per);
+    ddp__ring_header(w, ddp__shm_rank_of(pg, r)->hdr[w->seq & 1]);
+    do {
+        const size_t c = n - off < per ? n - off : per;
+        const int set = (int)(pg->shm_chunks & 1);
+        unsigned char* mine = ddp__shm_slot(pg, set, r);
+        const size_t s0 = ddp__seg_start(c, W, r), s1 = ddp__seg_start(c, W, r + 1);
+        /* this set was last used two chunks ago: everyone must be done with it */
+        if (pg->shm_chunks > 0) DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_phase - 1, 0, deadline));
+        /* phase 1: my part of the chunk into my slot (all-reduce: not my own share, which only I read) */
+        if (kind == DDP__ALL_REDUCE) {
+            ddp__mcpy(mine, host + off * es, s0 * es);
+            ddp__mcpy(mine + s1 * es, host + (off + s1) * es, (c - s1) * es);
+        } else if (kind == DDP__BROADCAST && r == w->root)
+            ddp__mcpy(mine, host + off * es, c * es);
+        else if (kind == DDP__ALL_GATHER)
+            ddp__mcpy(mine, host + ((size_t)r * n + off) * es, c * es);
+        else if (kind == DDP__REDUCE_SCATTER)
+            for (q = 0; q < W; q++) ddp__mcpy(mine + (size_t)q * c * es, host + ((size_t)q * n + off) * es, c * es);
+        ddp__shm_publish(pg);
+        DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_phase, first, deadline));
+        first = 0;
+        /* phase 2: read the others' slots */
+        if (kind == DDP__ALL_REDUCE) {
+            /* my share of the result, into my slot (the others copy it from there) and my buffer */
+            unsigned char *res = mine + s0 * es, *own = host + (off + s0) * es;
+            if (W == 2 && es == 4 && w->op != DDP_MAX) { /* f32 sum or average */
+                ddp__add2_f32((float*)res, (float*)own, (const float*)(ddp__shm_slot(pg, set, 1 - r) + s0 * es), s1 - s0,
+                              w->op == DDP_AVG ? 2.0f : 1.0f, stream);
+            } else {
+                ddp__mcpy(res, own, (s1 - s0) * es);
+                for (q = 0; q < W; q++)
+                    if (q != r) ddp__reduce(res, ddp__shm_slot(pg, set, q) + s0 * es, s1 - s0, w->dtype, w->op);
+                if (w->op == DDP_AVG) ddp__divide(res, s1 - s0, w->dtype, W);
+                ddp__mcpy(own, res, (s1 - s0) * es);
+            }
+            got += (size_t)(W - 1) * (s1 - s0) * es, sent += (c - (s1 - s0)) * es;
+        } else if (kind == DDP__BROADCAST) {
+            if (r != w->root) ddp__mcpy(host + off * es, ddp__shm_slot(pg, set, w->root), c * es), got += c * es;
+            else sent += (size_t)(W - 1) * c * es;
+        } else if (kind == DDP__ALL_GATHER) {
+            for (q = 0; q < W; q++)
+                if (q != r) ddp__mcpy(host + ((size_t)q * n + off) * es, ddp__shm_slot(pg, set, q), c * es);
+            got += (size_t)(W - 1) * c * es, sent += (size_t)(W - 1) * c * es;
+        } else {
+            unsigned char* dst = host + ((size_t)r * n + off) * es;
+            for (q = 0; q < W; q++)
+                if (q != r) ddp__reduce(dst, ddp__shm_slot(pg, set, q) + (size_t)r * c * es, c, w->dtype, w->op);
+            if (w->op == DDP_AVG) ddp__divide(dst, c, w->dtype, W);
+            got += (size_t)(W - 1) * c * es, sent += (size_t)(W - 1) * c * es;
+        }
+        ddp__shm_publish(pg);
+        /* all-reduce: every share of the sum, from the slot of the rank that made it */
+        if (kind == DDP__ALL_REDUCE) {
+            DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_phase, 0, deadline));
+            for (q = 0; q < W; q++) {
+                size_t a = ddp__seg_start(c, W, q), b = ddp__seg_start(c, W, q + 1);
+                if (q != r) ddp__copy(host + (off + a) * es, ddp__shm_slot(pg, set, q) + a * es, (b - a) * es, stream);
+            }
+            got += (c - (s1 - s0)) * es, sent += (size_t)(W - 1) * (s1 - s0) * es;
+        }
+        pg->shm_chunks++;
+        off += c;
+    } while (off < n);
+    DDP__COUNT(pg->bytes_sent, (uint64_t)sent);
+    DDP__COUNT(pg->bytes_received, (uint64_t)got);
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__shm_run(ddp_pg* pg, ddp_work* w, unsigned char* host) {
+    ddp_status s = ddp__shm_run_once(pg, w, host);
+    if (s != DDP_OK) ddp__shm_abort(pg, s);
+    return s;
+}
+
+/* ddp_destroy on an idle rank: a rank that waits for this one learns that it has left. */
+DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
+    ddp__shm_rank* me = ddp__shm_rank_of(pg, pg->rank);
+    me->made = pg->seq;
+    __atomic_store_n(&me->left, 1u, __ATOMIC_RELEASE);
+#if defined(__linux__)
+    syscall(SYS_futex, &me->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+#endif
+}
+
+/* Where the segment's name lives while the ranks open it. Linux: a file under /dev/shm, which is
+   what shm_open makes too, without needing -lrt on older C libraries; elsewhere shm_open. */
+DDP__PRIVATE int ddp__shm_open(const char* name, int create) {
+#if defined(__linux__)
+    char path[96];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    return open(path, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
+#else
+    return shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
+#endif
+}
+DDP__PRIVATE void ddp__shm_unlink(const char* name) {
+#if defined(__linux__)
+    char path[96];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    unlink(path);
+#else
+    shm_unlink(name);
+#endif
+}
+
+/* What makes two ranks "on one host" for shared memory: the host name, and on Linux the boot and
+   the network namespace, so that two namespaces standing in for two machines talk TCP. */
+DDP__PRIVATE void ddp__host_id(char* out, size_t n) {
+    char host[128] = "?", boot[64] = "", net[64] = "";
+    gethostname(host, sizeof host - 1);
+#if defined(__linux__)
+    {
+        FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
+        ssize_t k;
+        if (f) {
+            if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+            boot[strcspn(boot, "\n")] = 0;
+            fclose(f);
+        }
+        k = readlink("/proc/self/ns/net", net, sizeof net - 1);
+        net[k > 0 ? k : 0] = 0;
+    }
+#endif
+    snprintf(out, n, "%s|%s|%s", host, boot, net);
+}
+
+/* Rank 0 makes the segment: a fresh name, the memory reserved now (a full /dev/shm fails here,
+   not later with SIGBUS), the head filled in. Returns the mapping, or NULL with `why` set. */
+DDP__PRIVATE unsigned char* ddp__shm_create(ddp_pg* pg, size_t bytes, char* name, size_t namelen, uint64_t* nonce,
+                                            char* why, size_t whylen) {
+    int fd = -1, tries;
+    void* p;
+    ddp__shm_head* h;
+    for (tries = 0; tries < 8 && fd < 0; tries++) {
+        uint64_t seed[3];
+        seed[0] = (uint64_t)getpid(), seed[1] = (uint64_t)(ddp__now() * 1e9), seed[2] = (uint64_t)tries;
+        *nonce = ddp__fnv1a((const unsigned char*)seed, sizeof seed) ^
+                 ddp__fnv1a((const unsigned char*)pg->store->token, strlen(pg->store->token));
+        snprintf(name, namelen, "/ddp-%d-%016llx", (int)getpid(), (unsigned long long)*nonce);
+        fd = ddp__shm_open(name, 1);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        snprintf(why, whylen, "creating shared memory %s failed: %s", name, strerror(errno));
+        return NULL;
+    }
+#if defined(__linux__)
+    {
+        int e = posix_fallocate(fd, 0, (off_t)bytes);
+        if (e != 0) {
+            snprintf(why, whylen, "reserving %zu bytes of shared memory failed: %s (is /dev/shm full or small? "
+                     "df -h /dev/shm)", bytes, strerror(e));
+            close(fd);
+            ddp__shm_unlink(name);
+            return NULL;
+        }
+    }
+#else
+    if (ftruncate(fd, (off_t)bytes) != 0) {
+        snprintf(why, whylen, "sizing shared memory failed: %s", strerror(errno));
+        close(fd);
+        ddp__shm_unlink(name);
+        return NULL;
+    }
+#endif
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        snprintf(why, whylen, "mapping shared memory failed: %s", strerror(errno));
+        ddp__shm_unlink(name);
+        return NULL;
+    }
+    h = (ddp__shm_head*)p;
+    h->nonce = *nonce, h->world = (uint32_t)pg->world, h->chunk = (uint32_t)pg->shm_chunk;
+    __atomic_store_n(&h->magic, DDP__SHM_MAGIC, __ATOMIC_RELEASE);
+    return (unsigned char*)p;
+}
+
+/* Another rank maps the segment rank 0 announced, and checks it is that one. */
+DDP__PRIVATE unsigned char* ddp__shm_attach(ddp_pg* pg, const char* name, size_t bytes, uint64_t nonce, char* why,
+                                            size_t whylen) {
+    int fd = ddp__shm_open(name, 0);
+    struct stat st;
+    void* p;
+    const ddp__shm_head* h;
+    if (fd < 0) {
+        snprintf(why, whylen, "opening rank 0's shared memory %s failed: %s", name, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
+        snprintf(why, whylen, "rank 0's shared memory %s has the wrong size", name);
+        close(fd);
+        return NULL;
+    }
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        snprintf(why, whylen, "mapping rank 0's shared memory failed: %s", strerror(errno));
+        return NULL;
+    }
+    h = (const ddp__shm_head*)p;
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != DDP__SHM_MAGIC || h->nonce != nonce ||
+        h->world != (uint32_t)pg->world || h->chunk != (uint32_t)pg->shm_chunk) {
+        snprintf(why, whylen, "%s is not this job's shared memory", name);
+        munmap(p, bytes);
+        return NULL;
+    }
+    return (unsigned char*)p;
+}
+#endif /* DDP__SHM */
+
+/* Choose the transport after the ring is connected (collective: every rank calls it). Shared
+   memory when DDP_TRANSPORT allows it and every rank could map rank 0's segment; else TCP. */
+DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
+    const char* env = getenv("DDP_TRANSPORT");
+    int want_shm = 0; /* 0: either, 1: shm or fail */
+    char why[300] = "";
+    if (env && *env && strcmp(env, "auto") != 0) {
+        if (!strcmp(env, "tcp")) {
+            ddp_log(DDP_LOG_INFO, "transport: tcp ring (DDP_TRANSPORT=tcp)");
+            return DDP_OK;
+        }
+        if (strcmp(env, "shm") != 0) return ddp__fail(DDP_ERR_ENV, "DDP_TRANSPORT=%s is not tcp, shm or auto", env);
+        want_shm = 1;
+    }
+#if DDP__SHM
+    {
+        const char* chunk_env = getenv("DDP_SHM_CHUNK_BYTES");
+        const char* stream_env = getenv("DDP_SHM_STREAM_BYTES");
+        const char* spin_env = getenv("DDP_SHM_SPIN_US");
+        const int W = pg->world;
+        char key_val[400], name[64] = "", me[300], theirs[300] = "";
+        uint64_t nonce = 0;
+        size_t chunk, bytes, n = 0;
+        int64_t yes = 0;
+        int ok = 0;
+        unsigned char* p = NULL;
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        chunk = chunk_env && atol(chunk_env) > 0 ? (size_t)atol(chunk_env) : (size_t)1 << 20;
+        if (chunk > ((size_t)32 << 20) / (size_t)W) chunk = ((size_t)32 << 20) / (size_t)W; /* 64 MiB at most */
+        chunk = (chunk + 4095) & ~(size_t)4095;
+        if (chunk < (size_t)W * 4) chunk = ((size_t)W * 4 + 4095) & ~(size_t)4095;
+        pg->shm_chunk = chunk;
+        bytes = ddp__shm_ctl_bytes(W) + 2 * (size_t)W * chunk;
+        ddp__host_id(me, sizeof me);
+        if (pg->rank == 0) {
+            p = ddp__shm_create(pg, bytes, name, sizeof name, &nonce, why, sizeof why);
+            if (p) snprintf(key_val, sizeof key_val, "%s %016llx %s", name, (unsigned long long)nonce, me);
+            else snprintf(key_val, sizeof key_val, "- 0 -");
+            DDP__TRY(ddp_store_set(pg->store, "ddp/shm", key_val, strlen(key_val)));
+        } else {
+            unsigned long long nn = 0;
+            memset(key_val, 0, sizeof key_val);
+            DDP__TRY(ddp_store_get(pg->store, "ddp/shm", key_val, sizeof key_val - 1, &n));
+            if (sscanf(key_val, "%63s %llx %299s", name, &nn, theirs) != 3 || name[0] != '/')
+                snprintf(why, sizeof why, "rank 0 could not make a shared memory segment (see its log)");
+            else if (strcmp(theirs, me) != 0)
+                snprintf(why, sizeof why, "rank 0 is on another host");
+            else
+                p = ddp__shm_attach(pg, name, bytes, (uint64_t)nn, why, sizeof why);
+        }
+        ok = p != NULL;
+        if (ok) {
+            /* touch every page now: fresh memory is slow to fault in, and not inside a collective */
+            size_t i;
+            volatile unsigned char sink = 0;
+            ddp__shm_rank* mine = (ddp__shm_rank*)(p + sizeof(ddp__shm_head)) + pg->rank;
+            for (i = 0; i < bytes; i += 4096) sink ^= p[i];
+            (void)sink;
+            pg->shm = p, pg->shm_bytes = bytes;
+            memset(ddp__shm_slot(pg, 0, pg->rank), 0, chunk);
+            memset(ddp__shm_slot(pg, 1, pg->rank), 0, chunk);
+            mine->pid = (uint32_t)getpid();
+        }
+        if (ddp_store_add(pg->store, "ddp/shm/yes", ok, &yes) != DDP_OK ||
+            ddp_store_barrier(pg->store, "shm", W) != DDP_OK || ddp_store_add(pg->store, "ddp/shm/yes", 0, &yes) != DDP_OK) {
+            if (pg->rank == 0 && name[0] == '/') ddp__shm_unlink(name);
+            return ddp_last_status();
+        }
+        if (pg->rank == 0 && p) ddp__shm_unlink(name); /* everyone has mapped it or given up */
+        if (yes == W) {
+            /* spin only when every local rank has a core: with more ranks than cores, a spinning
+               rank takes the core the one it waits for needs */
+            pg->shm_spin_s = spin_env && atof(spin_env) >= 0 ? atof(spin_env) * 1e-6 : cores >= W ? 20e-6 : 0;
+            pg->shm_stream_bytes = stream_env && atol(stream_env) > 0 ? (size_t)atol(stream_env) : (size_t)32 << 20;
+            ddp_log(DDP_LOG_INFO, "transport: shared memory (%d ranks on this host, %zu KiB chunks, %.1f MiB segment)",
+                    W, chunk >> 10, (double)bytes / (1 << 20));
+            return DDP_OK;
+        }
+        if (p) munmap(p, bytes);
+        pg->shm = NULL, pg->shm_bytes = 0;
+        if (!why[0]) snprintf(why, sizeof why, "%lld of %d ranks could not map the segment (another host?)",
+                              (long long)(W - yes), W);
+    }
+#else
+    snprintf(why, sizeof why, "this build has no shared memory transport (needs POSIX shared memory and GCC/Clang atomics)");
+#endif
+    if (want_shm)
+        return ddp__fail(DDP_ERR_ENV, "DDP_TRANSPORT=shm, but rank %d cannot use shared memory: %s. Unset "
+                         "DDP_TRANSPORT to fall back to TCP", pg->rank, why);
+    ddp_log(DDP_LOG_INFO, "transport: tcp ring (%s)", why);
+    return DDP_OK;
+}
+
+/* Two ranks, a small all-reduce: the ring's two steps of half the buffer each become one exchange
+   of the whole buffer (the same bytes), with the header in front of the data, so the collective
+   costs one trip through the kernel instead of three. Both ranks add the same two numbers
+   (a + b = b + a exactly in floating point), so their results stay identical. The wait spins on
+   non-blocking reads for a few microseconds before it sleeps in poll: the answer usually arrives
+   sooner than a sleeping thread could be woken. */
+/* The rest of a 32-byte header followed by `n` bytes of data, `done` bytes of which have moved. */
+DDP__PRIVATE void ddp__iov2(struct msghdr* mh, struct iovec iov[2], unsigned char* head, unsigned char* data, size_t n,
+                            size_t done) {
+    memset(mh, 0, sizeof *mh);
+    iov[0].iov_base = head + (done < 32 ? done : 32), iov[0].iov_len = done < 32 ? 32 - done : 0;
+    iov[1].iov_base = data + (done > 32 ? done - 32 : 0), iov[1].iov_len = n - (done > 32 ? done - 32 : 0);
+    mh->msg_iov = iov, mh->msg_iovlen = 2;
+}
+#define DDP__EXCHANGE_MAX ((size_t)64 << 10)
+DDP__PRIVATE ddp_status ddp__tcp_exchange(ddp_pg* pg, ddp_work* w, unsigned char* buf) {
+    const size_t nbytes = w->count * ddp_dtype_size(w->dtype), other = 1 - (size_t)pg->rank;
+    unsigned char mine[32], theirs[32];
+    size_t sent = 0, got = 0;
+    const double t0 = ddp__now(), deadline = t0 + pg->timeout;
+    double spin_until = t0 + 20e-6;
+    ddp__ring_header(w, mine);
+    while (sent < 32 + nbytes || got < 32 + nbytes) {
+        int progress = 0;
+        if (sent < 32 + nbytes) {
+            struct iovec iov[2];
+            struct msghdr mh;
+            ssize_t k;
+            ddp__iov2(&mh, iov, mine, buf, nbytes, sent);
+            k = sendmsg(pg->right_fd, &mh, DDP__SEND_FLAGS | MSG_DONTWAIT);
+            if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                int e = errno;
+                /* a neighbour that left the job may have said so before its connection closed */
+                if (got >= 32 && ddp__ring_is_leave(theirs)) return ddp__ring_compare(pg, w, mine, theirs);
+                return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): it has probably died",
+                                 ddp__coll_name(w->kind), (unsigned long long)w->seq, (int)other, strerror(e));
+            }
+            if (k > 0) sent += (size_t)k, progress = 1;
+        }
+        if (got < 32 + nbytes) {
+            struct iovec iov[2];
+            struct msghdr mh;
+            ssize_t k;
+            ddp__iov2(&mh, iov, theirs, pg->piece, nbytes, got);
+            k = recvmsg(pg->left_fd, &mh, MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                int e = k == 0 ? ECONNRESET : errno;
+                if (got >= 32 && ddp__ring_is_leave(theirs)) return ddp__ring_compare(pg, w, mine, theirs);
+                return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (%s): that rank has "
+                                 "probably died; look at its output", ddp__coll_name(w->kind), (unsigned long long)w->seq,
+                                 (int)other, k == 0 ? "end of stream" : strerror(e));
+            }
+            if (k > 0) {
+                if (got < 32 && got + (size_t)k >= 32) DDP__TRY(ddp__ring_compare(pg, w, mine, theirs));
+                got += (size_t)k, progress = 1;
+            }
+        }
+        if (!progress) {
+            struct pollfd pf[2];
+            int n = 0;
+            double t = ddp__now();
+            if (t < spin_until) continue;
+            if (t >= deadline)
+                return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d: that "
+                                 "rank is stuck, stopped, or calling a different collective (every rank must issue "
+                                 "the same collectives in the same order)", ddp__coll_name(w->kind),
+                                 (unsigned long long)w->seq, w->count, ddp_dtype_name(w->dtype), pg->timeout, (int)other);
+            if (sent < 32 + nbytes) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, n++;
+            if (got < 32 + nbytes) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, n++;
+            poll(pf, (nfds_t)n, ddp__ms_left(deadline));
+        }
+    }
+    DDP__COUNT(pg->bytes_sent, (uint64_t)nbytes);
+    DDP__COUNT(pg->bytes_received, (uint64_t)nbytes);
+    ddp__reduce(buf, pg->piece, w->count, w->dtype, w->op);
+    if (w->op == DDP_AVG) ddp__divide(buf, w->count, w->dtype, 2);
+    if (ddp_log_level_enabled() >= DDP_LOG_DETAIL)
+        ddp_log(DDP_LOG_DETAIL, "%s #%llu (2 ranks, %zu bytes): exchanged the whole buffer with rank %d and %s it",
+                ddp__coll_name(w->kind), (unsigned long long)w->seq, nbytes, (int)other,
+                w->op == DDP_MAX ? "took the maximum with" : "added");
+    return DDP_OK;
+}
+
+/* The result, from the buffer the transport worked on to the caller's (scratch or GPU). */
+DDP__PRIVATE ddp_status ddp__cpu_copy_out(ddp_pg* pg, ddp_work* w, unsigned char* host) {
+    const size_t es = ddp_dtype_size(w->dtype);
+    size_t total = w->kind == DDP__ALL_GATHER ? w->count * (size_t)pg->world : w->count;
+    if (w->kind == DDP__REDUCE_SCATTER)
+        return ddp_copy(pg->device, w->buf, ddp__cpu(), host + (size_t)pg->rank * w->count * es, w->count * es, NULL);
+    if (host != (unsigned char*)w->buf) return ddp_copy(pg->device, w->buf, ddp__cpu(), host, total * es, NULL);
     return DDP_OK;
 }
 
@@ -4431,6 +5172,11 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
     /* A simulated slow network (for experiments with overlap): each collective takes at least as
        long as its bytes would need at the given speed. */
     if (pg->sim_s_per_byte > 0) ddp__sleep((double)(total * es) * pg->sim_s_per_byte);
+#if DDP__SHM
+    if (W > 1 && pg->shm) return ddp__shm_run(pg, w, host) != DDP_OK ? ddp_last_status() : ddp__cpu_copy_out(pg, w, host);
+#endif
+    if (W == 2 && w->kind == DDP__ALL_REDUCE && total * es <= DDP__EXCHANGE_MAX && total * es <= pg->piece_elems * 4)
+        return ddp__tcp_exchange(pg, w, host) != DDP_OK ? ddp_last_status() : ddp__cpu_copy_out(pg, w, host);
     if (W > 1) DDP__TRY(ddp__ring_check(pg, w));
     if (W > 1) {
         if (w->kind == DDP__ALL_REDUCE) s = ddp__ring(pg, w, host, w->count, 0, 2 * W - 2, 0);
@@ -4438,11 +5184,7 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
         else if (w->kind == DDP__ALL_GATHER) s = ddp__ring(pg, w, host, total, W - 1, 2 * W - 2, -1);
         else s = ddp__ring_broadcast(pg, w, host);
     }
-    if (s != DDP_OK) return s;
-    if (w->kind == DDP__REDUCE_SCATTER)
-        return ddp_copy(pg->device, w->buf, ddp__cpu(), host + (size_t)pg->rank * w->count * es, w->count * es, NULL);
-    if (host != (unsigned char*)w->buf) return ddp_copy(pg->device, w->buf, ddp__cpu(), host, total * es, NULL);
-    return DDP_OK;
+    return s != DDP_OK ? s : ddp__cpu_copy_out(pg, w, host);
 }
 
 /* The communication thread: take collectives in issue order, run each, mark it done. */
@@ -4614,7 +5356,7 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
         setsockopt(pg->right_fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
         setsockopt(pg->left_fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
     }
-    return DDP_OK;
+    return ddp__shm_setup(pg);
 }
 
 /* Tell the right neighbour that this rank is leaving, as the header of a collective it will never
@@ -4631,6 +5373,12 @@ DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg) {
     idle = !pg->head && !pg->inline_busy && !pg->broken;
     pthread_mutex_unlock(&pg->lock);
     if (!idle) return; /* a collective still running or failed: the stream is not at a header */
+#if DDP__SHM
+    if (pg->shm) {
+        ddp__shm_leave(pg);
+        return;
+    }
+#endif
     memset(&leave, 0, sizeof leave);
     leave.kind = DDP__LEAVE, leave.seq = pg->seq + 1, leave.count = (size_t)pg->seq;
     ddp__ring_header(&leave, h);
@@ -4649,6 +5397,10 @@ DDP__PRIVATE void ddp__cpu_destroy(ddp_pg* pg) {
     if (pg->left_fd >= 0) close(pg->left_fd);
     if (pg->right_fd >= 0) close(pg->right_fd);
     pg->left_fd = pg->right_fd = -1;
+#if DDP__SHM
+    if (pg->shm) munmap(pg->shm, pg->shm_bytes);
+#endif
+    pg->shm = NULL;
     ddp_free_pinned(pg->staging);
     if (pg->piece) DDP_FREE(pg->piece);
     pg->staging = pg->piece = NULL;

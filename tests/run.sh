@@ -44,10 +44,17 @@ fi
 for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_sampler test_snapshot test_desync; do
     run_prog "$t" "$BUILD/tests/$t"
 done
+# on one machine the CPU backend moves data through shared memory: the TCP ring's own run
+for t in test_pg test_desync; do
+    run_prog "$t (DDP_TRANSPORT=tcp)" env DDP_TRANSPORT=tcp "$BUILD/tests/$t"
+done
+# and shared memory in chunks of 4 KiB: every collective crosses many chunks and both slot sets
+run_prog "test_pg (DDP_SHM_CHUNK_BYTES=4096)" env DDP_SHM_CHUNK_BYTES=4096 "$BUILD/tests/test_pg"
 run_prog test_ddprun bash tests/test_ddprun.sh "$BUILD/ddprun"
 run_prog test_bad_input bash tests/test_bad_input.sh "$BUILD"
 run_prog test_confusions bash tests/test_confusions.sh "$BUILD"
 run_prog test_restart bash tests/test_restart.sh "$BUILD" 5
+run_prog test_transport bash tests/test_transport.sh "$BUILD"
 
 # ---- a snapshot read in Python: struct + json + numpy, the checksum rule, every tensor exact ----
 echo "== snapshot in numpy"
@@ -180,8 +187,8 @@ out=$( { DDP_JOB_TOKEN=twonodes timeout 120 "$BUILD/ddprun" --nnodes 2 --node-ra
         DDP_JOB_TOKEN=twonodes timeout 120 "$BUILD/ddprun" --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port "$perf" -b 4K -e 64K -n 3 -w 1 2>&1; wait)
 if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "world size 4" <<<"$out"; then ok ddprun_two_nodes_loopback
 else bad ddprun_two_nodes_loopback "$(tail -n 6 <<<"$out")"; fi
-# DDP_DEBUG=DETAIL prints every step of the ring: 2(W-1) steps, half reducing, half copying
-out=$(DDP_DEBUG=DETAIL timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 12 -e 12 -n 1 -w 0 -c 0 2>&1)
+# DDP_DEBUG=DETAIL prints every step of the ring (the TCP transport): 2(W-1) steps, half reducing, half copying
+out=$(DDP_TRANSPORT=tcp DDP_DEBUG=DETAIL timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 12 -e 12 -n 1 -w 0 -c 0 2>&1)
 if grep -q "step 1/4 (reduce-scatter): send segment 0 \[0, 1) to rank 1" <<<"$out" &&
    grep -q "step 2/4 (reduce-scatter): received segment 1 \[1, 2) from rank 2 and added it" <<<"$out" &&
    grep -q "step 4/4 (all-gather): received segment 2 \[2, 3) from rank 2 and copied it" <<<"$out"; then

@@ -26,6 +26,9 @@ def clean_env(extra=None):
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
             "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDP_", "SLURM_", "OMPI_")) and k not in drop}
+    # The figures show the TCP ring, the transport between machines (ranks on one machine would
+    # otherwise meet in shared memory); TUTORIAL chapter 10 compares the two from `make bench`.
+    env["DDP_TRANSPORT"] = "tcp"
     env.update(extra or {})
     return env
 

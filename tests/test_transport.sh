@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# tests/test_transport.sh: how the CPU backend moves data between ranks. On one machine it maps a
+# shared-memory segment (the default); DDP_TRANSPORT=tcp forces the TCP ring; a segment that cannot
+# be made falls back to TCP, or fails clearly when shared memory was asked for; the segment's name
+# is gone once the ranks have opened it, so nothing is left in /dev/shm, even after a rank is killed.
+#   bash tests/test_transport.sh BUILD_DIR        (about 15 s)
+set -u
+BUILD=${1:-build}
+case "$BUILD" in /*) ;; *) BUILD=$PWD/$BUILD ;; esac
+cd "$(dirname "$0")/.." || exit 1
+. tests/proc_cases.sh
+
+PERF=$BUILD/allreduce_perf
+DDPRUN=$BUILD/ddprun
+for f in "$PERF" "$DDPRUN"; do
+    if [ ! -x "$f" ]; then bad built "$f is not an executable (run make first, or pass the build folder)"; exit 1; fi
+done
+export DDP_TIMEOUT=20
+HAVE_PY=0; command -v python3 >/dev/null 2>&1 && HAVE_PY=1   # free_port asks python3 whether a port is taken
+
+# run_perf OUTFILE NPROC ARGS...: a short all-reduce sweep on NPROC local ranks, output in OUTFILE
+run_perf() {
+    local out=$1 n=$2; shift 2
+    timeout 60 "$DDPRUN" --standalone --nproc-per-node "$n" "$PERF" "$@" >"$out" 2>&1
+}
+checked() { grep -q "Out of bounds values : 0 OK" "$1"; }
+shm_entries() { ls /dev/shm 2>/dev/null | grep -c '^ddp-'; }
+
+# ---- which transport, and the results are right either way ----
+DDP_DEBUG=INFO run_perf "$TMP/shm.txt" 2 -b 4K -e 4M -f 16 -n 3 -w 1
+if checked "$TMP/shm.txt" && grep -q "transport: shared memory (2 ranks on this host" "$TMP/shm.txt"; then
+    ok transport_default_is_shared_memory
+else bad transport_default_is_shared_memory "$(grep -E 'transport|wrong|ERR' "$TMP/shm.txt" | head -n 4)"; fi
+
+DDP_TRANSPORT=tcp DDP_DEBUG=INFO run_perf "$TMP/tcp.txt" 2 -b 4K -e 4M -f 16 -n 3 -w 1
+if checked "$TMP/tcp.txt" && grep -q "transport: tcp ring (DDP_TRANSPORT=tcp)" "$TMP/tcp.txt"; then
+    ok transport_tcp_when_asked
+else bad transport_tcp_when_asked "$(grep -E 'transport|wrong|ERR' "$TMP/tcp.txt" | head -n 4)"; fi
+
+DDP_TRANSPORT=udp run_perf "$TMP/udp.txt" 2 -b 4K -e 4K; rc=$?
+if [ $rc -ne 0 ] && grep -q "DDP_TRANSPORT=udp is not tcp, shm or auto" "$TMP/udp.txt"; then
+    ok transport_bad_value_named
+else bad transport_bad_value_named "exit status $rc" "$(tail -n 3 "$TMP/udp.txt")"; fi
+
+# many chunks, 3 ranks (shares of unequal length), 16-bit types and averages, every element checked
+DDP_SHM_CHUNK_BYTES=4096 run_perf "$TMP/chunks.txt" 3 -b 1K -e 1M -f 32 -n 2 -w 0 -d bf16 -o avg
+DDP_SHM_CHUNK_BYTES=4096 run_perf "$TMP/chunks2.txt" 3 -b 12 -e 3M -f 64 -n 2 -w 0 -o max
+if checked "$TMP/chunks.txt" && checked "$TMP/chunks2.txt"; then ok shm_small_chunks_3_ranks_exact
+else bad shm_small_chunks_3_ranks_exact "$(grep -E 'wrong|ERR' "$TMP/chunks.txt" "$TMP/chunks2.txt" | head -n 4)"; fi
+
+# ---- the segment does not outlive the job ----
+if [ ! -d /dev/shm ]; then
+    skp shm_nothing_left_after_kill "no /dev/shm on this system (the segment is made by shm_open there)"
+else
+    before=$(shm_entries)
+    # two ranks started by hand (ddprun would stop the survivor itself), a long sweep, and a
+    # kill -9 of rank 1 in the middle of it: rank 0 must name it and end, and leave nothing behind
+    free_port port
+    for r in 1 0; do
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            "$PERF" -b 64M -e 64M -n 400 -w 1 >"$TMP/kill$r.txt" 2>&1 &   # DDP_TIMEOUT bounds it
+        eval "pid$r=$!"
+        PIDS="$PIDS $!"
+    done
+    for _ in $(seq 100); do
+        grep -q "size" "$TMP/kill0.txt" && break
+        sleep 0.1
+    done
+    sleep 1
+    t0=$(now)
+    kill -9 "$pid1"
+    wait "$pid0"; rc=$?
+    t1=$(now)
+    after=$(shm_entries)
+    if [ "$rc" -eq 0 ]; then bad shm_nothing_left_after_kill "rank 0 ended well although rank 1 was killed"
+    elif ! grep -qE "rank 1 closed its connection" "$TMP/kill0.txt"; then
+        bad shm_nothing_left_after_kill "rank 0 did not name rank 1" "$(tail -n 4 "$TMP/kill0.txt")"
+    elif [ "$after" -ne "$before" ]; then
+        bad shm_nothing_left_after_kill "/dev/shm had $before ddp-* entries before, $after after" "$(ls /dev/shm | grep '^ddp-')"
+    elif awk "BEGIN{exit !($t1 - $t0 > 15)}"; then
+        bad shm_nothing_left_after_kill "rank 0 took $(awk "BEGIN{print $t1 - $t0}") s to end after the kill"
+    else
+        ok "shm_nothing_left_after_kill (rank 0 ended $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s after the kill)"
+        echo "    first line: $(grep -m1 'DDP_ERR' "$TMP/kill0.txt")"
+    fi
+fi
+
+# ---- no room for the segment: TCP instead, or a clear error when shm was asked for ----
+# a private mount namespace with a 64 KiB /dev/shm (root, util-linux unshare)
+if ! unshare -m true 2>/dev/null; then
+    skp shm_full_falls_back_to_tcp "cannot make a mount namespace here (needs root and unshare)"
+    skp shm_full_fails_when_asked "cannot make a mount namespace here (needs root and unshare)"
+else
+    small() { unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$@"' sh "$@"; }
+    DDP_DEBUG=INFO small timeout 60 "$DDPRUN" --standalone --nproc-per-node 2 "$PERF" -b 4K -e 64K -n 2 -w 0 >"$TMP/full.txt" 2>&1
+    if checked "$TMP/full.txt" && grep -q "transport: tcp ring (reserving .* bytes of shared memory failed" "$TMP/full.txt"; then
+        ok shm_full_falls_back_to_tcp
+    else bad shm_full_falls_back_to_tcp "$(grep -E 'transport|wrong|ERR|mount' "$TMP/full.txt" | head -n 4)"; fi
+    DDP_TRANSPORT=shm small timeout 60 "$DDPRUN" --standalone --nproc-per-node 2 "$PERF" -b 4K -e 4K -n 1 -w 0 >"$TMP/full2.txt" 2>&1; rc=$?
+    if [ $rc -ne 0 ] && grep -q "DDP_TRANSPORT=shm, but rank 0 cannot use shared memory: reserving" "$TMP/full2.txt"; then
+        ok shm_full_fails_when_asked
+    else bad shm_full_fails_when_asked "exit status $rc" "$(grep -E 'ERR|shm' "$TMP/full2.txt" | head -n 4)"; fi
+fi
+
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]
