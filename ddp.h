@@ -97,9 +97,12 @@
                             is on this host (auto, the default), else the TCP ring; shm fails
                             when it cannot be used, tcp always takes the ring.
     DDP_SHM_CHUNK_BYTES     bytes per rank and chunk in the shared-memory segment (1 MiB).
-    DDP_SHM_SPIN_US         how long a shared-memory wait spins before it sleeps (20; 0 when
-                            there are more local ranks than cores).
+    DDP_SHM_SPIN_US         how long a shared-memory wait on the communication thread spins
+                            before it sleeps (20; a blocking call on the caller's thread spins
+                            50 times longer; 0 when there are more local ranks than cores).
     DDP_SHM_STREAM_BYTES    all-reduces this large write their result past the caches (32 MiB).
+    DDP_BIND=core|none      ranks on one machine each keep to their own share of its cores
+                            (Linux; core, the default, when there is a core per local rank).
     DDP_RING_PIECE_BYTES    size of the pieces the CPU ring pipelines (256 KiB).
     DDP_SIMULATE_NS_PER_BYTE  make every CPU-backend collective last at least this long per
                             byte: a slow network, to watch communication overlap backward.
@@ -3941,7 +3944,8 @@ struct ddp_pg {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     ddp_work *head, *tail;
-    int inline_busy;           /* a blocking collective is running on the caller's thread */
+    int inline_busy;           /* a collective is running on the caller's thread */
+    ddp_work* running;         /* the collective the communication thread is running */
     int wraps;                 /* models wrapped so far: names the store keys of each ddp_wrap */
     int joined;                /* ddp_init completed: ddp_destroy waits for the others */
     float* one;                /* ddp_barrier's number, on the group's device */
@@ -4082,16 +4086,27 @@ DDP__PRIVATE const char* ddp__op_name(ddp_reduce_op op) {
 }
 
 /* ---- element-wise reduction: dst[i] = dst[i] (op) src[i], computed in f32 ---------------------- */
+#if defined(__SSE2__)
+#include <emmintrin.h> /* four floats at a time, and streaming stores (>>shm) */
+#endif
+
 
 DDP__PRIVATE void ddp__reduce(void* dst, const void* src, size_t n, ddp_dtype t, ddp_reduce_op op) {
     size_t i;
     if (t == DDP_F32 || t == DDP_DTYPE_DEFAULT) {
         float* d = (float*)dst;
         const float* s = (const float*)src;
+        i = 0;
         if (op == DDP_MAX)
-            for (i = 0; i < n; i++) d[i] = s[i] > d[i] ? s[i] : d[i];
-        else
-            for (i = 0; i < n; i++) d[i] += s[i];
+            for (; i < n; i++) d[i] = s[i] > d[i] ? s[i] : d[i];
+#if defined(__SSE2__)
+        /* written out in SSE: at -O2 compilers leave this loop scalar (d and s might overlap) */
+        for (; i + 8 <= n; i += 8) {
+            _mm_storeu_ps(d + i, _mm_add_ps(_mm_loadu_ps(d + i), _mm_loadu_ps(s + i)));
+            _mm_storeu_ps(d + i + 4, _mm_add_ps(_mm_loadu_ps(d + i + 4), _mm_loadu_ps(s + i + 4)));
+        }
+#endif
+        for (; i < n; i++) d[i] += s[i];
     } else {
         uint16_t* d = (uint16_t*)dst;
         const uint16_t* s = (const uint16_t*)src;
@@ -4472,6 +4487,7 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
 #endif
 
 #define DDP__SHM_MAGIC 0x4d48535044445044ull /* "DDPDPSHM" */
+static DDP__TLS int ddp__comm_thread; /* 1 on a group's communication thread */
 
 typedef struct ddp__shm_rank { /* one rank's control block, 256 bytes: fields others poll apart */
     uint32_t phase;            /* phases finished (wraps; compared modulo 2^32) */
@@ -4587,7 +4603,9 @@ DDP__PRIVATE int ddp__shm_dead_neighbour(ddp_pg* pg) {
 DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32_t target, double deadline) {
     ddp__shm_rank* o = ddp__shm_rank_of(pg, q);
     ddp__shm_head* h = ddp__shm_head_of(pg);
-    double t = ddp__now(), spin_until = t + pg->shm_spin_s;
+    /* on the caller's own thread (a blocking collective) this rank has nothing else to run, so
+       it can afford to spin longer before it sleeps */
+    double t = ddp__now(), spin_until = t + (ddp__comm_thread ? pg->shm_spin_s : pg->shm_spin_s * 50);
     int i;
     for (i = 0; !ddp__shm_reached(o, target); i++) {
         uint32_t who;
@@ -4662,9 +4680,6 @@ DDP__PRIVATE ddp_status ddp__shm_wait_all(ddp_pg* pg, ddp_work* w, uint32_t targ
 #else
 #define DDP__RESTRICT restrict
 #endif
-#if defined(__SSE2__)
-#include <emmintrin.h> /* streaming stores */
-#endif
 
 /* memcpy that accepts n == 0 with any pointers (memcpy wants valid ones even then) */
 DDP__PRIVATE void ddp__mcpy(void* dst, const void* src, size_t n) {
@@ -4707,20 +4722,24 @@ DDP__PRIVATE void ddp__add2_f32(float* DDP__RESTRICT out, float* DDP__RESTRICT i
                                 size_t n, float div, int stream) {
     size_t i = 0;
 #if defined(__SSE2__)
-    if (stream) {
-        const __m128 d = _mm_set1_ps(div);
-        for (; i < n && ((uintptr_t)(io + i) & 15); i++) out[i] = io[i] = (io[i] + b[i]) / div;
-        for (; i + 8 <= n; i += 8) {
-            __m128 x = _mm_add_ps(_mm_load_ps(io + i), _mm_loadu_ps(b + i));
-            __m128 y = _mm_add_ps(_mm_load_ps(io + i + 4), _mm_loadu_ps(b + i + 4));
-            if (div != 1.0f) x = _mm_div_ps(x, d), y = _mm_div_ps(y, d);
-            _mm_storeu_ps(out + i, x);
-            _mm_storeu_ps(out + i + 4, y);
+    /* written out in SSE: at -O2 compilers leave this loop scalar, four times slower */
+    const __m128 d = _mm_set1_ps(div);
+    for (; i < n && ((uintptr_t)(io + i) & 15); i++) out[i] = io[i] = (io[i] + b[i]) / div;
+    for (; i + 8 <= n; i += 8) {
+        __m128 x = _mm_add_ps(_mm_load_ps(io + i), _mm_loadu_ps(b + i));
+        __m128 y = _mm_add_ps(_mm_load_ps(io + i + 4), _mm_loadu_ps(b + i + 4));
+        if (div != 1.0f) x = _mm_div_ps(x, d), y = _mm_div_ps(y, d);
+        _mm_storeu_ps(out + i, x);
+        _mm_storeu_ps(out + i + 4, y);
+        if (stream) {
             _mm_stream_ps(io + i, x);
             _mm_stream_ps(io + i + 4, y);
+        } else {
+            _mm_store_ps(io + i, x);
+            _mm_store_ps(io + i + 4, y);
         }
-        _mm_sfence();
     }
+    if (stream) _mm_sfence();
 #else
     (void)stream;
 #endif
@@ -5187,9 +5206,31 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
     return s != DDP_OK ? s : ddp__cpu_copy_out(pg, w, host);
 }
 
+/* The queue's first collective has ended with status s: take it off, record a failure for the
+   group, mark it done. Called with pg->lock held, by whichever thread ran it. */
+DDP__PRIVATE void ddp__work_finish(ddp_pg* pg, ddp_work* w, ddp_status s) {
+    pg->head = w->next;
+    if (!pg->head) pg->tail = NULL;
+    w->status = s;
+    if (s != DDP_OK) {
+        snprintf(w->msg, sizeof w->msg, "%s", pg->broken ? pg->broken_msg : ddp_error_string());
+        if (!pg->broken) {
+            pg->broken = s;
+            snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+        }
+    }
+    w->done = 1;
+    if (w->abandoned) {
+        ddp_event_destroy(w->ready);
+        DDP_FREE(w);
+    }
+    pthread_cond_broadcast(&pg->cond);
+}
+
 /* The communication thread: take collectives in issue order, run each, mark it done. */
 static void* ddp__comm_main(void* arg) {
     ddp_pg* pg = (ddp_pg*)arg;
+    ddp__comm_thread = 1;
 #if DDP__CUDA
     if (pg->device.type == DDP_DEVICE_CUDA) ddp_device_activate(pg->device);
 #endif
@@ -5203,26 +5244,13 @@ static void* ddp__comm_main(void* arg) {
             break;
         }
         w = pg->head;
+        pg->running = w;
         s = pg->broken; /* read under the lock: the caller's thread may set it */
         pthread_mutex_unlock(&pg->lock);
         if (s == DDP_OK) s = ddp__cpu_run(pg, w);
         pthread_mutex_lock(&pg->lock);
-        pg->head = w->next;
-        if (!pg->head) pg->tail = NULL;
-        w->status = s;
-        if (s != DDP_OK) {
-            snprintf(w->msg, sizeof w->msg, "%s", pg->broken ? pg->broken_msg : ddp_error_string());
-            if (!pg->broken) {
-                pg->broken = s;
-                snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
-            }
-        }
-        w->done = 1;
-        if (w->abandoned) {
-            ddp_event_destroy(w->ready);
-            DDP_FREE(w);
-        }
-        pthread_cond_broadcast(&pg->cond);
+        pg->running = NULL;
+        ddp__work_finish(pg, w, s);
         pthread_mutex_unlock(&pg->lock);
     }
     return NULL;
@@ -5244,6 +5272,17 @@ DDP__PRIVATE ddp_status ddp__cpu_wait(ddp_pg* pg, ddp_work* w) {
     double deadline = ddp__now() + pg->timeout * 2 + 10;
     ddp_status s;
     pthread_mutex_lock(&pg->lock);
+    if (!w->done && pg->head == w && pg->running != w && !pg->inline_busy && !pg->broken) {
+        /* Next in line and not started: run it here. Waking the communication thread and then
+           being woken by it costs two thread switches, more than a small collective itself (and
+           when the ranks are bound to one core each, the two threads share that core). */
+        pg->inline_busy = 1;
+        pthread_mutex_unlock(&pg->lock);
+        s = ddp__cpu_run(pg, w);
+        pthread_mutex_lock(&pg->lock);
+        pg->inline_busy = 0;
+        ddp__work_finish(pg, w, s);
+    }
     while (!w->done) {
         struct timespec ts;
         struct timeval tv;
@@ -5676,6 +5715,42 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
     return DDP_OK;
 }
 
+/* Ranks of one machine each get their own share of the cores this process may use (Linux; as
+   mpirun's --bind-to core does): a rank that waits by spinning then never sits on the core of the
+   rank it waits for, and the scheduler stops moving ranks between cores, which costs them their
+   caches. Only when every local rank can have a core of its own; DDP_BIND=none leaves placement
+   to the system. The raw system call needs no _GNU_SOURCE. Threads already running (a BLAS
+   library's) are moved too; threads started later inherit the mask. */
+DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
+#if defined(__linux__) && defined(SYS_sched_setaffinity)
+    unsigned long mask[16], mine[16];
+    const int bits = (int)(8 * sizeof mask[0]);
+    int cpus[1024], n = 0, i, k, lr = pg->env.local_rank, lws = pg->env.local_world_size;
+    const char* env = getenv("DDP_BIND");
+    DIR* dir;
+    if ((env && (!strcmp(env, "none") || !strcmp(env, "0"))) || lws < 2 || lr < 0 || lr >= lws) return;
+    memset(mask, 0, sizeof mask);
+    if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) return;
+    for (i = 0; i < 16 * bits; i++)
+        if (mask[i / bits] >> (i % bits) & 1) cpus[n++] = i;
+    if (n < lws) return; /* fewer cores than local ranks (or mpirun bound us already): share them */
+    k = n / lws;
+    memset(mine, 0, sizeof mine);
+    for (i = lr * k; i < lr * k + k; i++) mine[cpus[i] / bits] |= 1ul << (cpus[i] % bits);
+    if ((dir = opendir("/proc/self/task")) != NULL) {
+        struct dirent* e;
+        while ((e = readdir(dir)) != NULL)
+            if (e->d_name[0] != '.') syscall(SYS_sched_setaffinity, atoi(e->d_name), sizeof mine, mine);
+        closedir(dir);
+    }
+    syscall(SYS_sched_setaffinity, 0, sizeof mine, mine);
+    if (k == 1) ddp_log(DDP_LOG_INFO, "bound to CPU %d (DDP_BIND=none leaves placement to the system)", cpus[lr * k]);
+    else ddp_log(DDP_LOG_INFO, "bound to %d CPUs from %d (DDP_BIND=none leaves placement to the system)", k, cpus[lr * k]);
+#else
+    (void)pg;
+#endif
+}
+
 DDP__PRIVATE ddp_status ddp__pick_backend(const ddp_desc* d, ddp_device dev, ddp_backend* out) {
     const char* env = getenv("DDP_BACKEND");
     *out = d->backend;
@@ -5711,6 +5786,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (s != DDP_OK) goto fail;
     pg->rank = pg->env.rank;
     pg->world = pg->env.world_size;
+    ddp__bind_cores(pg);
     s = ddp__timeout(d.timeout_s, &pg->timeout);
     if (s != DDP_OK) goto fail;
     want = d.device;

@@ -15,6 +15,13 @@ Run with Debian's python3-torch (apt-get install python3-torch libopenblas0):
     /usr/bin/python3 bench/pytorch_ddp_large.py --nproc 1       # one process, no DDP
     /usr/bin/python3 bench/pytorch_ddp_large.py --one-bucket    # all gradients in one bucket
     /usr/bin/python3 bench/pytorch_ddp_large.py --view          # gradient_as_bucket_view
+    /usr/bin/python3 bench/pytorch_ddp_large.py --nproc 1 --threads 2   # one process, 2 threads
+    python3 bench/pytorch_ddp_large.py --nproc 1 --device cuda   # one process on the GPU
+    python3 bench/pytorch_ddp_large.py --nproc 1 --force-ddp --device cuda   # DDP (nccl), 1 rank
+--threads N sets torch.set_num_threads(N) and, unless the environment already says otherwise,
+OPENBLAS_NUM_THREADS and OMP_NUM_THREADS (read when torch loads, hence before the import).
+On a GPU (--device cuda) every rank uses cuda:RANK and DDP uses nccl; the timer synchronises
+the device at each mark, as examples/05_large_mlp.c does.
 PyTorch is fastest here with OpenBLAS (Debian's libblas.so.3 alternative) and jemalloc that never
 returns memory to the kernel; bench/large_model.sh runs it that way:
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 \
@@ -27,11 +34,22 @@ import statistics
 import sys
 import time
 
-# One BLAS and OpenMP thread per rank. Debian's torch reaches OpenBLAS through the generic
-# libblas.so.3, so torch.set_num_threads does not reach OpenBLAS's own threads: the environment
-# must say it before the library loads (at `import torch`).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One BLAS and OpenMP thread per rank (or --threads N). Debian's torch reaches OpenBLAS through
+# the generic libblas.so.3, so torch.set_num_threads does not reach OpenBLAS's own threads: the
+# environment must say it before the library loads (at `import torch`), so --threads is read
+# from the command line here, before argparse runs.
+def _threads_from_argv():
+    argv = sys.argv[1:]
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "1"
+
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads_from_argv())
+os.environ.setdefault("OMP_NUM_THREADS", _threads_from_argv())
 
 try:
     import torch
@@ -59,9 +77,16 @@ def parse_args():
                    help="first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)")
     p.add_argument("--one-bucket", action="store_true", help="everything in one bucket")
     p.add_argument("--view", action="store_true", help="gradient_as_bucket_view=True")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank (default 1)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cpu, or cuda (rank R on cuda:R; DDP then uses nccl)")
+    p.add_argument("--force-ddp", action="store_true",
+                   help="wrap in DDP even with --nproc 1 (a world of one: DDP's own cost)")
     a = p.parse_args()
-    if a.nproc < 1 or a.steps < 1 or a.warmup < 0 or a.bucket_cap_mb < 0 or a.first_bucket_mb < 0:
-        p.error("--nproc and --steps must be >= 1, the others >= 0")
+    if a.nproc < 1 or a.steps < 1 or a.warmup < 0 or a.bucket_cap_mb < 0 or a.first_bucket_mb < 0 or a.threads < 1:
+        p.error("--nproc, --steps and --threads must be >= 1, the others >= 0")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda, but torch.cuda.is_available() is False")
     return a
 
 
@@ -75,33 +100,45 @@ def make_model():
 
 
 def run(rank, args, world, port):
-    torch.set_num_threads(1)
-    distributed = world > 1
+    torch.set_num_threads(args.threads)
+    distributed = world > 1 or args.force_ddp
+    on_gpu = args.device == "cuda"
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    backend = "nccl" if on_gpu else "gloo"
     if distributed:
         os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(port)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        os.environ["MASTER_PORT"] = str(port if port else free_port())
+        dist.init_process_group(backend, rank=rank, world_size=world)
+
+    def sync():   # finished work only, as the C program's ddp_stream_sync
+        if on_gpu:
+            torch.cuda.synchronize(device)
 
     torch.manual_seed(1)
-    model = make_model()
+    model = make_model().to(device)
     nparams = sum(p.numel() for p in model.parameters())
     if distributed:
         cap_mb = 1e9 if args.one_bucket else args.bucket_cap_mb
         # PyTorch's own knob for the first bucket (read when DDP is constructed)
         dist._DEFAULT_FIRST_BUCKET_BYTES = int(1e9 * 2**20 if args.one_bucket else args.first_bucket_mb * 2**20)
-        model = DDP(model, bucket_cap_mb=cap_mb, gradient_as_bucket_view=args.view)
+        model = DDP(model, device_ids=[rank] if on_gpu else None, bucket_cap_mb=cap_mb,
+                    gradient_as_bucket_view=args.view)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
 
     g = torch.Generator().manual_seed(1000 + rank)
     xs = torch.rand(NBATCHES, BATCH, SIZES[0], generator=g) * 2 - 1
     ys = torch.randint(0, SIZES[-1], (NBATCHES, BATCH), generator=g)
+    xs, ys = xs.to(device), ys.to(device)
 
     if rank == 0:
         print(f"model: MLP {' -> '.join(map(str, SIZES))}, {nparams} parameters "
               f"({nparams * 4 / 2**20:.2f} MiB of gradients), SGD lr 0.01, batch {BATCH} per rank")
-        print(f"setup: PyTorch {torch.__version__}, {world} process{'es, gloo' if distributed else ' (no DDP)'}, "
-              f"{torch.get_num_threads()} thread per rank, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}, "
+        print(f"setup: PyTorch {torch.__version__}, {world} process{'es' if world > 1 else ''}"
+              f"{', DDP ' + backend if distributed else ' (no DDP)'} on {device}, "
+              f"{torch.get_num_threads()} thread(s) per rank, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}, "
               f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '(none)')}; "
               f"{args.warmup} warm-up + {args.steps} timed steps", flush=True)
 
@@ -109,13 +146,17 @@ def run(rank, args, world, port):
     loss = None
     for i in range(args.warmup + args.steps):
         x, y = xs[i % NBATCHES], ys[i % NBATCHES]
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = loss_fn(model(x), y)
+        sync()
         t1 = time.perf_counter()
         loss.backward()
+        sync()
         t2 = time.perf_counter()
         opt.step()
+        sync()
         t3 = time.perf_counter()
         if i >= args.warmup:
             step.append((t3 - t0) * 1e3), fwd.append((t1 - t0) * 1e3)
@@ -151,9 +192,12 @@ def free_port():
 def main():
     args = parse_args()
     if args.nproc == 1:
-        run(0, args, 1, 0)
+        run(0, args, 1, 0)   # --force-ddp picks its own port
     else:
-        mp.spawn(run, args=(args, args.nproc, free_port()), nprocs=args.nproc, join=True)
+        # on the CPU, fork: the ranks start at once instead of importing torch again; CUDA does not
+        # survive a fork, so GPU ranks are spawned
+        mp.start_processes(run, args=(args, args.nproc, free_port()), nprocs=args.nproc, join=True,
+                           start_method="spawn" if args.device == "cuda" else "fork")
 
 
 if __name__ == "__main__":
