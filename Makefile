@@ -1,6 +1,6 @@
 # ddp.h build. `make` builds every example and test under build/; `make test` runs the CPU suite.
 # Overrides: CC, CFLAGS, LDFLAGS, CUDA_HOME, PREFIX; CUDA=0 forces the CPU-only build, CBLAS=0
-# the built-in matrix loop.
+# the built-in matrix loop, MPI=0 skips the MPI variants (MPICC names another MPI compiler wrapper).
 
 BUILD   ?= build
 PREFIX  ?= /usr/local
@@ -76,13 +76,48 @@ ifeq ($(CBLAS),0)
   BLAS_LINE := CBLAS=0: CPU Linear through the built-in blocked loop
 endif
 
+# ---- MPI: mpicc on PATH adds MPI variants (-DDDP_MPI) of a few programs; the others never change ---
+# The flags come from the wrapper (Open MPI: -showme:compile/-showme:link; MPICH: -show prints the
+# whole compiler line) and are passed to $(CC), so CFLAGS and sanitizers apply as everywhere else.
+MPI   ?= auto
+MPICC ?= mpicc
+HAVE_MPI   := 0
+MPI_CFLAGS :=
+MPI_LIBS   :=
+ifneq ($(MPI),0)
+  ifneq ($(shell command -v $(MPICC) 2>/dev/null),)
+    MPI_CFLAGS := $(shell $(MPICC) -showme:compile 2>/dev/null)
+    MPI_LIBS   := $(shell $(MPICC) -showme:link 2>/dev/null)
+    MPI_NAME   := $(shell $(MPICC) -showme:version 2>/dev/null | sed -n 's/.*\(Open MPI [0-9.]*\).*/\1/p')
+    ifeq ($(strip $(MPI_CFLAGS)$(MPI_LIBS)),)
+      MPI_SHOW   := $(wordlist 2,9999,$(shell $(MPICC) -show 2>/dev/null))
+      MPI_CFLAGS := $(filter -I% -D%,$(MPI_SHOW))
+      MPI_LIBS   := $(filter -L% -l% -Wl%,$(MPI_SHOW))
+      MPI_NAME   := $(shell $(MPICC) -v 2>/dev/null | sed -n 's/.*for \(MPICH\) version \([0-9.a-z]*\).*/\1 \2/p' | head -n 1)
+    endif
+    MPI_TRY := $(shell printf '\043include <mpi.h>\nint main(void){return MPI_Init(0,0);}\n' \
+                 | $(CC) -x c - $(MPI_CFLAGS) -o /dev/null $(MPI_LIBS) 2>/dev/null && echo ok)
+    ifeq ($(MPI_TRY),ok)
+      HAVE_MPI := 1
+      MPI_LINE := MPI backend: built with $(MPICC) ($(or $(MPI_NAME),an MPI library)): *_mpi programs take DDP_BACKEND=mpi under mpirun
+    else
+      MPI_LINE := $(MPICC) found, but a program with mpi.h does not compile and link: the MPI backend is not built (install libopenmpi-dev)
+    endif
+  endif
+endif
+MPI_LINE ?= no $(MPICC): the MPI backend is not built (install libopenmpi-dev)
+ifeq ($(MPI),0)
+  MPI_LINE := MPI=0: the MPI backend is not built
+endif
+
 ifeq ($(filter clean help,$(MAKECMDGOALS)),)
   $(info ddp.h build: $(CUDA_LINE); $(BLAS_LINE))
+  $(info $(MPI_LINE))
 endif
 
 DDP_CFLAGS := -I. $(CUDA_CFLAGS) $(BLAS_CFLAGS)
 DDP_LIBS   := $(CUDA_LIBS) $(BLAS_LIBS) -lpthread -lm
-export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS
+export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS HAVE_MPI MPI_CFLAGS MPI_LIBS
 
 EXAMPLES := $(BUILD)/examples/01_single_gpu $(BUILD)/examples/02_multi_gpu $(BUILD)/examples/03_multi_node
 EXAMPLES += $(BUILD)/examples/04_fault_tolerance $(BUILD)/examples/05_large_mlp $(BUILD)/examples/09_hang
@@ -97,9 +132,14 @@ TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync
 TESTS    += $(BUILD)/tests/sampler_dump
 # learners' mistakes as small programs, run by tests/test_confusions.sh (built by the tests/% rule)
 TESTS    += $(BUILD)/tests/confusions/confusions
+# the same sources built with the mpi backend (-DDDP_MPI), when mpicc was found
+MPI_PROGS := $(BUILD)/allreduce_perf_mpi $(BUILD)/examples/03_multi_node_mpi $(BUILD)/tests/test_mpi
+ifneq ($(HAVE_MPI),1)
+  MPI_PROGS :=
+endif
 
 .PHONY: all demo test test-faults test-gpu diffs sanitize tsan fuzz install uninstall clean help
-all: $(EXAMPLES) $(TOOLS) $(TESTS)
+all: $(EXAMPLES) $(TOOLS) $(TESTS) $(MPI_PROGS)
 
 $(BUILD)/%: tools/%.c ddp.h
 	@mkdir -p $(@D)
@@ -112,6 +152,17 @@ $(BUILD)/examples/%: examples/%.c ddp.h
 $(BUILD)/tests/%: tests/%.c ddp.h tests/harness.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
+
+MPI_BUILD = $(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) -DDDP_MPI $(MPI_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS) $(MPI_LIBS)
+$(BUILD)/%_mpi: tools/%.c ddp.h
+	@mkdir -p $(@D)
+	$(MPI_BUILD)
+$(BUILD)/examples/%_mpi: examples/%.c ddp.h
+	@mkdir -p $(@D)
+	$(MPI_BUILD)
+$(BUILD)/tests/test_mpi: tests/test_mpi.c tests/test_pg.c ddp.h tests/harness.h
+	@mkdir -p $(@D)
+	$(MPI_BUILD)
 
 # The main job: the chapter-3 program (examples/02_multi_gpu.c) on 4 ranks (CPU backend) on the bundled wine data.
 demo: all
@@ -136,7 +187,7 @@ diffs:
 
 # The CPU suite again under AddressSanitizer and UndefinedBehaviorSanitizer, in its own folder.
 # protect_shadow_gap=0 lets the CUDA runtime map its memory under ASan; the suppressions cover
-# allocations the CUDA libraries keep for the life of the process.
+# allocations the CUDA and Open MPI libraries keep for the life of the process.
 SAN := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 sanitize:
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0 \

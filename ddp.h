@@ -52,8 +52,8 @@
         >>store     rendezvous key-value store                                2, 4
         >>pg        process group: the CPU ring over TCP (>>ring), shared     2-5, 9, 10
                     memory between ranks on one host (>>shm), NCCL (>>nccl),
-                    collectives and their work handles, desync detection and
-                    the flight recorder of the last collectives
+                    MPI (>>mpi), collectives and their work handles, desync
+                    detection and the flight recorder of the last collectives
         >>data      data files, train/test split, the distributed sampler,    1-2
                     batches
         >>reducer   the DDP wrapper: buckets, hooks, overlap, no_sync         2, 7-8
@@ -75,6 +75,8 @@
     DDP_NO_CUDA          CPU-only build: no CUDA, cuBLAS, NVRTC or NCCL header is included.
                          Without it the CUDA headers are required, and a binary built with them
                          still runs on the CPU when the machine has no GPU.
+    DDP_MPI              add the mpi backend (MPI's own collectives; build with mpicc's flags:
+                         mpicc -DDDP_MPI train.c -lpthread -lm). Off by default.
     DDP_CBLAS            Linear layers on the CPU call cblas_sgemm (link a CBLAS such as
                          OpenBLAS: -lopenblas); otherwise a cache-blocked loop of our own.
     DDP_STATIC           make every function static (for a private copy in one file).
@@ -92,7 +94,8 @@
                             printed when one times out), unless the program handles SIGUSR1.
     DDP_RESTART_COUNT       set by ddprun --max-restarts: 0 on the first start, then 1, 2, ...
     DDP_TIMEOUT=seconds     deadline of every store operation, connection and collective (300).
-    DDP_BACKEND=cpu|nccl    the backend when ddp_desc.backend is not set.
+    DDP_BACKEND=cpu|nccl|mpi  the backend when ddp_desc.backend is not set (mpi: built with
+                            -DDDP_MPI and started by mpirun; see >>mpi).
     DDP_TRANSPORT=auto|shm|tcp  how the CPU backend moves data: shared memory when every rank
                             is on this host (auto, the default), else the TCP ring; shm fails
                             when it cannot be used, tcp always takes the ring.
@@ -118,6 +121,15 @@
         model on the CPU          yes                       yes                  yes
         model on a GPU            no (DDP_ERR_NOT_BUILT)    no (DDP_ERR_NO_GPU)  yes
         kernels compile (NVRTC)   no                        yes (to PTX)         yes
+
+                                  cpu                 nccl                mpi (-DDDP_MPI)
+        started by                any launcher        any launcher        mpirun (no MASTER_ADDR)
+        buffers                   host; GPU staged    GPU                 host; GPU staged
+        runs collectives on       its own thread      a CUDA stream       MPI's non-blocking calls
+        deadline on every wait    yes                 yes (aborts)        yes (cannot cancel:
+                                                                          exit after a timeout)
+        desync caught without     yes (ring header)   no                  no
+          DDP_DEBUG=DETAIL
 
     ERRORS
     ======
@@ -201,8 +213,10 @@ extern "C" {
       "use a smaller batch or model, or free memory on this machine")                             \
     X(DDP_ERR_STATE, "a call came in the wrong order",                                           \
       "follow the order forward -> loss -> backward -> optimizer step")                           \
-    X(DDP_ERR_NOT_BUILT, "this build has no CUDA support (it was compiled with DDP_NO_CUDA)",    \
-      "use --device cpu, or rebuild with the CUDA toolkit installed (make prints what it found)")\
+    X(DDP_ERR_NOT_BUILT, "this build lacks what was asked for (CUDA: compiled with DDP_NO_CUDA; " \
+      "the mpi backend: compiled without DDP_MPI)",                                              \
+      "use --device cpu or another backend, or rebuild with the CUDA toolkit or mpicc installed " \
+      "(make prints what it found)")                                                             \
     X(DDP_ERR_NO_GPU, "no usable NVIDIA GPU was found (no GPU, no driver, or none visible)",     \
       "use --device cpu, or check nvidia-smi and CUDA_VISIBLE_DEVICES")                           \
     X(DDP_ERR_CUDA, "a CUDA runtime call failed",                                                \
@@ -211,6 +225,8 @@ extern "C" {
     X(DDP_ERR_NVRTC, "NVRTC could not compile the GPU kernels",                                  \
       "check that the CUDA toolkit's NVRTC matches the driver; the message has the compile log") \
     X(DDP_ERR_NCCL, "an NCCL call failed", "read the NCCL error named in the message")            \
+    X(DDP_ERR_MPI, "an MPI call failed, or MPI cannot give what the mpi backend needs",          \
+      "read the MPI error named in the message; another rank's output usually shows the cause")   \
     X(DDP_ERR_IO, "a file could not be opened, read or written",                                 \
       "check the path (relative paths start in the current directory) and its permissions")      \
     X(DDP_ERR_DATA_FORMAT, "a data file is malformed",                                           \
@@ -599,7 +615,8 @@ DDP_API ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count);
 typedef enum ddp_backend {
     DDP_BACKEND_DEFAULT = 0, /* DDP_BACKEND in the environment, else nccl on a GPU, else cpu */
     DDP_BACKEND_CPU,         /* the ring written out over sockets, on a communication thread */
-    DDP_BACKEND_NCCL         /* NVIDIA's library (one rank per GPU) */
+    DDP_BACKEND_NCCL,        /* NVIDIA's library (one rank per GPU) */
+    DDP_BACKEND_MPI          /* MPI's own collectives under mpirun; only in a -DDDP_MPI build */
 } ddp_backend;
 
 typedef enum ddp_reduce_op { DDP_SUM = 0, DDP_AVG, DDP_MAX } ddp_reduce_op;
@@ -628,7 +645,8 @@ typedef struct ddp_env {
     int rank, world_size, local_rank, local_world_size, node_rank;
     char master_addr[256];
     int master_port;
-    const char* source;      /* "explicit", "torchrun", "openmpi", "slurm" or "default" */
+    const char* source;      /* "explicit", "torchrun", "openmpi", "slurm", "default", or "mpi"
+                                (the mpi backend: MPI_COMM_WORLD itself) */
 } ddp_env;
 
 /* Resolve rank, world size, local rank and the master address from desc and the environment:
@@ -1217,6 +1235,9 @@ DDP__DEF const char* ddp_build_info(void) {
                  "CPU Linear through the built-in blocked loop"
 #endif
         );
+#endif
+#if defined(DDP_MPI)
+        strncat(info, "; mpi backend (DDP_MPI)", sizeof info - strlen(info) - 1);
 #endif
     }
     return info;
@@ -3961,6 +3982,7 @@ struct ddp_pg {
     double shm_spin_s;         /* how long a wait spins before it sleeps */
     size_t shm_stream_bytes;   /* collectives this large copy their result out with streaming stores */
     void* nccl;                /* the NCCL backend's state */
+    void* mpi;                 /* the MPI backend's state (>>mpi) */
     ddp__flight flight[DDP__FLIGHT_N]; /* the last collectives, slot seq % N; under `lock` */
 };
 
@@ -5660,6 +5682,500 @@ static const ddp__backend_vt ddp__nccl_backend = {"nccl", ddp__nccl_connect, ddp
                                                   ddp__nccl_destroy};
 #endif
 
+/* ---- the MPI backend (>>mpi) -------------------------------------------------------------------- */
+/*
+   Compiled only with -DDDP_MPI and MPI's headers (make builds *_mpi variants of some programs when
+   it finds mpicc). The library's collectives become MPI's own non-blocking ones, MPI_Iallreduce,
+   MPI_Ibcast, MPI_Iallgather and MPI_Ireduce_scatter_block, on a duplicate of MPI_COMM_WORLD so
+   that the program's own MPI traffic never matches ours. submit starts one and returns; wait and
+   ddp_work_test poll it with MPI_Test. Polling instead of MPI_Wait keeps the deadline: MPI_Wait
+   would block for ever on a rank that never calls. But MPI cannot cancel a collective, so after a
+   timeout the request stays pending inside MPI: the group is broken and the process should exit
+   (mpirun then stops the others).
+
+   Joining: under mpirun neither ddprun nor MASTER_ADDR is needed. ddp_init starts MPI (unless the
+   program did), takes rank and world size from MPI_COMM_WORLD, counts the ranks on each host
+   (local rank: it picks the GPU) and bootstraps the store, which the library still uses (ddp_wrap's
+   model check, desync detection): rank 0 hosts it on a free port and sends its host and port to
+   the others with MPI_Ibcast. MASTER_ADDR and MASTER_PORT, when set, are used instead.
+
+   f16 and bf16: MPI has no half-precision sum, so reductions go through MPI_Ops of our own that
+   widen each element to f32, combine, and round back: ddp__reduce, the arithmetic of the CPU ring,
+   with 2 bytes per element on the wire. An average is a sum divided once by the world size at the
+   end. GPU buffers are staged through host memory: copied down at submit, back up when done.
+
+   Progress: Open MPI advances a non-blocking collective only inside MPI calls (it has no progress
+   thread), so a bucket all-reduce issued during backward mostly runs in ddp_work_wait: less overlap
+   than the CPU backend's thread gives. Nor is there a ring header: ranks that call different
+   collectives are caught only under DDP_DEBUG=DETAIL (or by the timeout). ddp_pg_bytes stays 0:
+   MPI does not say how many bytes its algorithms moved.
+*/
+#if defined(DDP_MPI)
+#define DDP__MPI 1
+#if !defined(OMPI_SKIP_MPICXX)
+#define OMPI_SKIP_MPICXX 1  /* a C++ build gets the C API only: the old C++ bindings warn with -Wextra */
+#endif
+#if !defined(MPICH_SKIP_MPICXX)
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+/* defined in >>launch */
+DDP__PRIVATE int ddp__env_parse_int(const char* s, long* out);
+DDP__PRIVATE ddp_status ddp__env_master_addr(const ddp_desc* d, ddp_env* e);
+DDP__PRIVATE ddp_status ddp__env_master_port(const ddp_desc* d, ddp_env* e);
+
+typedef struct ddp__mpi_op { /* one collective in flight */
+    ddp_work* w;
+    MPI_Request req;
+    unsigned char* host;     /* GPU buffers: the host copy, input first, then output (in place: one) */
+    size_t out_offset;       /* bytes from host to the output */
+    int done;                /* MPI finished it and the result is in the caller's buffer */
+    struct ddp__mpi_op* next;
+} ddp__mpi_op;
+
+typedef struct ddp__mpi {
+    MPI_Comm comm;           /* our duplicate of MPI_COMM_WORLD */
+    MPI_Op half[2][2];       /* [f16, bf16][sum, max]: the user-defined reductions */
+    ddp__mpi_op *head, *tail; /* in flight, in issue order */
+    int stuck;               /* a collective failed or timed out and is still pending in MPI */
+} ddp__mpi;
+
+static int ddp__mpi_started; /* ddp_init called MPI_Init_thread: the last MPI group finalizes */
+static int ddp__mpi_groups;  /* MPI process groups alive in this process */
+
+DDP__PRIVATE ddp_status ddp__fail_mpi(int err, const char* call, int line) {
+    char text[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    if (MPI_Error_string(err, text, &n) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", err);
+    return ddp__fail(DDP_ERR_MPI, "%s failed (ddp.h:%d): %s; likely cause: another rank failed or died, or the "
+                     "ranks called different collectives", call, line, text);
+}
+#define DDP__MPI_TRY(call)                                                                         \
+    do {                                                                                           \
+        int mpi_e_ = (call);                                                                       \
+        if (mpi_e_ != MPI_SUCCESS) return ddp__fail_mpi(mpi_e_, #call, __LINE__);                  \
+    } while (0)
+
+/* Poll one request with MPI_Test until it completes or the deadline passes; `what` names it in
+   the timeout message. A collective in shared memory completes in microseconds, so the first
+   millisecond polls without pause; later polls sleep a little, so that ranks sharing a core
+   (mpirun --oversubscribe) leave it to the rank still computing. A request that fails or times
+   out stays inside MPI: m->stuck. */
+DDP__PRIVATE ddp_status ddp__mpi_poll(ddp__mpi* m, MPI_Request* req, double deadline, double timeout,
+                                      const char* what) {
+    double start = ddp__now();
+    for (;;) {
+        int flag = 0, err = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        if (err != MPI_SUCCESS) {
+            m->stuck = 1;
+            return ddp__fail_mpi(err, "MPI_Test", __LINE__);
+        }
+        if (flag) return DDP_OK;
+        if (ddp__now() >= deadline) {
+            m->stuck = 1;
+            return ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s on the mpi backend: a rank is stuck, "
+                             "stopped, or calling a different collective. MPI cannot cancel a collective, so this "
+                             "process group can no longer be used: exit the process (mpirun then stops the others)",
+                             what, timeout);
+        }
+        if (ddp__now() - start > 1e-3) ddp__sleep(20e-6);
+    }
+}
+
+/* The MPI rank and world size must agree with any launcher variable that also gives them. They
+   disagree when ddprun or a hand-made loop started the ranks: each such process is an MPI job of
+   its own, rank 0 of 1. */
+DDP__PRIVATE ddp_status ddp__mpi_check_env(const ddp_desc* d, const ddp_env* e) {
+    static const char* const vars[3][2] = {
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"}, {"RANK", "WORLD_SIZE"}};
+    int i, j;
+    for (i = 0; i < 3; i++)
+        for (j = 0; j < 2; j++) {
+            const char* v = getenv(vars[i][j]);
+            long x;
+            if (v && ddp__env_parse_int(v, &x) && x != (j ? e->world_size : e->rank))
+                return ddp__fail(DDP_ERR_WORLD_MISMATCH, "the mpi backend takes the placement from MPI (rank %d of %d "
+                                 "in MPI_COMM_WORLD), but %s=%s: start the program with mpirun -np N (ddprun and "
+                                 "hand-made launches start every process as an MPI job of its own), or use another "
+                                 "backend", e->rank, e->world_size, vars[i][j], v);
+        }
+    if (d->explicit_rank && (d->rank != e->rank || d->world_size != e->world_size))
+        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "desc.rank=%d and desc.world_size=%d disagree with MPI (rank %d of "
+                         "%d): leave explicit_rank unset with the mpi backend", d->rank, d->world_size, e->rank,
+                         e->world_size);
+    return DDP_OK;
+}
+
+/* Local rank and local world size: the ranks whose host name is ours, counted in rank order as
+   torchrun's LOCAL_RANK is; the node rank: the number of distinct hosts that appear before ours.
+   The names are gathered with a non-blocking call, so a rank that never joins costs a timeout,
+   not a hang (MPI_Comm_split_type has no non-blocking form). O(world^2) string compares, once. */
+DDP__PRIVATE ddp_status ddp__mpi_placement(ddp_pg* pg, const char* me, double deadline, double timeout) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    ddp_env* e = &pg->env;
+    char *all, mine[256];
+    MPI_Request req;
+    ddp_status s;
+    int r, q, err, my_first = -1;
+    all = (char*)ddp__calloc((size_t)e->world_size * sizeof mine);
+    if (!all) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the ranks' host names failed");
+    memset(mine, 0, sizeof mine);
+    snprintf(mine, sizeof mine, "%s", me);
+    err = MPI_Iallgather(mine, (int)sizeof mine, MPI_CHAR, all, (int)sizeof mine, MPI_CHAR, m->comm, &req);
+    s = err != MPI_SUCCESS ? ddp__fail_mpi(err, "MPI_Iallgather(host names)", __LINE__)
+                           : ddp__mpi_poll(m, &req, deadline, timeout, "gathering every rank's host name (ddp_init)");
+    e->local_rank = e->local_world_size = e->node_rank = 0;
+    for (r = 0; s == DDP_OK && r < e->world_size; r++)
+        if (!strcmp(all + (size_t)r * sizeof mine, mine)) {
+            if (my_first < 0) my_first = r;
+            if (r < e->rank) e->local_rank++;
+            e->local_world_size++;
+        }
+    for (r = 0; s == DDP_OK && r < my_first; r++) { /* is rank r the first of its host? */
+        for (q = 0; q < r && strcmp(all + (size_t)q * sizeof mine, all + (size_t)r * sizeof mine); q++) {}
+        e->node_rank += q == r;
+    }
+    DDP_FREE(all);
+    return s;
+}
+
+/* Reach the store. Rank 0 hosts it (at MASTER_PORT when set, else on a free port) and broadcasts
+   "ok port host", or its failure, so that no rank waits for a store that never came. A rank on
+   rank 0's host connects to 127.0.0.1, the others to rank 0's host name or to MASTER_ADDR. */
+DDP__PRIVATE ddp_status ddp__mpi_store(const ddp_desc* d, ddp_pg* pg, const char* me, double deadline,
+                                       double timeout) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    ddp_env* e = &pg->env;
+    const char* env_addr = getenv("MASTER_ADDR");
+    const int addr_given = (d->master_addr && *d->master_addr) || (env_addr && *env_addr);
+    const int port_given = d->master_port > 0 || getenv("MASTER_PORT") != NULL;
+    char msg[300], host[256];
+    int ok = 0, port = 0, err;
+    MPI_Request req;
+    ddp_store_desc sd;
+    ddp_status s = ddp__env_master_addr(d, e); /* checks MASTER_ADDR/PORT when set */
+    if (s == DDP_OK) s = ddp__env_master_port(d, e);
+    memset(&sd, 0, sizeof sd);
+    sd.timeout_s = timeout;
+    sd.token = d->token;
+    memset(msg, 0, sizeof msg);
+    if (e->rank == 0) {
+        if (s == DDP_OK) {
+            sd.is_server = 1;
+            sd.host = "127.0.0.1";
+            sd.port = port_given ? e->master_port : -1; /* -1: any free port */
+            s = ddp_store_create(&sd, &pg->store);
+        }
+        snprintf(msg, sizeof msg, "%d %d %s", s == DDP_OK, s == DDP_OK ? ddp_store_port(pg->store) : 0, me);
+    }
+    err = MPI_Ibcast(msg, (int)sizeof msg, MPI_CHAR, 0, m->comm, &req);
+    if (err != MPI_SUCCESS) return ddp__fail_mpi(err, "MPI_Ibcast(store address)", __LINE__);
+    if (s != DDP_OK) { /* rank 0 has said so; its own error is the one to report */
+        char why[sizeof ddp__err_msg];
+        memcpy(why, ddp__err_msg, sizeof why);
+        (void)ddp__mpi_poll(m, &req, deadline, timeout, "broadcasting the store's address");
+        return ddp__fail(s, "%s", why);
+    }
+    DDP__TRY(ddp__mpi_poll(m, &req, deadline, timeout, "broadcasting the store's address (ddp_init)"));
+    if (sscanf(msg, "%d %d %255s", &ok, &port, host) != 3 || !ok)
+        return ddp__fail(DDP_ERR_STORE_UNREACHABLE, "rank 0 could not start the rendezvous store: its output says why");
+    e->master_port = port;
+    if (!addr_given) snprintf(e->master_addr, sizeof e->master_addr, "%s", !strcmp(host, me) ? "127.0.0.1" : host);
+    if (e->rank == 0) return DDP_OK;
+    sd.host = e->master_addr;
+    sd.port = port;
+    return ddp_store_create(&sd, &pg->store);
+}
+
+/* ddp_init's first step on the mpi backend, in place of ddp_env_resolve: start MPI unless the
+   program did, place this rank from MPI_COMM_WORLD, and reach the store. */
+DDP__PRIVATE ddp_status ddp__mpi_join(const ddp_desc* d, ddp_pg* pg) {
+    ddp__mpi* m;
+    ddp_env* e = &pg->env;
+    int started = 0, finalized = 0, provided = 0, err, i, j;
+    double timeout, deadline;
+    char me[256] = "?";
+    MPI_Request req;
+    DDP__TRY(ddp__timeout(d->timeout_s, &timeout));
+    deadline = ddp__now() + timeout;
+    MPI_Finalized(&finalized);
+    if (finalized)
+        return ddp__fail(DDP_ERR_STATE, "the mpi backend cannot start: MPI was already finalized in this process, and "
+                         "it starts only once per process (ddp_destroy finalizes MPI when ddp_init started it). For "
+                         "several process groups in one program, call MPI_Init_thread before the first ddp_init "
+                         "and MPI_Finalize after the last ddp_destroy");
+    MPI_Initialized(&started);
+    if (started) DDP__MPI_TRY(MPI_Query_thread(&provided));
+    else DDP__MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided));
+    if (!started) ddp__mpi_started = 1;
+    m = (ddp__mpi*)ddp__calloc(sizeof *m);
+    if (!m) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the MPI state failed");
+    m->comm = MPI_COMM_NULL;
+    for (i = 0; i < 2; i++)
+        for (j = 0; j < 2; j++) m->half[i][j] = MPI_OP_NULL;
+    pg->mpi = m; /* from here on ddp_destroy cleans up, and finalizes MPI if we started it */
+    ddp__mpi_groups++;
+    /* SERIALIZED: collectives may come from any one thread at a time, not only the one that
+       started MPI (a training thread, a test harness) */
+    if (provided < MPI_THREAD_SERIALIZED)
+        return ddp__fail(DDP_ERR_MPI, "the mpi backend needs MPI_THREAD_SERIALIZED, but MPI provides only %s: %s",
+                         provided == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : "MPI_THREAD_FUNNELED",
+                         started ? "start MPI with MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided) "
+                                   "instead of MPI_Init, or let ddp_init start it"
+                                 : "use an MPI library built with thread support");
+    MPI_Comm_rank(MPI_COMM_WORLD, &e->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &e->world_size);
+    e->source = "mpi";
+    ddp__g.rank = e->rank; /* from now on log lines read "[rank R/W]" */
+    ddp__g.world = e->world_size;
+    DDP__TRY(ddp__mpi_check_env(d, e));
+    /* our own communicator, duplicated without blocking: a rank that never calls ddp_init costs
+       a timeout, not a hang */
+    err = MPI_Comm_idup(MPI_COMM_WORLD, &m->comm, &req);
+    if (err != MPI_SUCCESS) return ddp__fail_mpi(err, "MPI_Comm_idup", __LINE__);
+    DDP__TRY(ddp__mpi_poll(m, &req, deadline, timeout, "duplicating MPI_COMM_WORLD (ddp_init: every rank calls it)"));
+    DDP__MPI_TRY(MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN)); /* errors come back as codes */
+    gethostname(me, sizeof me - 1);
+    DDP__TRY(ddp__mpi_placement(pg, me, deadline, timeout));
+    DDP__TRY(ddp__mpi_store(d, pg, me, deadline, timeout));
+    ddp_log(DDP_LOG_INFO, "placement from mpi: rank %d of %d, local rank %d of %d, node %d, store %s:%d", e->rank,
+            e->world_size, e->local_rank, e->local_world_size, e->node_rank, e->master_addr, e->master_port);
+    return DDP_OK;
+}
+
+/* f16 and bf16 reductions for MPI: inout[i] = in[i] (op) inout[i], in f32, rounded back. */
+static void ddp__mpi_f16_sum(void* in, void* inout, int* n, MPI_Datatype* t) {
+    (void)t;
+    ddp__reduce(inout, in, (size_t)*n, DDP_F16, DDP_SUM);
+}
+static void ddp__mpi_f16_max(void* in, void* inout, int* n, MPI_Datatype* t) {
+    (void)t;
+    ddp__reduce(inout, in, (size_t)*n, DDP_F16, DDP_MAX);
+}
+static void ddp__mpi_bf16_sum(void* in, void* inout, int* n, MPI_Datatype* t) {
+    (void)t;
+    ddp__reduce(inout, in, (size_t)*n, DDP_BF16, DDP_SUM);
+}
+static void ddp__mpi_bf16_max(void* in, void* inout, int* n, MPI_Datatype* t) {
+    (void)t;
+    ddp__reduce(inout, in, (size_t)*n, DDP_BF16, DDP_MAX);
+}
+
+DDP__PRIVATE ddp_status ddp__mpi_connect(ddp_pg* pg) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    MPI_User_function* fn[2][2] = {{ddp__mpi_f16_sum, ddp__mpi_f16_max}, {ddp__mpi_bf16_sum, ddp__mpi_bf16_max}};
+    int i, j;
+    for (i = 0; i < 2; i++)
+        for (j = 0; j < 2; j++) DDP__MPI_TRY(MPI_Op_create(fn[i][j], 1 /* commutative */, &m->half[i][j]));
+    return DDP_OK;
+}
+
+/* A failed or timed-out collective breaks the group, as on the other backends. */
+DDP__PRIVATE ddp_status ddp__mpi_break(ddp_pg* pg, ddp_status s) {
+    pthread_mutex_lock(&pg->lock);
+    if (!pg->broken) {
+        pg->broken = s;
+        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+    }
+    pthread_mutex_unlock(&pg->lock);
+    return s;
+}
+
+/* GPU buffers: wait for the kernels writing the input (an event on the producer's stream), then
+   copy it into host memory, where MPI will work. */
+DDP__PRIVATE ddp_status ddp__mpi_stage_in(ddp_pg* pg, ddp__mpi_op* o, const void* src, size_t in_bytes,
+                                          size_t out_bytes, int in_place) {
+    ddp_event* ready = NULL;
+    ddp_status s = ddp_event_create(pg->device, &ready);
+    if (s == DDP_OK) s = ddp_event_record(ready, pg->user_stream);
+    if (s == DDP_OK) s = ddp_event_sync(ready);
+    ddp_event_destroy(ready);
+    DDP__TRY(s);
+    o->out_offset = in_place ? 0 : in_bytes;
+    o->host = (unsigned char*)ddp__malloc(o->out_offset + out_bytes + 1);
+    if (!o->host) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes of host staging failed", out_bytes);
+    return ddp_copy(ddp__cpu(), o->host, pg->device, src, in_bytes, NULL);
+}
+
+DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
+    static const char* const calls[] = {"", "MPI_Iallreduce", "MPI_Ibcast", "MPI_Iallgather",
+                                        "MPI_Ireduce_scatter_block"};
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    const size_t es = ddp_dtype_size(w->dtype), W = (size_t)pg->world;
+    const int reduces = w->kind == DDP__ALL_REDUCE || w->kind == DDP__REDUCE_SCATTER;
+    const int in_place = w->kind == DDP__ALL_REDUCE || w->kind == DDP__BROADCAST;
+    const size_t in_bytes = w->count * es * (w->kind == DDP__REDUCE_SCATTER ? W : 1);
+    const size_t out_bytes = w->count * es * (w->kind == DDP__ALL_GATHER ? W : 1);
+    MPI_Datatype type = w->dtype == DDP_F32 ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Op op = w->op == DDP_MAX ? MPI_MAX : MPI_SUM;
+    const void* in = w->send;
+    void* out = w->buf;
+    const int cnt = (int)w->count;
+    ddp__mpi_op* o;
+    int err;
+    if (w->count > (size_t)INT_MAX)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s of %zu elements: MPI counts are int, so the mpi backend takes at "
+                         "most %d elements per rank; split the buffer", ddp__coll_name(w->kind), w->count, INT_MAX);
+    if (w->dtype != DDP_F32 && reduces) op = m->half[w->dtype == DDP_BF16][w->op == DDP_MAX];
+    o = (ddp__mpi_op*)ddp__calloc(sizeof *o);
+    if (!o) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating an MPI request failed");
+    o->w = w;
+    o->req = MPI_REQUEST_NULL;
+    if (pg->device.type == DDP_DEVICE_CUDA) {
+        ddp_status s = ddp__mpi_stage_in(pg, o, in_place ? w->buf : w->send, in_place ? out_bytes : in_bytes,
+                                         out_bytes, in_place);
+        if (s != DDP_OK) {
+            DDP_FREE(o->host);
+            DDP_FREE(o);
+            return s;
+        }
+        in = o->host;
+        out = o->host + o->out_offset;
+    }
+    switch (w->kind) {
+    case DDP__ALL_REDUCE: err = MPI_Iallreduce(MPI_IN_PLACE, out, cnt, type, op, m->comm, &o->req); break;
+    case DDP__BROADCAST: err = MPI_Ibcast(out, cnt, type, w->root, m->comm, &o->req); break;
+    case DDP__ALL_GATHER: err = MPI_Iallgather(in, cnt, type, out, cnt, type, m->comm, &o->req); break;
+    default: err = MPI_Ireduce_scatter_block(in, out, cnt, type, op, m->comm, &o->req); break;
+    }
+    if (err != MPI_SUCCESS) {
+        DDP_FREE(o->host);
+        DDP_FREE(o);
+        return ddp__mpi_break(pg, ddp__fail_mpi(err, calls[w->kind], __LINE__));
+    }
+    if (m->tail) m->tail->next = o;
+    else m->head = o;
+    m->tail = o;
+    ddp__flight_note(pg, w, DDP__FL_RUNNING);
+    return DDP_OK;
+}
+
+/* MPI finished o: divide for an average, copy a staged result up to the GPU, mark it done. */
+DDP__PRIVATE ddp_status ddp__mpi_complete(ddp_pg* pg, ddp__mpi_op* o) {
+    ddp_work* w = o->w;
+    unsigned char* out = o->host ? o->host + o->out_offset : (unsigned char*)w->buf;
+    size_t n = w->count * (w->kind == DDP__ALL_GATHER ? (size_t)pg->world : 1);
+    ddp_status s = DDP_OK;
+    if (w->op == DDP_AVG && (w->kind == DDP__ALL_REDUCE || w->kind == DDP__REDUCE_SCATTER))
+        ddp__divide(out, w->count, w->dtype, pg->world);
+    if (o->host && n) s = ddp_copy(pg->device, w->buf, ddp__cpu(), out, n * ddp_dtype_size(w->dtype), NULL);
+    DDP_FREE(o->host);
+    o->host = NULL;
+    o->done = 1;
+    ddp__flight_note(pg, w, s == DDP_OK ? DDP__FL_DONE : DDP__FL_FAILED);
+    return s == DDP_OK ? DDP_OK : ddp__mpi_break(pg, s);
+}
+
+/* Complete the collectives in flight in issue order, up to and including `until` (NULL: all), so
+   that each one waited for implies the ones before it, as on the CPU backend's thread. With a
+   deadline (> 0) poll each until it is done; without one, stop at the first still running. */
+DDP__PRIVATE ddp_status ddp__mpi_progress(ddp_pg* pg, ddp__mpi_op* until, double deadline) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    ddp__mpi_op* o;
+    for (o = m->head; o; o = o->next) {
+        if (!o->done) {
+            ddp_status s = DDP_OK;
+            if (deadline > 0) {
+                char what[128];
+                ddp__fingerprint(o->w, what, sizeof what);
+                s = ddp__mpi_poll(m, &o->req, deadline, pg->timeout, what);
+            } else {
+                int flag = 0, err = MPI_Test(&o->req, &flag, MPI_STATUS_IGNORE);
+                if (err != MPI_SUCCESS) m->stuck = 1, s = ddp__fail_mpi(err, "MPI_Test", __LINE__);
+                else if (!flag) return DDP_OK;
+            }
+            if (s != DDP_OK) {
+                ddp__flight_note(pg, o->w, DDP__FL_FAILED);
+                if (s == DDP_ERR_TIMEOUT) ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
+                return ddp__mpi_break(pg, s);
+            }
+            DDP__TRY(ddp__mpi_complete(pg, o));
+        }
+        if (o == until) break;
+    }
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp__mpi_op* ddp__mpi_find(ddp__mpi* m, const ddp_work* w) {
+    ddp__mpi_op* o = m->head;
+    while (o && o->w != w) o = o->next;
+    return o;
+}
+
+/* After a collective stuck inside MPI nothing else can be trusted to finish. */
+DDP__PRIVATE ddp_status ddp__mpi_stuck(ddp_pg* pg) {
+    return ddp__fail(pg->broken ? pg->broken : DDP_ERR_MPI, "an earlier collective did not finish, so this group can "
+                     "no longer be used: %s", pg->broken_msg);
+}
+
+DDP__PRIVATE ddp_status ddp__mpi_wait(ddp_pg* pg, ddp_work* w) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    ddp__mpi_op *o = ddp__mpi_find(m, w), **pp;
+    if (m->stuck) return ddp__mpi_stuck(pg);
+    if (!o) return ddp__fail(DDP_ERR_STATE, "ddp_work_wait: this work is not in flight on the mpi backend");
+    DDP__TRY(ddp__mpi_progress(pg, o, ddp__now() + pg->timeout));
+    for (pp = &m->head; *pp != o; pp = &(*pp)->next) {}
+    *pp = o->next;
+    if (m->tail == o) {
+        ddp__mpi_op* last = m->head;
+        while (last && last->next) last = last->next;
+        m->tail = last;
+    }
+    DDP_FREE(o);
+    return DDP_OK;
+}
+
+/* ddp_work_test on the mpi backend: MPI_Test the collectives in flight, in issue order. A
+   failure reports *done = 1; ddp_work_wait then returns the error. */
+DDP__PRIVATE ddp_status ddp__mpi_test(ddp_pg* pg, ddp_work* w, int* done) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    ddp__mpi_op* o = ddp__mpi_find(m, w);
+    *done = 1;
+    if (m->stuck || !o || ddp__mpi_progress(pg, o, 0) != DDP_OK) return DDP_OK;
+    *done = o->done;
+    return DDP_OK;
+}
+
+DDP__PRIVATE void ddp__mpi_destroy(ddp_pg* pg) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    ddp__mpi_op* o;
+    int i, j;
+    if (!m) return;
+    /* collectives nobody waited for still use their buffers: finish them first (within the deadline) */
+    if (!m->stuck && m->head) (void)ddp__mpi_progress(pg, NULL, ddp__now() + pg->timeout);
+    pg->mpi = NULL;
+    ddp__mpi_groups--;
+    if (m->stuck) {
+        /* MPI may still write into the pending collective's buffers, so they are not freed; and
+           MPI_Finalize could wait for it for ever */
+        ddp_log(DDP_LOG_WARN, "ddp_destroy: a collective is still pending inside MPI, which cannot cancel it: MPI is "
+                "left as it is (not finalized), and this process should exit now");
+        ddp__mpi_started = 0;
+        return;
+    }
+    while ((o = m->head) != NULL) {
+        m->head = o->next;
+        DDP_FREE(o->host);
+        DDP_FREE(o);
+    }
+    for (i = 0; i < 2; i++)
+        for (j = 0; j < 2; j++)
+            if (m->half[i][j] != MPI_OP_NULL) MPI_Op_free(&m->half[i][j]);
+    if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
+    DDP_FREE(m);
+    if (ddp__mpi_groups == 0 && ddp__mpi_started) {
+        ddp__mpi_started = 0;
+        MPI_Finalize();
+    }
+}
+
+static const ddp__backend_vt ddp__mpi_backend = {"mpi", ddp__mpi_connect, ddp__mpi_submit, ddp__mpi_wait,
+                                                 ddp__mpi_destroy};
+#else
+#define DDP__MPI 0
+#endif
+
 /* ---- joining the job --------------------------------------------------------------------------- */
 
 /* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
@@ -5751,14 +6267,27 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
 #endif
 }
 
-DDP__PRIVATE ddp_status ddp__pick_backend(const ddp_desc* d, ddp_device dev, ddp_backend* out) {
+/* The backend desc.backend or DDP_BACKEND names (DEFAULT when neither does). ddp_init asks before
+   reading the environment, because the mpi backend takes the placement from MPI itself. */
+DDP__PRIVATE ddp_status ddp__named_backend(const ddp_desc* d, ddp_backend* out) {
     const char* env = getenv("DDP_BACKEND");
     *out = d->backend;
     if (*out == DDP_BACKEND_DEFAULT && env && *env) {
         if (!strcmp(env, "cpu") || !strcmp(env, "gloo")) *out = DDP_BACKEND_CPU;
         else if (!strcmp(env, "nccl")) *out = DDP_BACKEND_NCCL;
-        else return ddp__fail(DDP_ERR_ENV, "DDP_BACKEND=%s is not cpu or nccl", env);
+        else if (!strcmp(env, "mpi")) *out = DDP_BACKEND_MPI;
+        else return ddp__fail(DDP_ERR_ENV, "DDP_BACKEND=%s is not cpu, nccl or mpi", env);
     }
+    if (*out == DDP_BACKEND_MPI && !DDP__MPI)
+        return ddp__fail(DDP_ERR_NOT_BUILT, "the mpi backend was asked for (%s), but this program was built without "
+                         "it: compile with -DDDP_MPI and mpicc's flags (make builds the _mpi programs when it finds "
+                         "mpicc; apt-get install libopenmpi-dev), or use the cpu backend",
+                         d->backend == DDP_BACKEND_MPI ? "desc.backend" : "DDP_BACKEND=mpi");
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__pick_backend(const ddp_desc* d, ddp_device dev, ddp_backend* out) {
+    DDP__TRY(ddp__named_backend(d, out));
     if (*out == DDP_BACKEND_DEFAULT) *out = dev.type == DDP_DEVICE_CUDA ? DDP_BACKEND_NCCL : DDP_BACKEND_CPU;
     if (*out == DDP_BACKEND_NCCL && dev.type != DDP_DEVICE_CUDA)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "the nccl backend needs GPU buffers, but this rank's device is "
@@ -5782,7 +6311,14 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     pg->left_fd = pg->right_fd = -1;
     pthread_mutex_init(&pg->lock, NULL);
     pthread_cond_init(&pg->cond, NULL);
-    s = ddp_env_resolve(&d, &pg->env);
+    s = ddp__named_backend(&d, &pg->backend);
+#if DDP__MPI
+    if (s == DDP_OK && pg->backend == DDP_BACKEND_MPI) {
+        pg->vt = &ddp__mpi_backend; /* from here on ddp_destroy cleans MPI up */
+        s = ddp__mpi_join(&d, pg);  /* placement from MPI_COMM_WORLD; also creates the store */
+    } else
+#endif
+    if (s == DDP_OK) s = ddp_env_resolve(&d, &pg->env);
     if (s != DDP_OK) goto fail;
     pg->rank = pg->env.rank;
     pg->world = pg->env.world_size;
@@ -5819,6 +6355,10 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (pg->backend == DDP_BACKEND_NCCL) pg->vt = &ddp__nccl_backend;
     else
 #endif
+#if DDP__MPI
+    if (pg->backend == DDP_BACKEND_MPI) pg->vt = &ddp__mpi_backend;
+    else
+#endif
         pg->vt = &ddp__cpu_backend;
     memset(&sd, 0, sizeof sd);
     sd.host = pg->env.master_addr;
@@ -5826,7 +6366,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     sd.is_server = pg->rank == 0;
     sd.timeout_s = pg->timeout;
     sd.token = d.token;
-    s = ddp_store_create(&sd, &pg->store);
+    s = pg->store ? DDP_OK : ddp_store_create(&sd, &pg->store); /* the mpi backend made it already */
     if (s == DDP_OK) s = ddp__agree(pg);
     if (s == DDP_OK) s = pg->vt->connect(pg);
     if (s != DDP_OK) goto fail;
@@ -6057,6 +6597,9 @@ DDP__DEF ddp_status ddp_work_wait(ddp_work* w) {
 }
 
 DDP__DEF ddp_status ddp_work_test(ddp_work* w, int* done) {
+#if DDP__MPI
+    if (w->pg->vt == &ddp__mpi_backend) return ddp__mpi_test(w->pg, w, done);
+#endif
     pthread_mutex_lock(&w->pg->lock);
     *done = w->done;
     pthread_mutex_unlock(&w->pg->lock);
@@ -8094,7 +8637,8 @@ static const char ddp__ln_usage[] =
     "  --master-addr A      rank 0's machine (default 127.0.0.1)\n"
     "  --master-port P      rank 0's store port (default 29500)\n"
     "  --standalone         one machine: 127.0.0.1 and a free port (no clash with other jobs)\n"
-    "  --backend cpu|nccl   exported as DDP_BACKEND (default: the program chooses)\n"
+    "  --backend cpu|nccl   exported as DDP_BACKEND (default: the program chooses); for mpi,\n"
+    "                       start the program with mpirun instead of ddprun\n"
     "  --max-restarts N     when a rank fails, stop the others and start the job again, up to N\n"
     "                       times (default 0); ranks read DDP_RESTART_COUNT and resume from a snapshot\n"
     "  -h, --help           this text\n"
@@ -8247,7 +8791,11 @@ DDP__PRIVATE int ddp__ln_validate(ddp__ln_opts* o) {
         return 2;
     }
     if (o->backend && strcmp(o->backend, "cpu") != 0 && strcmp(o->backend, "nccl") != 0) {
-        fprintf(stderr, "ddprun: --backend %s is not one of cpu, nccl\n", o->backend);
+        /* MPI places its ranks itself: processes ddprun starts are separate MPI jobs of one rank */
+        if (!strcmp(o->backend, "mpi"))
+            fprintf(stderr, "ddprun: --backend mpi: MPI starts its own ranks, so run the program with mpirun instead "
+                    "(mpirun -np N program, with DDP_BACKEND=mpi; no ddprun and no MASTER_ADDR needed)\n");
+        else fprintf(stderr, "ddprun: --backend %s is not one of cpu, nccl\n", o->backend);
         return 2;
     }
     if (o->standalone) {

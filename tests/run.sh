@@ -235,6 +235,14 @@ else
     skp compile_c99_cuda "this build is CPU-only (see the make line above)"
     skp compile_cxx_cuda "this build is CPU-only (see the make line above)"
 fi
+if [ "${HAVE_MPI:-0}" = 1 ]; then
+    compile_mode c99_mpi "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_MPI ${MPI_CFLAGS:-}" "${MPI_LIBS:-}"
+    if [ $HAVE_GXX = 1 ]; then compile_mode cxx_mpi g++ "-x c++ $WFLAGS -DDDP_NO_CUDA -DDDP_MPI ${MPI_CFLAGS:-}" "-x none ${MPI_LIBS:-}"
+    else skp compile_cxx_mpi "no g++ on this machine"; fi
+else
+    skp compile_c99_mpi "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+    skp compile_cxx_mpi "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+fi
 
 # ---- make install: the pkg-config line a student uses builds and runs chapter 1 --------------
 echo "== install"
@@ -259,6 +267,7 @@ check_accuracy() {  # name, minimum, args...
     local name=$1 min=$2; shift 2
     local out acc
     out=$("$ex" "$@" 2>&1)
+    CHECK_OUT=$out  # for a later comparison
     acc=$(sed -n 's/^\(\[rank [0-9]*\]: \)\{0,1\}test accuracy: //p' <<<"$out")
     if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= $min)}"; then ok "$name ($acc >= $min)"
     else bad "$name" "expected test accuracy >= $min" "$(tail -n 3 <<<"$out")"; fi
@@ -289,10 +298,52 @@ if command -v mpirun >/dev/null 2>&1; then
     port=$((20000 + RANDOM % 20000))
     check_accuracy example03_mpirun_4_ranks 0.95 --allow-run-as-root --oversubscribe -np 4 -x MASTER_ADDR=127.0.0.1 \
         -x MASTER_PORT=$port "$BUILD/examples/03_multi_node" --device cpu --save-every 0
+    cpu03_out=$CHECK_OUT
 else
     skp example03_mpirun_4_ranks "Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
 fi
 ex="$BUILD/examples/01_single_gpu"
+
+# ---- the mpi backend: the *_mpi programs make builds with -DDDP_MPI when it finds mpicc ---------------
+# mpirun alone places the ranks (no ddprun, no MASTER_ADDR). tests/test_mpi runs test_pg.c's checks of
+# every collective, dtype and op against the exact reference, the bootstrap, and a timeout; the
+# chapter-3 example must end where the cpu backend ended above, under the same mpirun.
+echo "== mpi backend"
+mpi_skip=
+if [ ! -x "$BUILD/tests/test_mpi" ]; then mpi_skip="no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+elif ! command -v mpirun >/dev/null 2>&1; then mpi_skip="Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
+elif [ "${DDP_TSAN:-0}" = 1 ]; then
+    mpi_skip="Open MPI is not built with -fsanitize=thread, and TSan reports its own locking (mca_pml_ob1, mca_btl_tcp)"
+fi
+if [ -n "$mpi_skip" ]; then
+    for c in mpi_backend_np2 mpi_backend_np4 mpi_backend_timeout example03_mpi_backend_4_ranks; do skp "$c" "$mpi_skip"; done
+else
+    # fast_unwind_on_malloc=0 (used under make sanitize only): whole stacks through Open MPI's plugins,
+    # so that tests/lsan.supp tells what Open MPI keeps from what ddp.h would leak
+    mpirun_=(env -u MASTER_ADDR -u MASTER_PORT "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
+             timeout 120 mpirun --allow-run-as-root --oversubscribe)
+    run_prog mpi_backend_np2 "${mpirun_[@]}" -np 2 "$BUILD/tests/test_mpi"
+    run_prog mpi_backend_np4 "${mpirun_[@]}" -np 4 "$BUILD/tests/test_mpi"
+    # Rank 0 calls a collective rank 1 never calls. Both ranks then exit without MPI_Finalize (it could
+    # wait for the pending collective for ever), so mpirun's own status is not 0: the lines decide.
+    start=$(date +%s)
+    out=$("${mpirun_[@]}" -np 2 "$BUILD/tests/test_mpi" --timeout 2>&1)
+    el=$(( $(date +%s) - start ))
+    if grep -q "^ok   mpi_timeout_names_the_collective" <<<"$out" && grep -q "^ok   mpi_timeout_breaks_the_group" <<<"$out" &&
+       [ $el -lt 30 ]; then ok "mpi_backend_timeout (DDP_TIMEOUT 2 s; the job ended after $el s)"
+    else bad mpi_backend_timeout "after $el s:" "$(grep -E '^(ok|FAIL|skip)|DDP_ERR' <<<"$out" | head -n 6)"; fi
+    out=$("${mpirun_[@]}" -np 4 -x DDP_BACKEND=mpi -x DDP_DEBUG=INFO "$BUILD/examples/03_multi_node_mpi" --device cpu \
+          --save-every 0 2>&1)
+    acc=$(sed -n 's/^test accuracy: //p' <<<"$out"); loss=$(sed -n 's/^test loss: //p' <<<"$out")
+    acc_cpu=$(sed -n 's/^test accuracy: //p' <<<"${cpu03_out:-}"); loss_cpu=$(sed -n 's/^test loss: //p' <<<"${cpu03_out:-}")
+    if [ -n "$acc" ] && [ "$acc" = "$acc_cpu" ] && [ -n "$loss_cpu" ] && awk "BEGIN{d = $loss - $loss_cpu; exit !(d < 2e-3 && d > -2e-3)}" &&
+       [ "$(grep -c 'joined the job on host .*: backend mpi, .*(placement from mpi)' <<<"$out")" = 4 ]; then
+        ok "example03_mpi_backend_4_ranks (test accuracy $acc, loss $loss; the cpu backend: $acc_cpu, $loss_cpu)"
+    else
+        bad example03_mpi_backend_4_ranks "want the cpu backend's test accuracy ${acc_cpu:-?} and loss ${loss_cpu:-?} (+-0.002), 4 ranks on the mpi backend" \
+            "$(grep -E 'test (loss|accuracy)|joined|DDP_ERR' <<<"$out" | tail -n 6)"
+    fi
+fi
 
 # DDP_TRACE: one timeline per rank, with every kind of span the chapter on overlap shows
 rm -f "$TMP"/trace.*

@@ -194,8 +194,10 @@ single_env group_rank_not_a_number 'DDP_ERR_ENV: GROUP_RANK=x is not a whole num
     RANK=0 WORLD_SIZE=1 GROUP_RANK=x MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT
 
 # ---- other settings: backend, device, timeout ------------------------------------------------------
-single_env backend_unknown 'DDP_ERR_ENV: DDP_BACKEND=foo is not cpu or nccl' \
+single_env backend_unknown 'DDP_ERR_ENV: DDP_BACKEND=foo is not cpu, nccl or mpi' \
     RANK=0 WORLD_SIZE=1 DDP_BACKEND=foo MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT
+single_env backend_mpi_not_built 'DDP_ERR_NOT_BUILT: the mpi backend was asked for \(DDP_BACKEND=mpi\), but this program was built without it: compile with -DDDP_MPI' \
+    RANK=0 WORLD_SIZE=1 DDP_BACKEND=mpi MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT
 single_env backend_nccl_on_cpu 'DDP_ERR_INVALID_ARGUMENT: the nccl backend needs GPU buffers' \
     RANK=0 WORLD_SIZE=1 DDP_BACKEND=nccl MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT
 run_fg device_not_parsed 20 -- "$EX" --device cuda:x --epochs 1 --save-every 0

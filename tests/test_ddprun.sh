@@ -215,6 +215,7 @@ expect_usage_error bad_flag_node_rank "--node-rank" --node-rank 2 --nnodes 2 tru
 expect_usage_error bad_flag_no_program "no program" --nproc-per-node 2
 expect_usage_error bad_flag_unknown "--frobnicate" --frobnicate true
 expect_usage_error bad_flag_backend "--backend" --backend gloo true
+expect_usage_error bad_flag_backend_mpi "run the program with mpirun instead" --backend mpi true
 expect_usage_error bad_flag_missing_value "--master-port needs a value" --master-port
 
 out=$("$DDPRUN" --help 2>&1); rc=$?

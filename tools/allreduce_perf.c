@@ -11,6 +11,9 @@
    Run, one process per rank:
      build/ddprun --standalone --nproc-per-node 4 build/allreduce_perf -b 4K -e 256M -f 4
      MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 mpirun -x MASTER_ADDR -x MASTER_PORT -np 4 build/allreduce_perf
+     the mpi backend: MPI's own all-reduce, no MASTER_ADDR (make builds build/allreduce_perf_mpi,
+                with -DDDP_MPI, when it finds mpicc; that build uses the mpi backend unless
+                DDP_BACKEND names another):   mpirun -np 4 build/allreduce_perf_mpi
      or by hand: for r in 0 1; do RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 \
                    MASTER_ADDR=127.0.0.1 MASTER_PORT=29650 build/allreduce_perf & done; wait
    A single process (no launcher variables) is a world of one: busbw is 0 there.
@@ -356,7 +359,11 @@ int main(int argc, char** argv) {
     }
     es = ddp_dtype_size(o.dtype);
 
+#if defined(DDP_MPI)
+    DDP_CHECK(ddp_init(&(ddp_desc){.backend = getenv("DDP_BACKEND") ? DDP_BACKEND_DEFAULT : DDP_BACKEND_MPI}, &pg));
+#else
     DDP_CHECK(ddp_init(&(ddp_desc){.backend = DDP_BACKEND_DEFAULT}, &pg));
+#endif
     rank = ddp_rank(pg);
     world = ddp_world_size(pg);
     dev = ddp_pg_device(pg);
@@ -394,7 +401,8 @@ int main(int argc, char** argv) {
         char line[256], host_name[128] = "?", key[64];
         gethostname(host_name, sizeof host_name - 1);
         snprintf(line, sizeof line, "#  Rank %3d Pid %7ld on %12s device %-8s backend %s", rank, (long)getpid(),
-                 host_name, devname, ddp_pg_backend(pg) == DDP_BACKEND_NCCL ? "nccl" : "cpu");
+                 host_name, devname,
+                 ddp_pg_backend(pg) == DDP_BACKEND_NCCL ? "nccl" : ddp_pg_backend(pg) == DDP_BACKEND_MPI ? "mpi" : "cpu");
         snprintf(key, sizeof key, "allreduce_perf/rank/%d", rank);
         DDP_CHECK(ddp_store_set(ddp_pg_store(pg), key, line, strlen(line) + 1));
         if (rank == 0) {
