@@ -3920,6 +3920,7 @@ struct ddp_work {
     ddp_event* ready;      /* GPU buffers: recorded on the producer's stream at submit */
     int done;              /* guarded by pg->lock */
     int abandoned;         /* the waiter gave up: the communication thread frees it */
+    int lazy;              /* queued without waking the communication thread (see ddp__cpu_submit) */
     ddp_status status;
     char msg[sizeof ddp__err_msg]; /* the failure's message, carried to the waiting thread */
     ddp_work* next;
@@ -3963,7 +3964,8 @@ struct ddp_pg {
     pthread_t thread;
     int thread_started, stop;
     pthread_mutex_t lock;
-    pthread_cond_t cond;
+    pthread_cond_t cond;       /* the communication thread waits here for work */
+    pthread_cond_t done_cond;  /* callers wait here for their collectives */
     ddp_work *head, *tail;
     int inline_busy;           /* a collective is running on the caller's thread */
     ddp_work* running;         /* the collective the communication thread is running */
@@ -5246,7 +5248,7 @@ DDP__PRIVATE void ddp__work_finish(ddp_pg* pg, ddp_work* w, ddp_status s) {
         ddp_event_destroy(w->ready);
         DDP_FREE(w);
     }
-    pthread_cond_broadcast(&pg->cond);
+    pthread_cond_broadcast(&pg->done_cond);
 }
 
 /* The communication thread: take collectives in issue order, run each, mark it done. */
@@ -5278,12 +5280,16 @@ static void* ddp__comm_main(void* arg) {
     return NULL;
 }
 
+/* A lazy collective is one its caller is about to wait for (the reducer's last bucket: backward
+   has nothing left to overlap it with). Waking the idle communication thread for it would cost a
+   futex call and a thread switch on the core the caller needs; left in the queue, it runs on the
+   waiting thread instead, or on the communication thread if that is busy with earlier ones. */
 DDP__PRIVATE ddp_status ddp__cpu_submit(ddp_pg* pg, ddp_work* w) {
     pthread_mutex_lock(&pg->lock);
     if (pg->tail) pg->tail->next = w;
     else pg->head = w;
     pg->tail = w;
-    pthread_cond_broadcast(&pg->cond);
+    if (!w->lazy) pthread_cond_broadcast(&pg->cond);
     pthread_mutex_unlock(&pg->lock);
     return DDP_OK;
 }
@@ -5304,6 +5310,7 @@ DDP__PRIVATE ddp_status ddp__cpu_wait(ddp_pg* pg, ddp_work* w) {
         pthread_mutex_lock(&pg->lock);
         pg->inline_busy = 0;
         ddp__work_finish(pg, w, s);
+        if (pg->head) pthread_cond_signal(&pg->cond); /* it waited while this ran */
     }
     while (!w->done) {
         struct timespec ts;
@@ -5322,7 +5329,7 @@ DDP__PRIVATE ddp_status ddp__cpu_wait(ddp_pg* pg, ddp_work* w) {
         at = (double)tv.tv_sec + tv.tv_usec * 1e-6 + 0.5;
         ts.tv_sec = (time_t)at;
         ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
-        pthread_cond_timedwait(&pg->cond, &pg->lock, &ts);
+        pthread_cond_timedwait(&pg->done_cond, &pg->lock, &ts);
     }
     pthread_mutex_unlock(&pg->lock);
     s = w->status;
@@ -6311,6 +6318,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     pg->left_fd = pg->right_fd = -1;
     pthread_mutex_init(&pg->lock, NULL);
     pthread_cond_init(&pg->cond, NULL);
+    pthread_cond_init(&pg->done_cond, NULL);
     s = ddp__named_backend(&d, &pg->backend);
 #if DDP__MPI
     if (s == DDP_OK && pg->backend == DDP_BACKEND_MPI) {
@@ -6439,6 +6447,7 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
     ddp_store_destroy(pg->store);
     pthread_mutex_destroy(&pg->lock);
     pthread_cond_destroy(&pg->cond);
+    pthread_cond_destroy(&pg->done_cond);
     DDP_FREE(pg);
 }
 
@@ -6498,7 +6507,7 @@ DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w) {
 /* ---- the collectives' common entrance -------------------------------------------------------------- */
 
 DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const void* send, size_t count,
-                                        ddp_dtype dtype, ddp_reduce_op op, int root, ddp_work** work) {
+                                        ddp_dtype dtype, ddp_reduce_op op, int root, int lazy, ddp_work** work) {
     ddp_work* w;
     ddp_status s;
     if (work) *work = NULL;
@@ -6523,7 +6532,7 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
     w = (ddp_work*)ddp__calloc(sizeof *w);
     if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a work handle failed");
     w->pg = pg, w->kind = kind, w->buf = buf, w->send = send, w->count = count;
-    w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq;
+    w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq, w->lazy = lazy;
     ddp__flight_note(pg, w, DDP__FL_QUEUED);
     if (ddp_log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
         ddp__flight_note(pg, w, DDP__FL_FAILED);
@@ -6562,7 +6571,7 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
                 pg->broken = s;
                 snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
             }
-            pthread_cond_broadcast(&pg->cond);
+            if (pg->head) pthread_cond_signal(&pg->cond); /* queued by another thread meanwhile */
             pthread_mutex_unlock(&pg->lock);
             ddp_event_destroy(w->ready);
             DDP_FREE(w);
@@ -6608,18 +6617,18 @@ DDP__DEF ddp_status ddp_work_test(ddp_work* w, int* done) {
 
 DDP__DEF ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
                                    ddp_work** work) {
-    return ddp__collective(pg, DDP__ALL_REDUCE, buf, NULL, count, dtype, op, 0, work);
+    return ddp__collective(pg, DDP__ALL_REDUCE, buf, NULL, count, dtype, op, 0, 0, work);
 }
 DDP__DEF ddp_status ddp_broadcast(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, int root, ddp_work** work) {
-    return ddp__collective(pg, DDP__BROADCAST, buf, NULL, count, dtype, DDP_SUM, root, work);
+    return ddp__collective(pg, DDP__BROADCAST, buf, NULL, count, dtype, DDP_SUM, root, 0, work);
 }
 DDP__DEF ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
                                    ddp_work** work) {
-    return ddp__collective(pg, DDP__ALL_GATHER, recv, send, count, dtype, DDP_SUM, 0, work);
+    return ddp__collective(pg, DDP__ALL_GATHER, recv, send, count, dtype, DDP_SUM, 0, 0, work);
 }
 DDP__DEF ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
                                        ddp_reduce_op op, ddp_work** work) {
-    return ddp__collective(pg, DDP__REDUCE_SCATTER, recv, send, count, dtype, op, 0, work);
+    return ddp__collective(pg, DDP__REDUCE_SCATTER, recv, send, count, dtype, op, 0, 0, work);
 }
 DDP__DEF ddp_status ddp_barrier(ddp_pg* pg) {
     /* an all-reduce of one number: ordered with the other collectives, and done by every rank
@@ -6936,13 +6945,18 @@ DDP__PRIVATE ddp_status ddp__scale(ddp_model* m, float* dst, const float* src, s
 DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
     while (w->next_launch < w->nbuckets && w->buckets[w->next_launch].pending == 0) {
         ddp__bucket* b = &w->buckets[w->next_launch];
+        /* Every gradient is in once the last bucket goes: it is waited for next, so it need not
+           wake the communication thread (see ddp__cpu_submit). */
+        int lazy = w->next_launch == w->nbuckets - 1;
         ddp_status s;
         if (w->d.compress == DDP_F16 || w->d.compress == DDP_BF16) {
             s = ddp_convert(w->m->device, w->d.compress, b->wire, DDP_F32, b->buf, b->count, w->m->stream);
-            if (s == DDP_OK) s = ddp_all_reduce(w->pg, b->wire, b->count, w->d.compress, DDP_SUM, &b->work);
+            if (s == DDP_OK)
+                s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->wire, NULL, b->count, w->d.compress, DDP_SUM, 0, lazy,
+                                    &b->work);
             w->st.bytes_reduced += b->count * 2;
         } else {
-            s = ddp_all_reduce(w->pg, b->buf, b->count, DDP_F32, DDP_SUM, &b->work);
+            s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->buf, NULL, b->count, DDP_F32, DDP_SUM, 0, lazy, &b->work);
             w->st.bytes_reduced += b->count * 4;
         }
         if (s != DDP_OK) return s;
