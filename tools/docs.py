@@ -15,10 +15,12 @@ Markers, each on its own line in the Markdown:
       top folder, and must exit 0 (or, with `fails`, not 0) within S seconds (120). `root`: the
       block uses sudo and ip netns; it is skipped, with the reason, where those cannot run.
       `needs=PROGRAM`: skipped, with the reason, when PROGRAM is not installed.
-  <!-- output -->
+  <!-- output -->, or <!-- output rtol=R -->
       the fenced block on the next line is the output of the last run block: every line of it,
       except the `...` lines that mark cuts, must appear in the real output, in that order (a
-      process id, "pid 1234", matches any other).
+      process id, "pid 1234", matches any other). With rtol=R a number in a line matches a number
+      within R of it, relatively: for figures whose last digits depend on the CPU (OpenBLAS picks
+      its matrix kernels by the instruction set, and they round differently).
 
 Standard library only: this runs on a student's laptop too. Each block is one case of the test
 suite: "ok   NAME", "FAIL NAME" (and indented details) or "skip NAME: reason".
@@ -37,7 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIFF_OPEN = re.compile(r"^<!-- diff (\S+) (\S+)(?: max=(\d+))? -->$")
 DIFF_CLOSE = "<!-- /diff -->"
 RUN = re.compile(r"^<!-- run((?: fails| root| timeout=\d+| needs=\S+)*) -->$")
-OUTPUT = "<!-- output -->"
+OUTPUT = re.compile(r"^<!-- output(?: rtol=([0-9.eE+-]+))? -->$")
+NUMBER = re.compile(r"-?\d+\.\d+(?:[eE][+-]?\d+)?")
 
 
 def header_end(lines):
@@ -113,7 +116,7 @@ def diffs(check):
 
 
 def blocks(path):
-    """The runnable blocks of a Markdown file: [line, options, text, expected output]."""
+    """The runnable blocks of a Markdown file: [line, options, text, expected output, rtol]."""
     lines = open(path).read().split("\n")
     found, i = [], 0
 
@@ -129,11 +132,12 @@ def blocks(path):
         m = RUN.match(lines[i].strip())
         if m:
             body, end = fence(i + 1)
-            found.append([i + 2, m.group(1).split(), "\n".join(body), None])  # the fence's line
+            found.append([i + 2, m.group(1).split(), "\n".join(body), None, 0.0])  # the fence's line
             i = end
-        elif lines[i].strip() == OUTPUT:
+        elif OUTPUT.match(lines[i].strip()):
             if not found:
                 raise SystemExit("%s:%d: an output marker with no run block before it" % (path, i + 1))
+            found[-1][4] = float(OUTPUT.match(lines[i].strip()).group(1) or 0)
             found[-1][3], i = fence(i + 1)
         else:
             i += 1
@@ -151,20 +155,27 @@ def scratch(build):
     return d
 
 
-def same_line(shown, real):
-    """Equal, except that process ids never repeat from run to run."""
+def same_line(shown, real, rtol=0.0):
+    """Equal, except that process ids never repeat from run to run, and that with rtol each
+    decimal number may differ from the one shown by that much, relatively."""
     pid = re.compile(r"\bpid \d+")
-    return pid.sub("pid N", shown.rstrip()) == pid.sub("pid N", real.rstrip())
+    shown, real = pid.sub("pid N", shown.rstrip()), pid.sub("pid N", real.rstrip())
+    if not rtol:
+        return shown == real
+    a, b = NUMBER.findall(shown), NUMBER.findall(real)
+    if NUMBER.sub("#", shown) != NUMBER.sub("#", real) or len(a) != len(b):
+        return False
+    return all(abs(float(x) - float(y)) <= rtol * max(abs(float(x)), abs(float(y))) for x, y in zip(a, b))
 
 
-def missing_in_order(expected, actual):
+def missing_in_order(expected, actual, rtol=0.0):
     """The first shown line that the real output lacks (in order), or None."""
     at = 0
     for want in expected:
         want = want.rstrip()
         if want == "..." or not want:
             continue
-        while at < len(actual) and not same_line(want, actual[at]):
+        while at < len(actual) and not same_line(want, actual[at], rtol):
             at += 1
         if at == len(actual):
             return want
@@ -182,7 +193,7 @@ def run(build, files):
     for f in files:
         where = scratch(build)
         try:
-            for line, opts, text, expected in blocks(os.path.join(ROOT, f)):
+            for line, opts, text, expected, rtol in blocks(os.path.join(ROOT, f)):
                 fails = "fails" in opts
                 timeout = int(([o[8:] for o in opts if o.startswith("timeout=")] or ["120"])[0])
                 first = text.strip().split("\n")[0][:60]
@@ -210,7 +221,7 @@ def run(build, files):
                     continue
                 took = time.time() - start
                 actual = out.split("\n")
-                missing = missing_in_order(expected, actual) if expected is not None else None
+                missing = missing_in_order(expected, actual, rtol) if expected is not None else None
                 tail = ["    | " + l for l in actual[-8:]]
                 if (p.returncode != 0) != fails:
                     print("FAIL %s\n    %s (exit status %d)" % (
