@@ -46,7 +46,11 @@ WHAT EACH SECTION MEASURES
 
 METHOD. The launches of one round go round-robin over every setup of a section, so that a change
 in the machine's load hits peers alike; a cell is the MEDIAN of its launches (rounds), a launch's
-figure the median of its iterations or steps. Rounds: all-reduce 2, training steps 3. The
+figure the median of its iterations or steps. Rounds: all-reduce 5 for 4 KiB-1 MiB and 3 for 16-256
+MiB, training steps 5. On this kind of virtual machine the same program runs in a fast or a slow
+state of the host, for seconds at a time (1 MiB took 37 us in some launches and 120 us in others,
+for ddp.h and Open MPI alike; a 256 MiB shared-memory all-reduce 38 ms or 220 ms), so every cell
+gets an odd number of launches and a median that one odd launch cannot move. The
 sections, in the order each round runs them: all-reduce 4 KiB-1 MiB (30 iterations per size),
 the large model (sections 2, 3 and 4 share its launches), wine, all-reduce 16-256 MiB (3
 iterations). Round 1 of every section runs first, then round 2 of every section, and so on,
@@ -61,8 +65,9 @@ KNOBS (environment variables)
   BENCH_QUICK=1           a smoke run (~3 min): 1 round, all-reduce up to 16 MiB, 3 steps
   BENCH_BUDGET_S          seconds of measuring after which no later round starts (720; quick 200);
                           past it plus 90 s no launch starts at all (its cells say so)
-  BENCH_AR_ROUNDS         launches per all-reduce cell (2; quick 1)
-  BENCH_STEP_ROUNDS       launches per training cell (3; quick 1)
+  BENCH_AR_ROUNDS         launches per all-reduce cell of 16 MiB and more (3; quick 1)
+  BENCH_AR_SMALL_ROUNDS   launches per all-reduce cell of 4 KiB-1 MiB (5; quick 1)
+  BENCH_STEP_ROUNDS       launches per training cell (5; quick 1)
   BENCH_STEPS, BENCH_WARMUP  timed and warm-up steps per large-model launch (10, 2; quick 3, 1;
                           --gpu 50, 10, with BENCH_STEP_ROUNDS 3)
   BENCH_RANKS             all-reduce world sizes ("2 4")
@@ -98,8 +103,9 @@ def env_num(name, default, kind=float):
 QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
 BUDGET_S = env_num("BENCH_BUDGET_S", 200.0 if QUICK else 720.0)
 HARD_S = BUDGET_S + 90.0   # past this, not even round 1 starts another launch
-AR_ROUNDS = env_num("BENCH_AR_ROUNDS", 1 if QUICK else 2, int)
-STEP_ROUNDS = env_num("BENCH_STEP_ROUNDS", 1 if QUICK else 3, int)
+AR_ROUNDS = env_num("BENCH_AR_ROUNDS", 1 if QUICK else 3, int)
+AR_SMALL_ROUNDS = env_num("BENCH_AR_SMALL_ROUNDS", 1 if QUICK else 5, int)
+STEP_ROUNDS = env_num("BENCH_STEP_ROUNDS", 1 if QUICK else 5, int)
 STEPS = env_num("BENCH_STEPS", 3 if QUICK else 10, int)
 WARMUP = env_num("BENCH_WARMUP", 1 if QUICK else 2, int)
 LAUNCH_TIMEOUT_S = env_num("BENCH_LAUNCH_TIMEOUT_S", 240.0)
@@ -922,7 +928,8 @@ def main_cpu(build):
     # after every other round: on a busy machine their round is the longest by far (Open MPI's
     # shared memory slows down most), so when the budget runs short they are what is skipped, not
     # the training rounds or the small messages'.
-    ar = [("all-reduce %s" % group_name(g), (lambda r, g=g: ar_round(r, g)), AR_ROUNDS) for g in AR_GROUPS]
+    ar = [("all-reduce %s" % group_name(g), (lambda r, g=g: ar_round(r, g)),
+           AR_SMALL_ROUNDS if g[0] == "small" else AR_ROUNDS) for g in AR_GROUPS]
     sections = ar[:1] + [("large model", large_round, STEP_ROUNDS), ("wine", wine_round, STEP_ROUNDS)] + ar[1:]
     deferred = set(name for name, _, _ in ar[1:])
     schedule = [(rnd, sec) for rnd in range(1, max(r for _, _, r in sections) + 1) for sec in sections
