@@ -102,7 +102,7 @@
     DDP_SHM_CHUNK_BYTES     bytes per rank and chunk in the shared-memory segment (1 MiB).
     DDP_SHM_SPIN_US         how long a shared-memory wait on the communication thread spins
                             before it sleeps (20; a blocking call on the caller's thread spins
-                            50 times longer; 0 when there are more local ranks than cores).
+                            500 times longer; 0 when there are more local ranks than cores).
     DDP_SHM_STREAM_BYTES    all-reduces this large write their result past the caches (32 MiB).
     DDP_SHM_SLOT_STREAM_BELOW  collectives smaller than this write their shared-memory slots
                             past the caches, which the reading core fetches faster (512 KiB; 0: never).
@@ -4492,9 +4492,10 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
    a set again it waits until every rank has finished phase 1 of the chunk in between, which they
    do only after they are done with that set.
 
-   A rank waits for a counter by spinning for a few microseconds (a peer on another core answers
-   in less) and then sleeping on it (a futex on Linux, short sleeps elsewhere), so that two ranks on
-   two cores do not take turns burning the core the other needs. Every wait has the collective's
+   A rank waits for a counter by spinning (a peer on another core answers sooner than a sleeping
+   thread wakes) and then sleeping on it (a futex on Linux, short sleeps elsewhere): 20 us on the
+   communication thread, whose core the training thread needs during backward, and 10 ms in a
+   blocking call, which has nothing else to do; no spin when ranks outnumber the cores. Every wait has the collective's
    deadline and watches for a dead neighbour, a rank that left (ddp_destroy) and another rank's
    failure (the abort line). The header of each collective (ddp__ring_header) sits in the control
    block, so ranks that call different collectives fail with DDP_ERR_DESYNC as on the ring.
@@ -4630,9 +4631,13 @@ DDP__PRIVATE int ddp__shm_dead_neighbour(ddp_pg* pg) {
 DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32_t target, double deadline) {
     ddp__shm_rank* o = ddp__shm_rank_of(pg, q);
     ddp__shm_head* h = ddp__shm_head_of(pg);
-    /* on the caller's own thread (a blocking collective) this rank has nothing else to run, so
-       it can afford to spin longer before it sleeps */
-    double t = ddp__now(), spin_until = t + (ddp__comm_thread ? pg->shm_spin_s : pg->shm_spin_s * 50);
+    /* On the caller's own thread (a blocking collective) this rank has nothing else to run, so
+       it spins far longer before it sleeps (10 ms at the default). A sleeping rank idles its
+       core, and on a virtual machine the host may then hand that core away: waking it took up
+       to a millisecond here, the peer's wait then ran out too, and whole launches fell into a
+       pattern of alternate sleeps (1 MiB all-reduces at 900 us instead of 58 us in 2 of 6
+       launches with a 1 ms spin, none in 8 with 10 ms). */
+    double t = ddp__now(), spin_until = t + (ddp__comm_thread ? pg->shm_spin_s : pg->shm_spin_s * 500);
     int i;
     for (i = 0; !ddp__shm_reached(o, target); i++) {
         uint32_t who;
