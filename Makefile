@@ -233,7 +233,7 @@ fuzz: $(BUILD)/fuzz/fuzz_snapshot $(BUILD)/fuzz/fuzz_store
 
 # Side-by-side benchmarks (bench/run.py): the all-reduce against Open MPI and PyTorch gloo, DDP
 # training steps against PyTorch DDP, one table at the end and a CSV under $(BUILD)/bench/.
-# About 15 minutes on 2 cores; BENCH_QUICK=1 for a smoke run of about 3 (more knobs: bench/run.py).
+# About 9 minutes on 2 cores; BENCH_QUICK=1 for a smoke run of about 3 (more knobs: bench/run.py).
 # bench-gpu: the large model on one GPU, ddp.h against PyTorch, NCCL with one rank, and the CPU
 # backend with GPU buffers; every row says why it is skipped on a machine without a GPU.
 .PHONY: bench bench-gpu
@@ -274,7 +274,7 @@ help:
 	@echo "make test       run the CPU test suite (last line: N passed, N failed, N skipped)"
 	@echo "make diffs      regenerate the chapter diffs that TUTORIAL.md shows"
 	@echo "make figures   measure and draw the tutorial's figures (gnuplot); figures-render: draw only"
-	@echo "make bench      ddp.h beside Open MPI, gloo and PyTorch DDP (~15 min; BENCH_QUICK=1: ~3), CSV in $(BUILD)/bench/"
+	@echo "make bench      ddp.h beside Open MPI, gloo and PyTorch DDP (~9 min; BENCH_QUICK=1: ~3), CSV in $(BUILD)/bench/"
 	@echo "make bench-gpu  the large model on one GPU: ddp.h vs PyTorch, NCCL with one rank (skips without a GPU)"
 	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks"
 	@echo "make test-gpu   run the GPU tests (needs a GPU)"

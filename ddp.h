@@ -108,7 +108,7 @@
                             past the caches, which the reading core fetches faster (512 KiB; 0: never).
     DDP_BIND=core|none      ranks on one machine each keep to their own share of its cores
                             (Linux; core, the default, when there is a core per local rank).
-    DDP_RING_PIECE_BYTES    size of the pieces the CPU ring pipelines (256 KiB).
+    DDP_RING_PIECE_BYTES    size of the pieces the CPU ring pipelines (1 MiB).
     DDP_SIMULATE_NS_PER_BYTE  make every CPU-backend collective last at least this long per
                             byte: a slow network, to watch communication overlap backward.
     DDP_NCCL_RING=1         the NCCL backend runs the ring of >>ring instead of ncclAllReduce.
@@ -5372,7 +5372,11 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     const char* piece_env = getenv("DDP_RING_PIECE_BYTES");
-    size_t piece_bytes = piece_env && atol(piece_env) > 0 ? (size_t)atol(piece_env) : (size_t)256 << 10;
+    /* 1 MiB, from a measurement on 2 cores over loopback: against 256 KiB pieces, the 256 MiB
+       all-reduce took 147 ms instead of 177 on 2 ranks and 416 instead of 581 on 4; 4-64 MiB
+       were the same on 2 ranks and up to 1.3x faster on 4; only 1 MiB on 4 ranks lost (1.9 ms
+       against 1.7). Fewer pieces mean fewer system calls and wake-ups per byte. */
+    size_t piece_bytes = piece_env && atol(piece_env) > 0 ? (size_t)atol(piece_env) : (size_t)1 << 20;
     const char* sim = getenv("DDP_SIMULATE_NS_PER_BYTE");
     pg->left_fd = pg->right_fd = -1;
     pg->piece_elems = piece_bytes / 4 ? piece_bytes / 4 : 1;
