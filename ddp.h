@@ -104,7 +104,7 @@
                             before it sleeps (20; a blocking call on the caller's thread spins
                             500 times longer; 0 when there are more local ranks than cores).
     DDP_SHM_STREAM_BYTES    all-reduces this large write their result past the caches (32 MiB).
-    DDP_SHM_SLOT_STREAM_BELOW  collectives smaller than this write their shared-memory slots
+    DDP_SHM_SLOT_STREAM_BELOW  all-reduces smaller than this write their shared-memory slots
                             past the caches, which the reading core fetches faster (512 KiB; 0: never).
     DDP_BIND=core|none      ranks on one machine each keep to their own share of its cores
                             (Linux; core, the default, when there is a core per local rank).
@@ -3985,7 +3985,7 @@ struct ddp_pg {
     uint64_t shm_chunks;       /* chunks done: picks the slot set */
     double shm_spin_s;         /* how long a wait spins before it sleeps */
     size_t shm_stream_bytes;   /* collectives this large copy their result out with streaming stores */
-    size_t shm_slot_stream;    /* collectives smaller than this write their slots with streaming stores */
+    size_t shm_slot_stream;    /* all-reduces smaller than this write their slots with streaming stores */
     void* nccl;                /* the NCCL backend's state */
     void* mpi;                 /* the MPI backend's state (>>mpi) */
     ddp__flight flight[DDP__FLIGHT_N]; /* the last collectives, slot seq % N; under `lock` */
@@ -4632,11 +4632,9 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
     ddp__shm_rank* o = ddp__shm_rank_of(pg, q);
     ddp__shm_head* h = ddp__shm_head_of(pg);
     /* On the caller's own thread (a blocking collective) this rank has nothing else to run, so
-       it spins far longer before it sleeps (10 ms at the default). A sleeping rank idles its
-       core, and on a virtual machine the host may then hand that core away: waking it took up
-       to a millisecond here, the peer's wait then ran out too, and whole launches fell into a
-       pattern of alternate sleeps (1 MiB all-reduces at 900 us instead of 58 us in 2 of 6
-       launches with a 1 ms spin, none in 8 with 10 ms). */
+       it spins far longer before it sleeps (10 ms at the default). With a 1 ms spin, whole
+       launches on a 2-core virtual machine fell into ranks taking turns to sleep: 1 MiB
+       all-reduces at 900 us instead of 58 us in 2 of 6 launches, none in 8 with 10 ms. */
     double t = ddp__now(), spin_until = t + (ddp__comm_thread ? pg->shm_spin_s : pg->shm_spin_s * 500);
     int i;
     for (i = 0; !ddp__shm_reached(o, target); i++) {
@@ -4805,8 +4803,9 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
     /* A slot is written by one core and read by another. Measured on a 2-core AMD EPYC virtual
        machine, a line another core's stores left in its cache reached the reader more slowly than
        one written past the caches: with streaming slot writes, 64-256 KiB all-reduces took about
-       half the time, and from 512 KiB on (where the CPU's own large copies already behave so)
-       they were slower. Hence a threshold (DDP_SHM_SLOT_STREAM_BELOW) instead of always. */
+       half the time, and from 512 KiB on they were slower. Hence a threshold
+       (DDP_SHM_SLOT_STREAM_BELOW) instead of always; only the all-reduce was measured, so only
+       it streams. */
     const int slot_stream = n * es < pg->shm_slot_stream;
     unsigned char empty[64];
     if (!host) host = empty; /* an empty collective on a rank with no buffer: still checked, nothing copied */

@@ -48,8 +48,8 @@ METHOD. The launches of one round go round-robin over every setup of a section, 
 in the machine's load hits peers alike; a cell is the MEDIAN of its launches (rounds), a launch's
 figure the median of its iterations or steps. Rounds: all-reduce 5 for 4 KiB-1 MiB and 3 for 16-256
 MiB, training steps 5. On this kind of virtual machine the same program runs in a fast or a slow
-state of the host, for seconds at a time (1 MiB took 37 us in some launches and 120 us in others,
-for ddp.h and Open MPI alike; a 256 MiB shared-memory all-reduce 38 ms or 220 ms), so every cell
+state of the host, for seconds at a time (Open MPI's 1 MiB took 138 us in some launches and 387 us
+in others; ddp.h's 256 MiB over shared memory 38 ms or 220 ms), so every cell
 gets an odd number of launches and a median that one odd launch cannot move. The
 sections, in the order each round runs them: all-reduce 4 KiB-1 MiB (30 iterations per size),
 the large model (sections 2, 3 and 4 share its launches), wine, all-reduce 16-256 MiB (3
