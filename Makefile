@@ -115,6 +115,22 @@ ifeq ($(filter clean help,$(MAKECMDGOALS)),)
   $(info $(MPI_LINE))
 endif
 
+# ---- the GPU stand-in (tests/fakegpu): CUDA, cuBLAS, NVRTC and NCCL on the CPU, for make test ------
+# Built whenever the CUDA toolkit is found. The programs under $(BUILD)/fakegpu/ are the same sources
+# as everywhere else, compiled against NVIDIA's headers and linked with the stand-in instead of the
+# real libraries; tests/run.sh runs them on fake GPUs (FAKEGPU_DEVICES=N).
+FAKE_DIR := $(BUILD)/fakegpu
+FAKE_LIB := $(FAKE_DIR)/libfakegpu.so
+FAKE_SRC := tests/fakegpu/runtime.c tests/fakegpu/nvrtc.c tests/fakegpu/cublas.c tests/fakegpu/nccl.c
+FAKE_PROGS :=
+ifeq ($(HAVE_CUDA),1)
+  FAKE_LIBS  := -L$(FAKE_DIR) -Wl,-rpath,$(abspath $(FAKE_DIR)) -lfakegpu
+  FAKE_PROGS := $(FAKE_DIR)/tests/fakegpu/selftest $(FAKE_DIR)/tests/test_gpu $(FAKE_DIR)/tests/test_gpu_pg \
+                $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/examples/01_single_gpu $(FAKE_DIR)/examples/02_multi_gpu \
+                $(FAKE_DIR)/examples/04_fault_tolerance $(FAKE_DIR)/examples/05_large_mlp \
+                $(FAKE_DIR)/bench/large_mlp_launched
+endif
+
 DDP_CFLAGS := -I. $(CUDA_CFLAGS) $(BLAS_CFLAGS)
 DDP_LIBS   := $(CUDA_LIBS) $(BLAS_LIBS) -lpthread -lm
 export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS HAVE_MPI MPI_CFLAGS MPI_LIBS
@@ -139,7 +155,7 @@ ifneq ($(HAVE_MPI),1)
 endif
 
 .PHONY: all demo test test-faults test-gpu diffs sanitize tsan fuzz install uninstall clean help
-all: $(EXAMPLES) $(TOOLS) $(TESTS) $(MPI_PROGS)
+all: $(EXAMPLES) $(TOOLS) $(TESTS) $(MPI_PROGS) $(FAKE_PROGS)
 
 $(BUILD)/%: tools/%.c ddp.h
 	@mkdir -p $(@D)
@@ -163,6 +179,25 @@ $(BUILD)/examples/%_mpi: examples/%.c ddp.h
 $(BUILD)/tests/test_mpi: tests/test_mpi.c tests/test_pg.c ddp.h tests/harness.h
 	@mkdir -p $(@D)
 	$(MPI_BUILD)
+
+# The stand-in library (C, warning-free; visibility hidden but for the API calls it implements), and
+# programs linked with it in place of cudart, cuBLAS, NVRTC and NCCL.
+$(FAKE_LIB): $(FAKE_SRC) tests/fakegpu/fakegpu.h tests/fakegpu/kernel_shim.h
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) -fPIC -shared -fvisibility=hidden $(CUDA_CFLAGS) \
+	  -DFAKEGPU_SHIM='"$(abspath tests/fakegpu/kernel_shim.h)"' $(FAKE_SRC) -o $@ $(LDFLAGS) -lpthread -ldl -lrt
+$(FAKE_DIR)/tests/fakegpu/selftest: tests/fakegpu/selftest.c tests/harness.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) $(CUDA_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) -lpthread
+$(FAKE_DIR)/tests/%: tests/%.c ddp.h tests/harness.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
+$(FAKE_DIR)/examples/%: examples/%.c ddp.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
+$(FAKE_DIR)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/05_large_mlp.c ddp.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
 
 # The main job: the chapter-3 program (examples/02_multi_gpu.c) on 4 ranks (CPU backend) on the bundled wine data.
 demo: all

@@ -343,7 +343,8 @@ DDP_API int ddp_cuda_device_count(void);
 DDP_API const char* ddp_cuda_unavailable_reason(void);
 /* Parse "cpu", "cuda", "cuda:N" or "auto" into *out. DDP_ERR_INVALID_ARGUMENT on anything else. */
 DDP_API ddp_status ddp_device_parse(const char* text, ddp_device* out);
-/* Turn DDP_DEVICE_AUTO into a concrete device and check that a CUDA device exists.
+/* Turn DDP_DEVICE_AUTO into a concrete device and check that a CUDA device exists (a CPU device
+   never starts CUDA, so a program may still fork GPU ranks afterwards).
    DDP_ERR_NO_GPU or DDP_ERR_NOT_BUILT when CUDA was asked for but cannot be used. */
 DDP_API ddp_status ddp_device_resolve(ddp_device want, ddp_device* out);
 /* "cpu" or "cuda:N" into buf (at least 16 bytes); returns buf. */
@@ -386,11 +387,12 @@ DDP_API ddp_status ddp_event_sync(ddp_event* e);
 /* *done = 1 if `e` has happened, else 0, without blocking. DDP_ERR_CUDA on failure. */
 DDP_API ddp_status ddp_event_query(ddp_event* e, int* done);
 
-/* Copy nbytes from src on src_dev to dst on dst_dev, in order on `s` (NULL: now, blocking).
-   Any pair of CPU and CUDA devices. DDP_ERR_CUDA on failure. */
+/* Copy nbytes from src on src_dev to dst on dst_dev, in order on `s`; with s NULL, now: after all
+   work queued on the GPU, and landed when it returns. Any pair of CPU and CUDA devices.
+   DDP_ERR_CUDA on failure. */
 DDP_API ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
                             size_t nbytes, ddp_stream* s);
-/* Set nbytes at p on `d` to zero, in order on `s` (NULL: now). DDP_ERR_CUDA on failure. */
+/* Set nbytes at p on `d` to zero, in order on `s` (NULL: now, as ddp_copy). DDP_ERR_CUDA on failure. */
 DDP_API ddp_status ddp_zero(ddp_device d, void* p, size_t nbytes, ddp_stream* s);
 
 typedef enum ddp_dtype {
@@ -1490,8 +1492,11 @@ DDP__PRIVATE ddp_status ddp__fail_gpu_index(int index, int ngpus) {
 }
 
 DDP__DEF ddp_status ddp_device_resolve(ddp_device want, ddp_device* out) {
-    int n = ddp_cuda_device_count();
+    int n;
     *out = want;
+    /* asking CUDA starts it, and a process that forks after that cannot give its children a GPU */
+    if (want.type == DDP_DEVICE_CPU) { out->index = 0; return DDP_OK; }
+    n = ddp_cuda_device_count();
     if (want.type == DDP_DEVICE_AUTO) {
         if (n > 0) {
             out->type = DDP_DEVICE_CUDA;
@@ -1503,7 +1508,6 @@ DDP__DEF ddp_status ddp_device_resolve(ddp_device want, ddp_device* out) {
         }
         return DDP_OK;
     }
-    if (want.type == DDP_DEVICE_CPU) { out->index = 0; return DDP_OK; }
 #if !DDP__CUDA
     return ddp__fail(DDP_ERR_NOT_BUILT, "device cuda:%d was asked for, but %s", want.index,
                      ddp_cuda_unavailable_reason());
@@ -1536,12 +1540,17 @@ DDP__DEF ddp_status ddp_alloc(ddp_device d, size_t nbytes, void** out) {
     if (nbytes == 0) return DDP_OK;
     if (d.type == DDP_DEVICE_CUDA) {
 #if DDP__CUDA
+        cudaError_t e;
         DDP__TRY(ddp_device_activate(d));
         DDP__CU(cudaMalloc(out, nbytes));
-        if (cudaMemset(*out, 0, nbytes) != cudaSuccess) {
+        /* cudaMemset returns before it is done, on the legacy stream, which the library's own
+           streams do not wait for: the zeros must have landed before anyone uses the buffer */
+        e = cudaMemset(*out, 0, nbytes);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+        if (e != cudaSuccess) {
             cudaFree(*out);
             *out = NULL;
-            return ddp__fail_cuda(cudaGetLastError(), "cudaMemset(new buffer)", __LINE__);
+            return ddp__fail_cuda(e, "cudaMemset(new buffer)", __LINE__);
         }
         return DDP_OK;
 #else
@@ -1735,8 +1744,12 @@ DDP__DEF ddp_status ddp_event_query(ddp_event* e, int* done) {
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
-                             size_t nbytes, ddp_stream* s) {
+/* A copy that the caller has already ordered after the work producing src (an event waited for):
+   on the legacy stream, and landed when it returns (cudaMemcpy from pageable memory returns once
+   the source is staged, before the bytes are on the device). Waits for no other stream, so the
+   CPU backend's thread can stage a bucket while backward goes on. */
+DDP__PRIVATE ddp_status ddp__copy_now(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
+                                      size_t nbytes) {
     if (nbytes == 0) return DDP_OK;
     if (dst_dev.type != DDP_DEVICE_CUDA && src_dev.type != DDP_DEVICE_CUDA) {
         memcpy(dst, src, nbytes);
@@ -1745,11 +1758,32 @@ DDP__DEF ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, 
 #if DDP__CUDA
     /* cudaMemcpyDefault: unified addressing tells the runtime which side each pointer is on */
     DDP__TRY(ddp_device_activate(dst_dev.type == DDP_DEVICE_CUDA ? dst_dev : src_dev));
-    if (s && s->dev.type == DDP_DEVICE_CUDA)
-        DDP__CU(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, s->s));
-    else
-        DDP__CU(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
+    DDP__CU(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
+    DDP__CU(cudaStreamSynchronize(cudaStreamLegacy));
     return DDP_OK;
+#else
+    return ddp__fail(DDP_ERR_NOT_BUILT, "cannot copy to or from a GPU: %s", ddp_cuda_unavailable_reason());
+#endif
+}
+
+DDP__DEF ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
+                             size_t nbytes, ddp_stream* s) {
+    if (nbytes == 0) return DDP_OK;
+    if (dst_dev.type != DDP_DEVICE_CUDA && src_dev.type != DDP_DEVICE_CUDA) {
+        memcpy(dst, src, nbytes);
+        return DDP_OK;
+    }
+#if DDP__CUDA
+    if (s && s->dev.type == DDP_DEVICE_CUDA) {
+        DDP__TRY(ddp_device_activate(s->dev));
+        DDP__CU(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, s->s));
+        return DDP_OK;
+    }
+    /* "now": after everything queued on the GPU (the model's own stream included: the legacy
+       stream that cudaMemcpy uses does not wait for the library's non-blocking streams) */
+    DDP__TRY(ddp_device_activate(dst_dev.type == DDP_DEVICE_CUDA ? dst_dev : src_dev));
+    DDP__CU(cudaDeviceSynchronize());
+    return ddp__copy_now(dst_dev, dst, src_dev, src, nbytes);
 #else
     (void)s;
     return ddp__fail(DDP_ERR_NOT_BUILT, "cannot copy to or from a GPU: %s",
@@ -1765,8 +1799,14 @@ DDP__DEF ddp_status ddp_zero(ddp_device d, void* p, size_t nbytes, ddp_stream* s
     }
 #if DDP__CUDA
     DDP__TRY(ddp_device_activate(d));
-    if (s && s->dev.type == DDP_DEVICE_CUDA) DDP__CU(cudaMemsetAsync(p, 0, nbytes, s->s));
-    else DDP__CU(cudaMemset(p, 0, nbytes));
+    if (s && s->dev.type == DDP_DEVICE_CUDA) {
+        DDP__CU(cudaMemsetAsync(p, 0, nbytes, s->s));
+        return DDP_OK;
+    }
+    /* now, as ddp_copy: after the queued work, and done when it returns */
+    DDP__CU(cudaDeviceSynchronize());
+    DDP__CU(cudaMemset(p, 0, nbytes));
+    DDP__CU(cudaStreamSynchronize(cudaStreamLegacy));
     return DDP_OK;
 #else
     (void)s;
@@ -3902,6 +3942,7 @@ DDP__DEF ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count)
      connect  set up connections once the store is up (collective);
      submit   start one collective (must not block on peers);
      wait     block until that collective is done or its deadline passes;
+     test     whether it is done, without blocking;
      destroy  close everything.
 */
 
@@ -3945,6 +3986,7 @@ typedef struct ddp__backend_vt {
     ddp_status (*connect)(ddp_pg* pg);
     ddp_status (*submit)(ddp_pg* pg, ddp_work* w);
     ddp_status (*wait)(ddp_pg* pg, ddp_work* w);
+    ddp_status (*test)(ddp_pg* pg, ddp_work* w, int* done);
     void (*destroy)(ddp_pg* pg);
 } ddp__backend_vt;
 
@@ -5206,8 +5248,8 @@ DDP__PRIVATE ddp_status ddp__cpu_copy_out(ddp_pg* pg, ddp_work* w, unsigned char
     const size_t es = ddp_dtype_size(w->dtype);
     size_t total = w->kind == DDP__ALL_GATHER ? w->count * (size_t)pg->world : w->count;
     if (w->kind == DDP__REDUCE_SCATTER)
-        return ddp_copy(pg->device, w->buf, ddp__cpu(), host + (size_t)pg->rank * w->count * es, w->count * es, NULL);
-    if (host != (unsigned char*)w->buf) return ddp_copy(pg->device, w->buf, ddp__cpu(), host, total * es, NULL);
+        return ddp__copy_now(pg->device, w->buf, ddp__cpu(), host + (size_t)pg->rank * w->count * es, w->count * es);
+    if (host != (unsigned char*)w->buf) return ddp__copy_now(pg->device, w->buf, ddp__cpu(), host, total * es);
     return DDP_OK;
 }
 
@@ -5226,12 +5268,12 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
         DDP__TRY(ddp__staging(pg, total * es));
         host = pg->staging;
         if (w->kind == DDP__ALL_REDUCE || w->kind == DDP__BROADCAST)
-            DDP__TRY(ddp_copy(ddp__cpu(), host, pg->device, w->buf, total * es, NULL));
+            DDP__TRY(ddp__copy_now(ddp__cpu(), host, pg->device, w->buf, total * es));
         else if (w->kind == DDP__REDUCE_SCATTER)
-            DDP__TRY(ddp_copy(ddp__cpu(), host, pg->device, w->send, total * es, NULL));
+            DDP__TRY(ddp__copy_now(ddp__cpu(), host, pg->device, w->send, total * es));
         else /* all-gather: our part goes to its place */
-            DDP__TRY(ddp_copy(ddp__cpu(), host + (size_t)pg->rank * w->count * es, pg->device, w->send,
-                              w->count * es, NULL));
+            DDP__TRY(ddp__copy_now(ddp__cpu(), host + (size_t)pg->rank * w->count * es, pg->device, w->send,
+                                   w->count * es));
     }
     /* A simulated slow network (for experiments with overlap): each collective takes at least as
        long as its bytes would need at the given speed. */
@@ -5499,16 +5541,32 @@ DDP__PRIVATE void ddp__cpu_destroy(ddp_pg* pg) {
     pg->staging = pg->piece = NULL;
 }
 
+/* ddp_work_test: the communication thread marks a collective done under the group's lock. */
+DDP__PRIVATE ddp_status ddp__cpu_test(ddp_pg* pg, ddp_work* w, int* done) {
+    pthread_mutex_lock(&pg->lock);
+    *done = w->done;
+    pthread_mutex_unlock(&pg->lock);
+    return DDP_OK;
+}
+
 static const ddp__backend_vt ddp__cpu_backend = {"cpu", ddp__cpu_connect, ddp__cpu_submit, ddp__cpu_wait,
-                                                 ddp__cpu_destroy};
+                                                 ddp__cpu_test, ddp__cpu_destroy};
 
 /* ---- the NCCL backend (>>nccl) ------------------------------------------------------------------ */
 /*
    One communicator per process group, made from an id that rank 0 draws and shares through the
-   store, created non-blocking so that every wait can keep a deadline. Collectives run on the
-   group's own stream, which first waits (by an event, not a host sync) for the work queued on the
-   producer's stream. ddp_work_wait polls the collective's end event and NCCL's asynchronous error
-   until the deadline; on a timeout the communicator is aborted so that no rank hangs.
+   store, created non-blocking so that every wait can keep a deadline. Non-blocking means that
+   NCCL may answer a call with ncclInProgress and put the work on its stream later: until
+   ncclCommGetAsyncError says ncclSuccess, the collective is not yet on the stream (an event
+   recorded there would mark a point before it) and the communicator refuses every other call. So
+   each call is followed by ddp__nccl_settle, which polls until NCCL has taken the work.
+
+   Collectives run on the group's own stream, which first waits (by an event, not a host sync) for
+   the work queued on the producer's stream, so that the model's stream goes on with backward while
+   a bucket is reduced (overlap). ddp_work_wait polls the collective's end event and NCCL's
+   asynchronous error until the deadline, then makes the producer's stream wait for the result, as
+   PyTorch's Work.wait() does. An error or a timeout aborts the communicator (ncclCommAbort), the
+   one call NCCL promises will not hang when a peer has died, and breaks the group.
 
    DDP_NCCL_RING=1 swaps ncclAllReduce for the ring of >>ring written with ncclSend/ncclRecv and a
    reduction kernel, so the tutorial can put the library call and the algorithm side by side.
@@ -5523,16 +5581,21 @@ static const ddp__backend_vt ddp__cpu_backend = {"cpu", ddp__cpu_connect, ddp__c
 #pragma GCC diagnostic pop
 #endif
 
+#define DDP__NCCL_EVENTS 16
 typedef struct ddp__nccl {
-    ncclComm_t comm;
+    ncclComm_t comm;        /* NULL once aborted */
     ddp_stream* stream;
+    ddp_event* produced;    /* where the producer's stream was at the last submit */
+    ddp_event* spare[DDP__NCCL_EVENTS]; /* end events of finished collectives, for the next ones */
+    int nspare;
     int own_ring;
     void* scratch;          /* one received segment, for the hand-written ring */
     size_t scratch_bytes;
 } ddp__nccl;
 
 DDP__PRIVATE ddp_status ddp__fail_nccl(ddp_pg* pg, ncclResult_t r, const char* call, int line) {
-    const char* last = (pg && pg->nccl) ? ncclGetLastError(((ddp__nccl*)pg->nccl)->comm) : "";
+    ddp__nccl* n = pg ? (ddp__nccl*)pg->nccl : NULL;
+    const char* last = n && n->comm ? ncclGetLastError(n->comm) : "";
     return ddp__fail(DDP_ERR_NCCL, "%s failed (ddp.h:%d): %s%s%s; likely cause: %s", call, line, ncclGetErrorString(r),
                      last && *last ? " - " : "", last ? last : "",
                      r == ncclSystemError ? "a network or system problem (NCCL_DEBUG=INFO shows which; on several "
@@ -5541,30 +5604,56 @@ DDP__PRIVATE ddp_status ddp__fail_nccl(ddp_pg* pg, ncclResult_t r, const char* c
                      : r == ncclRemoteError ? "another rank failed or died"
                                             : "see the NCCL documentation");
 }
-#define DDP__NCCL_TRY(call)                                                                              \
-    do {                                                                                           \
-        ncclResult_t nc_r_ = (call);                                                               \
-        if (nc_r_ != ncclSuccess && nc_r_ != ncclInProgress)                                       \
-            return ddp__fail_nccl(pg, nc_r_, #call, __LINE__);                                     \
-    } while (0)
 
-/* Wait until the non-blocking communicator has no operation in progress, or the deadline. */
+/* Abort the communicator (never hangs, unlike ncclCommDestroy after a failure) and break the
+   group with the error just set, so that every later call says why. Returns that status. */
+DDP__PRIVATE ddp_status ddp__nccl_break(ddp_pg* pg, ddp_status s) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    if (n->comm) ncclCommAbort(n->comm);
+    n->comm = NULL;
+    pthread_mutex_lock(&pg->lock);
+    if (!pg->broken) {
+        pg->broken = s;
+        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+    }
+    pthread_mutex_unlock(&pg->lock);
+    return s;
+}
+
+/* Poll without burning a core for long: freely for the first millisecond, then sleeping a
+   sixteenth of the time waited so far (10 us to 1 ms), so a wait ends at most about 6% late. */
+DDP__PRIVATE void ddp__nccl_pause(double started) {
+    double waited = ddp__now() - started;
+    if (waited < 1e-3) return;
+    ddp__sleep(waited / 16 < 1e-5 ? 1e-5 : waited / 16 > 1e-3 ? 1e-3 : waited / 16);
+}
+
+/* Wait until the non-blocking communicator has taken the last call (ncclCommGetAsyncError says
+   ncclSuccess), or it reports an error, or the deadline passes: both break the group. */
 DDP__PRIVATE ddp_status ddp__nccl_settle(ddp_pg* pg, double deadline, const char* what) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    double start = ddp__now();
     for (;;) {
-        ncclResult_t st = ncclSuccess;
-        DDP__NCCL_TRY(ncclCommGetAsyncError(n->comm, &st));
+        ncclResult_t st = ncclSuccess, r = ncclCommGetAsyncError(n->comm, &st);
+        if (r != ncclSuccess) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, "ncclCommGetAsyncError", __LINE__));
         if (st == ncclSuccess) return DDP_OK;
-        if (st != ncclInProgress) return ddp__fail_nccl(pg, st, what, __LINE__);
-        if (ddp__now() >= deadline) {
-            ncclCommAbort(n->comm);
-            n->comm = NULL;
-            return ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the communicator was aborted "
-                             "(a rank is missing, stuck or on another collective)", what, pg->timeout);
-        }
-        ddp__sleep(0.0005);
+        if (st != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, st, what, __LINE__));
+        if (ddp__now() >= deadline)
+            return ddp__nccl_break(pg, ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the communicator "
+                                                 "was aborted (a rank is missing, stuck or on another collective)",
+                                                 what, pg->timeout));
+        ddp__nccl_pause(start);
     }
 }
+
+/* One NCCL call's result: ncclInProgress waits until NCCL has taken the call; an error breaks
+   the group (its peers are now out of step with it). */
+DDP__PRIVATE ddp_status ddp__nccl_done(ddp_pg* pg, ncclResult_t r, const char* call, int line) {
+    if (r == ncclInProgress) return ddp__nccl_settle(pg, ddp__now() + pg->timeout, call);
+    if (r != ncclSuccess) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, call, line));
+    return DDP_OK;
+}
+#define DDP__NCCL(call) DDP__TRY(ddp__nccl_done(pg, (call), #call, __LINE__))
 
 DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
     ddp__nccl* n;
@@ -5578,7 +5667,8 @@ DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
     n->own_ring = ring && *ring == '1';
     DDP__TRY(ddp_device_activate(pg->device));
     if (pg->rank == 0) {
-        DDP__NCCL_TRY(ncclGetUniqueId(&id));
+        ncclResult_t r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess) return ddp__fail_nccl(pg, r, "ncclGetUniqueId", __LINE__);
         DDP__TRY(ddp_store_set(pg->store, "ddp/nccl/id", &id, sizeof id));
     } else {
         DDP__TRY(ddp_store_get(pg->store, "ddp/nccl/id", &id, sizeof id, &got));
@@ -5586,18 +5676,40 @@ DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
             return ddp__fail(DDP_ERR_NCCL, "the NCCL id in the store has %zu bytes, not %zu", got, sizeof id);
     }
     cfg.blocking = 0; /* so that creating the communicator, too, can time out */
-    DDP__NCCL_TRY(ncclCommInitRankConfig(&n->comm, pg->world, id, pg->rank, &cfg));
+    {
+        ncclResult_t r = ncclCommInitRankConfig(&n->comm, pg->world, id, pg->rank, &cfg);
+        if (r != ncclSuccess && r != ncclInProgress) {
+            ddp_status s = ddp__fail_nccl(pg, r, "ncclCommInitRankConfig", __LINE__);
+            if (n->comm) ncclCommAbort(n->comm);
+            n->comm = NULL;
+            return s;
+        }
+    }
     DDP__TRY(ddp__nccl_settle(pg, ddp__now() + pg->timeout, "ncclCommInitRankConfig"));
     DDP__TRY(ddp_stream_create(pg->device, &n->stream));
-    return DDP_OK;
+    return ddp_event_create(pg->device, &n->produced);
 }
 
 DDP__PRIVATE ncclDataType_t ddp__nccl_type(ddp_dtype t) {
     return t == DDP_F16 ? ncclFloat16 : t == DDP_BF16 ? ncclBfloat16 : ncclFloat32;
 }
 
+/* One step of the hand-written ring: a send and a receive in one NCCL group. A call that fails
+   inside the group still closes it, or every later NCCL call of this thread would join it. */
+DDP__PRIVATE ddp_status ddp__nccl_step(ddp_pg* pg, const void* sbuf, size_t slen, void* rbuf, size_t rlen,
+                                       ncclDataType_t t, int right, int left) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    ncclResult_t r = ncclGroupStart(), e;
+    if (r == ncclSuccess && slen) r = ncclSend(sbuf, slen, t, right, n->comm, n->stream->s);
+    if ((r == ncclSuccess || r == ncclInProgress) && rlen) r = ncclRecv(rbuf, rlen, t, left, n->comm, n->stream->s);
+    e = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, "ncclSend/ncclRecv", __LINE__));
+    return ddp__nccl_done(pg, e, "ncclGroupEnd (a ring step)", __LINE__);
+}
+
 /* The >>ring algorithm over NCCL point-to-point calls: the same segments and steps as the CPU
-   ring, each step one send to rank+1 and one receive from rank-1, then a reduction kernel. */
+   ring, each step one send to rank+1 and one receive from rank-1, then a reduction kernel, all
+   in order on the group's stream. */
 DDP__PRIVATE ddp_status ddp__nccl_ring(ddp_pg* pg, ddp_work* w) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
     const int W = pg->world, r = pg->rank, left = (r - 1 + W) % W, right = (r + 1) % W;
@@ -5618,11 +5730,8 @@ DDP__PRIVATE ddp_status ddp__nccl_ring(ddp_pg* pg, ddp_work* w) {
         size_t r0 = ddp__seg_start(w->count, W, rseg), rlen = ddp__seg_start(w->count, W, rseg + 1) - r0;
         int reducing = t < W - 1;
         void* dst = reducing ? n->scratch : (void*)(buf + r0 * es);
-        DDP__NCCL_TRY(ncclGroupStart());
-        if (slen) DDP__NCCL_TRY(ncclSend(buf + s0 * es, slen, ddp__nccl_type(w->dtype), right, n->comm, n->stream->s));
-        if (rlen) DDP__NCCL_TRY(ncclRecv(dst, rlen, ddp__nccl_type(w->dtype), left, n->comm, n->stream->s));
-        DDP__NCCL_TRY(ncclGroupEnd());
-        if (reducing && rlen) {
+        DDP__TRY(ddp__nccl_step(pg, buf + s0 * es, slen, dst, rlen, ddp__nccl_type(w->dtype), right, left));
+        if (reducing && rlen) { /* queued after the receive, on the same stream */
             void* mine = buf + r0 * es;
             long long cnt = (long long)rlen;
             int dt = (int)w->dtype, op = w->op == DDP_MAX ? 1 : 0;
@@ -5637,81 +5746,127 @@ DDP__PRIVATE ddp_status ddp__nccl_ring(ddp_pg* pg, ddp_work* w) {
 
 DDP__PRIVATE ddp_status ddp__nccl_submit(ddp_pg* pg, ddp_work* w) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    ddp_event* produced = NULL;
     ncclDataType_t t = ddp__nccl_type(w->dtype);
     ncclRedOp_t op = w->op == DDP_MAX ? ncclMax : w->op == DDP_AVG ? ncclAvg : ncclSum;
-    ddp_status s;
     DDP__TRY(ddp_device_activate(pg->device));
     /* order after the producer's stream without blocking the host */
-    DDP__TRY(ddp_event_create(pg->device, &produced));
-    s = ddp_event_record(produced, pg->user_stream);
-    if (s == DDP_OK) s = ddp_stream_wait_event(n->stream, produced);
-    ddp_event_destroy(produced);
-    DDP__TRY(s);
+    DDP__TRY(ddp_event_record(n->produced, pg->user_stream));
+    DDP__TRY(ddp_stream_wait_event(n->stream, n->produced));
     switch (w->kind) {
     case DDP__ALL_REDUCE:
         if (n->own_ring && pg->world > 1) DDP__TRY(ddp__nccl_ring(pg, w));
-        else DDP__NCCL_TRY(ncclAllReduce(w->buf, w->buf, w->count, t, op, n->comm, n->stream->s));
+        else DDP__NCCL(ncclAllReduce(w->buf, w->buf, w->count, t, op, n->comm, n->stream->s));
         break;
     case DDP__BROADCAST:
-        DDP__NCCL_TRY(ncclBroadcast(w->buf, w->buf, w->count, t, w->root, n->comm, n->stream->s));
+        DDP__NCCL(ncclBroadcast(w->buf, w->buf, w->count, t, w->root, n->comm, n->stream->s));
         break;
     case DDP__ALL_GATHER:
-        DDP__NCCL_TRY(ncclAllGather(w->send, w->buf, w->count, t, n->comm, n->stream->s));
+        DDP__NCCL(ncclAllGather(w->send, w->buf, w->count, t, n->comm, n->stream->s));
         break;
     default:
-        DDP__NCCL_TRY(ncclReduceScatter(w->send, w->buf, w->count, t, op, n->comm, n->stream->s));
+        DDP__NCCL(ncclReduceScatter(w->send, w->buf, w->count, t, op, n->comm, n->stream->s));
         break;
     }
-    /* w->ready marks the collective's end on the group's stream */
-    DDP__TRY(ddp_event_create(pg->device, &w->ready));
+    /* w->ready marks the collective's end on the group's stream (NCCL has put it there: settled) */
+    if (n->nspare > 0) w->ready = n->spare[--n->nspare];
+    else DDP__TRY(ddp_event_create(pg->device, &w->ready));
     DDP__TRY(ddp_event_record(w->ready, n->stream));
-    /* later work on the producer's stream waits for the result, as PyTorch's Work.wait() does */
-    if (pg->user_stream) DDP__TRY(ddp_stream_wait_event(pg->user_stream, w->ready));
+    ddp__flight_note(pg, w, DDP__FL_RUNNING);
     return DDP_OK;
+}
+
+/* Poll event e (the end of a collective, or of everything on the group's stream) and NCCL's
+   asynchronous error until e has happened; an error or the deadline breaks the group. */
+DDP__PRIVATE ddp_status ddp__nccl_poll(ddp_pg* pg, ddp_event* e, double deadline, const char* what) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    double start = ddp__now();
+    for (;;) {
+        int done = 0;
+        ncclResult_t st = ncclSuccess, r;
+        DDP__TRY(ddp_event_query(e, &done));
+        if (done) return DDP_OK;
+        if (!n->comm) return ddp__fail(DDP_ERR_STATE, "%s: the NCCL communicator was aborted", what);
+        r = ncclCommGetAsyncError(n->comm, &st);
+        if (r != ncclSuccess) st = r;
+        if (st != ncclSuccess && st != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, st, what, __LINE__));
+        if (ddp__now() >= deadline)
+            return ddp__nccl_break(pg, ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the NCCL "
+                                                 "communicator was aborted: a rank is stuck, stopped, or calling a "
+                                                 "different collective", what, pg->timeout));
+        ddp__nccl_pause(start);
+    }
+}
+
+/* The end event of a finished collective goes back to the spares. */
+DDP__PRIVATE void ddp__nccl_recycle(ddp__nccl* n, ddp_work* w) {
+    if (w->ready && n->nspare < DDP__NCCL_EVENTS) {
+        n->spare[n->nspare++] = w->ready;
+        w->ready = NULL;
+    }
 }
 
 DDP__PRIVATE ddp_status ddp__nccl_wait(ddp_pg* pg, ddp_work* w) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    double deadline = ddp__now() + pg->timeout;
-    for (;;) {
-        int done = 0;
-        ncclResult_t st = ncclSuccess;
-        DDP__TRY(ddp_event_query(w->ready, &done));
-        if (done) break;
-        if (n->comm) DDP__NCCL_TRY(ncclCommGetAsyncError(n->comm, &st));
-        if (st != ncclSuccess && st != ncclInProgress) return ddp__fail_nccl(pg, st, ddp__coll_name(w->kind), __LINE__);
-        if (ddp__now() >= deadline) {
-            if (n->comm) ncclCommAbort(n->comm);
-            n->comm = NULL;
-            pg->broken = DDP_ERR_TIMEOUT;
-            ddp__flight_note(pg, w, DDP__FL_FAILED);
-            ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
-            return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) did not finish within %.0f s; the NCCL "
-                             "communicator was aborted: a rank is stuck, stopped, or calling a different "
-                             "collective", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
-                             ddp_dtype_name(w->dtype), pg->timeout);
-        }
-        /* a small collective finishes in microseconds: poll freely for the first millisecond */
-        if (ddp__now() > deadline - pg->timeout + 1e-3) ddp__sleep(0.0001);
+    char what[128];
+    ddp_status s;
+    ddp__fingerprint(w, what, sizeof what);
+    s = ddp__nccl_poll(pg, w->ready, ddp__now() + pg->timeout, what);
+    if (s != DDP_OK) {
+        ddp__flight_note(pg, w, DDP__FL_FAILED);
+        if (s == DDP_ERR_TIMEOUT) ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
+        return s;
     }
+    /* later work on the producer's stream waits for the result, as PyTorch's Work.wait() does */
+    if (pg->user_stream) DDP__TRY(ddp_stream_wait_event(pg->user_stream, w->ready));
     ddp__flight_note(pg, w, DDP__FL_DONE);
+    ddp__nccl_recycle(n, w);
+    return DDP_OK;
+}
+
+/* ddp_work_test: the end event, without blocking. A failure reports *done = 1 (ddp_work_wait
+   then returns the error). */
+DDP__PRIVATE ddp_status ddp__nccl_test(ddp_pg* pg, ddp_work* w, int* done) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    ncclResult_t st = ncclSuccess;
+    DDP__TRY(ddp_event_query(w->ready, done));
+    if (!*done && (!n->comm || ncclCommGetAsyncError(n->comm, &st) != ncclSuccess ||
+                   (st != ncclSuccess && st != ncclInProgress)))
+        *done = 1;
     return DDP_OK;
 }
 
 DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    int i;
     if (!n) return;
-    if (n->stream) ddp_stream_sync(n->stream);
-    if (n->comm) ncclCommDestroy(n->comm);
+    if (n->comm) {
+        /* A healthy communicator is destroyed once its work has drained (within the deadline);
+           one with an error, or whose work never ends, is aborted: ncclCommDestroy would wait for
+           a collective that cannot finish. */
+        ddp_event* end = NULL;
+        ddp_status s = pg->broken ? pg->broken : ddp_event_create(pg->device, &end);
+        if (s == DDP_OK) s = ddp_event_record(end, n->stream);
+        if (s == DDP_OK) s = ddp__nccl_poll(pg, end, ddp__now() + pg->timeout, "the collectives still queued at ddp_destroy");
+        ddp_event_destroy(end);
+        if (s == DDP_OK && n->comm) {
+            ncclResult_t st = ncclSuccess;
+            if (ncclCommGetAsyncError(n->comm, &st) == ncclSuccess && st == ncclSuccess) ncclCommDestroy(n->comm);
+            else ncclCommAbort(n->comm);
+        } else if (n->comm) {
+            ncclCommAbort(n->comm);
+        }
+        n->comm = NULL;
+    }
     ddp_stream_destroy(n->stream);
+    ddp_event_destroy(n->produced);
+    for (i = 0; i < n->nspare; i++) ddp_event_destroy(n->spare[i]);
     ddp_free(pg->device, n->scratch);
     DDP_FREE(n);
     pg->nccl = NULL;
 }
 
-static const ddp__backend_vt ddp__nccl_backend = {"nccl", ddp__nccl_connect, ddp__nccl_submit, ddp__nccl_wait,
-                                                  ddp__nccl_destroy};
+static const ddp__backend_vt ddp__nccl_backend = {"nccl",          ddp__nccl_connect, ddp__nccl_submit,
+                                                  ddp__nccl_wait,  ddp__nccl_test,    ddp__nccl_destroy};
 #endif
 
 /* ---- the MPI backend (>>mpi) -------------------------------------------------------------------- */
@@ -6027,7 +6182,7 @@ DDP__PRIVATE ddp_status ddp__mpi_stage_in(ddp_pg* pg, ddp__mpi_op* o, const void
     o->out_offset = in_place ? 0 : in_bytes;
     o->host = (unsigned char*)ddp__malloc(o->out_offset + out_bytes + 1);
     if (!o->host) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes of host staging failed", out_bytes);
-    return ddp_copy(ddp__cpu(), o->host, pg->device, src, in_bytes, NULL);
+    return ddp__copy_now(ddp__cpu(), o->host, pg->device, src, in_bytes);
 }
 
 DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
@@ -6091,7 +6246,7 @@ DDP__PRIVATE ddp_status ddp__mpi_complete(ddp_pg* pg, ddp__mpi_op* o) {
     ddp_status s = DDP_OK;
     if (w->op == DDP_AVG && (w->kind == DDP__ALL_REDUCE || w->kind == DDP__REDUCE_SCATTER))
         ddp__divide(out, w->count, w->dtype, pg->world);
-    if (o->host && n) s = ddp_copy(pg->device, w->buf, ddp__cpu(), out, n * ddp_dtype_size(w->dtype), NULL);
+    if (o->host && n) s = ddp__copy_now(pg->device, w->buf, ddp__cpu(), out, n * ddp_dtype_size(w->dtype));
     DDP_FREE(o->host);
     o->host = NULL;
     o->done = 1;
@@ -6203,7 +6358,7 @@ DDP__PRIVATE void ddp__mpi_destroy(ddp_pg* pg) {
 }
 
 static const ddp__backend_vt ddp__mpi_backend = {"mpi", ddp__mpi_connect, ddp__mpi_submit, ddp__mpi_wait,
-                                                 ddp__mpi_destroy};
+                                                 ddp__mpi_test, ddp__mpi_destroy};
 #else
 #define DDP__MPI 0
 #endif
@@ -6631,13 +6786,8 @@ DDP__DEF ddp_status ddp_work_wait(ddp_work* w) {
 }
 
 DDP__DEF ddp_status ddp_work_test(ddp_work* w, int* done) {
-#if DDP__MPI
-    if (w->pg->vt == &ddp__mpi_backend) return ddp__mpi_test(w->pg, w, done);
-#endif
-    pthread_mutex_lock(&w->pg->lock);
-    *done = w->done;
-    pthread_mutex_unlock(&w->pg->lock);
-    return DDP_OK;
+    if (!w) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_work_test: work is NULL");
+    return w->pg->vt->test(w->pg, w, done);
 }
 
 DDP__DEF ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,

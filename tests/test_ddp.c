@@ -2,7 +2,10 @@
    batch B/N each train the same weights as one process with batch B, whatever the bucket sizes,
    with bit-identical weights on every rank. Also: no_sync accumulation, f16/bf16 compression
    within a bound derived from the rounding, the bucket map, unused parameters, mismatched models,
-   and overlap measured against a simulated slow network. */
+   and overlap measured against a simulated slow network.
+   With --gpu (the GPU stand-in's section of make test, or a real machine with one GPU per rank),
+   the equivalence cases run with every rank's model on its own GPU and the default backend there,
+   NCCL, against the same one-process CPU reference. */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "harness.h"
@@ -10,6 +13,7 @@
 enum { FEAT = 6, CLASSES = 3, STEPS = 50, GLOBAL_B = 12 };
 static const int g_sizes[4] = {FEAT, 10, 8, CLASSES}; /* 3 Linear layers, 6 parameters */
 static char g_dir[64];
+static int g_gpu; /* --gpu: each rank's model on its GPU */
 
 /* The global batch of step s: GLOBAL_B rows, the same on every rank and in the reference. */
 static void global_batch(int step, float* x, int* y) {
@@ -19,14 +23,25 @@ static void global_batch(int step, float* x, int* y) {
     for (i = 0; i < GLOBAL_B; i++) y[i] = (int)ddp_rng_below(&r, CLASSES);
 }
 
-static ddp_model* cpu_model(uint64_t seed) {
+static ddp_model* model_on(ddp_device dev, uint64_t seed) {
     ddp_model_desc md;
     ddp_model* m = NULL;
     memset(&md, 0, sizeof md);
-    md.device.type = DDP_DEVICE_CPU;
+    md.device = dev;
     md.seed = seed;
     if (ddp_model_mlp(&md, g_sizes, 4, DDP_LAYER_RELU, &m) != DDP_OK) return NULL;
     return m;
+}
+static ddp_model* cpu_model(uint64_t seed) {
+    ddp_device cpu = {DDP_DEVICE_CPU, 0};
+    return model_on(cpu, seed);
+}
+
+/* A parameter's values or gradient in host memory (a copy ordered after the model's stream). */
+static void host_copy(ddp_model* m, ddp_param* p, const float* src, float* dst) {
+    ddp_device cpu = {DDP_DEVICE_CPU, 0};
+    ddp_copy(cpu, dst, ddp_model_device(m), src, p->count * 4, ddp_model_stream(m));
+    ddp_stream_sync(ddp_model_stream(m));
 }
 
 static ddp_optim* sgd(ddp_model* m, float lr, float momentum) {
@@ -44,7 +59,13 @@ static void save_params(ddp_model* m, const char* path) {
     FILE* f = fopen(path, "wb");
     int i;
     if (!f) return;
-    for (i = 0; i < ddp_model_num_params(m); i++) fwrite(ddp_model_param(m, i)->data, 4, ddp_model_param(m, i)->count, f);
+    for (i = 0; i < ddp_model_num_params(m); i++) {
+        ddp_param* p = ddp_model_param(m, i);
+        float* host = (float*)malloc(p->count * 4);
+        host_copy(m, p, p->data, host);
+        fwrite(host, 4, p->count, f);
+        free(host);
+    }
     fclose(f);
 }
 static size_t load_params(const char* path, float* out, size_t cap) {
@@ -71,9 +92,11 @@ typedef struct cfg {
 static double g_grad_max_step;
 static void track_max(ddp_param* p, void* user) {
     size_t i;
-    (void)user;
+    float* g = (float*)malloc(p->count * 4);
+    host_copy((ddp_model*)user, p, p->grad, g);
     for (i = 0; i < p->count; i++)
-        if (fabs(p->grad[i]) > g_grad_max_step) g_grad_max_step = fabs(p->grad[i]);
+        if (fabs(g[i]) > g_grad_max_step) g_grad_max_step = fabs(g[i]);
+    free(g);
 }
 static int train_rank(int rank, void* arg) {
     const cfg* c = (const cfg*)arg;
@@ -88,13 +111,17 @@ static int train_rank(int rank, void* arg) {
     double grad_sum = 0;
     char path[128];
     memset(&d, 0, sizeof d);
-    d.device.type = DDP_DEVICE_CPU;
+    d.device.type = g_gpu ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU; /* "cuda": this rank's GPU */
     d.timeout_s = 60;
-    if (ddp_init(&d, &pg) != DDP_OK) return 10;
+    if (ddp_init(&d, &pg) != DDP_OK) {
+        printf("    rank %d: ddp_init: %s\n", rank, ddp_error_string());
+        return 10;
+    }
     W = ddp_world_size(pg);
-    m = cpu_model(100 + (uint64_t)rank * 17);
+    m = model_on(ddp_pg_device(pg), 100 + (uint64_t)rank * 17);
     if (!m) return 11;
-    for (k = 0; k < ddp_model_num_params(m); k++) ddp_param_add_hook(ddp_model_param(m, k), track_max, NULL);
+    if (c->compress)
+        for (k = 0; k < ddp_model_num_params(m); k++) ddp_param_add_hook(ddp_model_param(m, k), track_max, m);
     memset(&wd, 0, sizeof wd);
     wd.bucket_cap_bytes = c->cap, wd.first_bucket_bytes = c->first, wd.gradient_as_bucket_view = c->view;
     wd.compress = c->compress;
@@ -119,7 +146,10 @@ static int train_rank(int rank, void* arg) {
             }
         }
         grad_sum += g_grad_max_step;
-        if (ddp_optim_step(o) != DDP_OK) return 15;
+        if (ddp_optim_step(o) != DDP_OK) {
+            printf("    rank %d step %d: %s\n", rank, step, ddp_error_string());
+            return 15;
+        }
     }
     {
         ddp_wrap_stats st;
@@ -231,7 +261,7 @@ static void equivalence_all_worlds_and_buckets(void) {
                 double e;
                 c.cap = c.first = caps[ci];
                 c.view = view;
-                e = equivalence(W, &c, 1e-5);
+                e = equivalence(W, &c, g_gpu ? 1e-4 : 1e-5);
                 if (e > worst) worst = e;
             }
     printf("    worst relative L2 difference from one process over 24 runs: %.3g\n", worst);
@@ -242,9 +272,9 @@ static void equivalence_no_sync_accumulation(void) {
     double e2, e3;
     c.accum = 3;
     c.momentum = 0;
-    e2 = equivalence(2, &c, 1e-5); /* 2 ranks x 3 micro-batches of 2 = one step of 12 */
+    e2 = equivalence(2, &c, g_gpu ? 1e-4 : 1e-5); /* 2 ranks x 3 micro-batches of 2 = one step of 12 */
     c.accum = 2;
-    e3 = equivalence(3, &c, 1e-5); /* 3 ranks x 2 micro-batches of 2 */
+    e3 = equivalence(3, &c, g_gpu ? 1e-4 : 1e-5); /* 3 ranks x 2 micro-batches of 2 */
     printf("    no_sync: relative L2 difference %.3g (2 ranks x 3 micro-batches), %.3g (3 x 2)\n", e2, e3);
 }
 
@@ -470,9 +500,17 @@ static void overlap_is_real(void) {
            "least 20%% less", w_many * 1e3, w_one * 1e3);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ddp_test_ddp.XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
+    g_gpu = argc > 1 && !strcmp(argv[1], "--gpu");
+    if (g_gpu) {
+        RUN(equivalence_all_worlds_and_buckets);
+        RUN(equivalence_no_sync_accumulation);
+        RUN(equivalence_compressed);
+        h_remove_tree(g_dir);
+        return H_EXIT();
+    }
     RUN(equivalence_all_worlds_and_buckets);
     RUN(equivalence_no_sync_accumulation);
     RUN(equivalence_compressed);
