@@ -127,7 +127,7 @@ ifeq ($(HAVE_CUDA),1)
   FAKE_LIBS  := -L$(FAKE_DIR) -Wl,-rpath,$(abspath $(FAKE_DIR)) -lfakegpu
   FAKE_PROGS := $(FAKE_DIR)/tests/fakegpu/selftest $(FAKE_DIR)/tests/test_gpu $(FAKE_DIR)/tests/test_gpu_pg \
                 $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/examples/01_single_gpu $(FAKE_DIR)/examples/02_multi_gpu \
-                $(FAKE_DIR)/examples/04_fault_tolerance $(FAKE_DIR)/examples/05_large_mlp \
+                $(FAKE_DIR)/examples/03_multi_node $(FAKE_DIR)/examples/04_fault_tolerance $(FAKE_DIR)/examples/05_large_mlp \
                 $(FAKE_DIR)/bench/large_mlp_launched
 endif
 

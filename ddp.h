@@ -1420,16 +1420,26 @@ DDP__PRIVATE ddp_device ddp__cpu(void) {
 static struct {
     pthread_once_t once;
     int count;
-    char reason[256];
-} ddp__cuda_probe_state = {PTHREAD_ONCE_INIT, 0, {0}};
+    int driver_too_old; /* a driver is there, but older than this program's CUDA runtime */
+    char reason[320];
+} ddp__cuda_probe_state = {PTHREAD_ONCE_INIT, 0, 0, {0}};
 
 static void ddp__cuda_probe(void) {
 #if DDP__CUDA
-    int n = 0;
+    int n = 0, drv = 0, rt = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        if (e == cudaErrorInsufficientDriver)
+        if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0 &&
+            cudaRuntimeGetVersion(&rt) == cudaSuccess) {
+            /* CUDA versions are 1000 * major + 10 * minor */
+            ddp__cuda_probe_state.driver_too_old = 1;
+            snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
+                     "the NVIDIA driver here supports CUDA %d.%d, older than the CUDA %d.%d this program was built "
+                     "with: update the driver (CUDA 13 needs driver R580 or later; nvidia-smi shows the version), or "
+                     "build with a CUDA toolkit no newer than %d.%d (make CUDA_HOME=...)", drv / 1000, drv % 1000 / 10,
+                     rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
+        } else if (e == cudaErrorInsufficientDriver)
             snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
                      "no NVIDIA driver is installed on this machine (CUDA reports %s)",
                      cudaGetErrorName(e));
@@ -1504,7 +1514,9 @@ DDP__DEF ddp_status ddp_device_resolve(ddp_device want, ddp_device* out) {
         } else {
             out->type = DDP_DEVICE_CPU;
             out->index = 0;
-            ddp_log(DDP_LOG_INFO, "no GPU: using the CPU (%s)", ddp_cuda_unavailable_reason());
+            /* a laptop without a GPU is normal; a GPU machine whose driver is too old is a surprise */
+            ddp_log(ddp__cuda_probe_state.driver_too_old ? DDP_LOG_WARN : DDP_LOG_INFO, "no GPU: using the CPU (%s)",
+                    ddp_cuda_unavailable_reason());
         }
         return DDP_OK;
     }
@@ -2030,13 +2042,14 @@ DDP__DEF const char* ddp_kernel_name(int i) {
 }
 
 #if DDP__CUDA
-/* Compile the kernel source for one virtual architecture; *ptx is host memory from DDP_MALLOC. */
-DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, char** ptx, size_t* nbytes) {
+/* Compile the kernel source for one architecture: "compute_XY" gives PTX, "sm_XY" the GPU's own
+   binary code (CUBIN) when cubin is 1. *img is host memory from DDP_MALLOC. */
+DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, int cubin, char** img, size_t* nbytes) {
     nvrtcProgram prog;
     char opt_arch[64];
     const char* opts[2];
     nvrtcResult r;
-    *ptx = NULL;
+    *img = NULL;
     *nbytes = 0;
     snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
     opts[0] = opt_arch;
@@ -2071,20 +2084,21 @@ DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, char** ptx, size_t*
         return ddp__fail(DDP_ERR_NVRTC, "nvrtcCompileProgram(%s) failed: %s; compiler log: %s",
                          arch, nvrtcGetErrorString(r), log);
     }
-    r = nvrtcGetPTXSize(prog, nbytes);
+    r = cubin ? nvrtcGetCUBINSize(prog, nbytes) : nvrtcGetPTXSize(prog, nbytes);
+    if (r == NVRTC_SUCCESS && *nbytes == 0) r = NVRTC_ERROR_INVALID_INPUT; /* no CUBIN for a compute_XY */
     if (r == NVRTC_SUCCESS) {
-        *ptx = (char*)ddp__malloc(*nbytes);
-        if (!*ptx) {
+        *img = (char*)ddp__malloc(*nbytes);
+        if (!*img) {
             nvrtcDestroyProgram(&prog);
-            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes for PTX failed", *nbytes);
+            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes for the compiled kernels failed", *nbytes);
         }
-        r = nvrtcGetPTX(prog, *ptx);
+        r = cubin ? nvrtcGetCUBIN(prog, *img) : nvrtcGetPTX(prog, *img);
     }
     nvrtcDestroyProgram(&prog);
     if (r != NVRTC_SUCCESS) {
-        if (*ptx) DDP_FREE(*ptx);
-        *ptx = NULL;
-        return ddp__fail(DDP_ERR_NVRTC, "reading the PTX for %s failed: %s", arch,
+        if (*img) DDP_FREE(*img);
+        *img = NULL;
+        return ddp__fail(DDP_ERR_NVRTC, "reading the %s for %s failed: %s", cubin ? "CUBIN" : "PTX", arch,
                          nvrtcGetErrorString(r));
     }
     return DDP_OK;
@@ -2093,7 +2107,7 @@ DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, char** ptx, size_t*
 
 DDP__DEF ddp_status ddp_kernels_compile_ptx(const char* arch, char** ptx, size_t* nbytes) {
 #if DDP__CUDA
-    return ddp__nvrtc_compile(arch ? arch : "compute_80", ptx, nbytes);
+    return ddp__nvrtc_compile(arch ? arch : "compute_80", 0, ptx, nbytes);
 #else
     (void)arch;
     *ptx = NULL;
@@ -2112,16 +2126,14 @@ static struct {
 } ddp__kern = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, {{0}}};
 
 DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
-    int major = 0, minor = 0, narch = 0, best = 0, i, want;
+    int major = 0, minor = 0, narch = 0, best = 0, i, want, nv_major = 0, nv_minor = 0, drv = 0;
     int archs[128];
-    char arch[32], *ptx = NULL;
+    char arch[32], *img = NULL;
     size_t nbytes = 0;
-    cudaError_t e;
+    cudaError_t e = cudaErrorInvalidValue;
     DDP__CU(cudaSetDevice(dev));
     DDP__CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     DDP__CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    /* The newest virtual architecture both NVRTC and this GPU know; the driver finishes the
-       compile from PTX for the exact chip. */
     want = major * 10 + minor;
     DDP__NVRTC(nvrtcGetNumSupportedArchs(&narch));
     if (narch > 128) narch = 128;
@@ -2131,11 +2143,34 @@ DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
     if (best == 0)
         return ddp__fail(DDP_ERR_NVRTC, "GPU %d has compute capability %d.%d, older than any "
                          "architecture this NVRTC supports", dev, major, minor);
-    snprintf(arch, sizeof arch, "compute_%d", best);
-    DDP__TRY(ddp__nvrtc_compile(arch, &ptx, &nbytes));
-    e = cudaLibraryLoadData(&ddp__kern.lib[dev], ptx, NULL, NULL, 0, NULL, NULL, 0);
-    DDP_FREE(ptx);
-    if (e != cudaSuccess) return ddp__fail_cuda(e, "cudaLibraryLoadData(kernels PTX)", __LINE__);
+    /* Binary code (CUBIN) for this GPU's own architecture when NVRTC knows one of its family: it
+       needs no compile by the driver, so a driver older than this NVRTC still runs it. Else PTX for
+       the newest architecture both know, which the driver compiles for the exact chip. */
+    if (best / 10 == major) {
+        snprintf(arch, sizeof arch, "sm_%d", best);
+        if (ddp__nvrtc_compile(arch, 1, &img, &nbytes) == DDP_OK) {
+            e = cudaLibraryLoadData(&ddp__kern.lib[dev], img, NULL, NULL, 0, NULL, NULL, 0);
+            DDP_FREE(img);
+            if (e != cudaSuccess) (void)cudaGetLastError();
+        }
+    }
+    if (e != cudaSuccess) {
+        snprintf(arch, sizeof arch, "compute_%d", best);
+        DDP__TRY(ddp__nvrtc_compile(arch, 0, &img, &nbytes));
+        e = cudaLibraryLoadData(&ddp__kern.lib[dev], img, NULL, NULL, 0, NULL, NULL, 0);
+        DDP_FREE(img);
+        if (e == cudaErrorUnsupportedPtxVersion) {
+            (void)cudaGetLastError();
+            nvrtcVersion(&nv_major, &nv_minor);
+            cudaDriverGetVersion(&drv);
+            return ddp__fail(DDP_ERR_CUDA, "GPU %d (compute capability %d.%d) needs its kernels compiled by the driver "
+                             "from PTX, and this PTX comes from NVRTC %d.%d, newer than the driver (CUDA %d.%d) can "
+                             "read (cudaErrorUnsupportedPtxVersion): update the NVIDIA driver, or build with the CUDA "
+                             "toolkit that matches it (make CUDA_HOME=...)", dev, major, minor, nv_major, nv_minor,
+                             drv / 1000, drv % 1000 / 10);
+        }
+        if (e != cudaSuccess) return ddp__fail_cuda(e, "cudaLibraryLoadData(kernels PTX)", __LINE__);
+    }
     for (i = 0; i < DDP__K_COUNT; i++)
         DDP__CU(cudaLibraryGetKernel(&ddp__kern.k[dev][i], ddp__kern.lib[dev], ddp__kernel_names[i]));
     ddp__kern.loaded[dev] = 1;
@@ -2555,6 +2590,12 @@ DDP__PRIVATE ddp_status ddp__gemm(ddp_model* m, int ta, int tb, int M, int N, in
            computing C^T = op(B)^T op(A)^T column-major writes C row-major: swap the operands. */
         DDP__BLAS(cublasSgemm(m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                               N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+        /* DETAIL mode waits for each product, as for each kernel (ddp__launch), so that an error
+           is reported at the call that caused it */
+        if (ddp_log_level_enabled() >= DDP_LOG_DETAIL) {
+            cudaError_t e = cudaStreamSynchronize(m->stream->s);
+            if (e != cudaSuccess) return ddp__fail_cuda(e, "cublasSgemm (synchronised under DDP_DEBUG=DETAIL)", __LINE__);
+        }
         return DDP_OK;
     }
 #endif
@@ -6454,6 +6495,41 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
 #endif
 }
 
+/* AUTO on a machine that shows this rank fewer GPUs than it has local ranks: each rank takes GPU
+   want.index if every local rank's GPU is a different one (told by its PCI bus id, published in
+   the store), as when CUDA_VISIBLE_DEVICES gives each rank its own; else every rank uses the CPU. */
+DDP__PRIVATE ddp_status ddp__own_gpu(ddp_pg* pg, ddp_device want, ddp_device* out) {
+    char key[384], host[256] = "?", mine[64] = "", theirs[64];
+    int r, distinct = 1;
+    size_t n;
+    want.type = DDP_DEVICE_CUDA;
+    gethostname(host, sizeof host - 1);
+#if DDP__CUDA
+    if (cudaDeviceGetPCIBusId(mine, (int)sizeof mine, want.index) != cudaSuccess) {
+        (void)cudaGetLastError();
+        distinct = 0;
+    }
+#endif
+    snprintf(key, sizeof key, "ddp/gpu/%s/%d", host, pg->env.local_rank);
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine) + 1));
+    for (r = 0; r < pg->env.local_world_size; r++) {
+        if (r == pg->env.local_rank) continue;
+        snprintf(key, sizeof key, "ddp/gpu/%s/%d", host, r);
+        memset(theirs, 0, sizeof theirs);
+        DDP__TRY(ddp_store_get(pg->store, key, theirs, sizeof theirs - 1, &n));
+        if (!mine[0] || !strcmp(theirs, mine)) distinct = 0;
+    }
+    if (!distinct) {
+        ddp_log(DDP_LOG_INFO, "%d GPU%s for %d local ranks, shared: every rank uses the CPU (NCCL needs a GPU of its "
+                "own for each rank)", ddp_cuda_device_count(), ddp_cuda_device_count() == 1 ? "" : "s",
+                pg->env.local_world_size);
+        want.type = DDP_DEVICE_CPU, want.index = 0;
+    } else {
+        ddp_log(DDP_LOG_INFO, "each local rank sees a GPU of its own (this one: %s, cuda:%d here)", mine, want.index);
+    }
+    return ddp_device_resolve(want, out);
+}
+
 /* The backend desc.backend or DDP_BACKEND names (DEFAULT when neither does). ddp_init asks before
    reading the environment, because the mpi backend takes the placement from MPI itself. */
 DDP__PRIVATE ddp_status ddp__named_backend(const ddp_desc* d, ddp_backend* out) {
@@ -6515,18 +6591,25 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (s != DDP_OK) goto fail;
     want = d.device;
     if (want.type == DDP_DEVICE_AUTO) {
-        /* one GPU per rank when this machine has enough of them (NCCL refuses two ranks on one
-           GPU), else the CPU for every rank */
+        /* One GPU per rank when this machine shows enough of them (NCCL refuses two ranks on one
+           GPU), else the CPU for every rank. Fewer GPUs than local ranks may still be one each:
+           CUDA_VISIBLE_DEVICES set per rank (SLURM's --gpus-per-task) shows each rank only its
+           own. That is settled with the other ranks, once the store is up. */
         int gpus = ddp_cuda_device_count();
-        want.type = gpus >= pg->env.local_world_size ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
-        want.index = pg->env.local_rank;
-        if (gpus > 0 && gpus < pg->env.local_world_size)
-            ddp_log(DDP_LOG_INFO, "%d GPU%s for %d local ranks: every rank uses the CPU", gpus, gpus == 1 ? "" : "s",
-                    pg->env.local_world_size);
+        want.type = gpus >= pg->env.local_world_size ? DDP_DEVICE_CUDA : gpus > 0 ? DDP_DEVICE_AUTO : DDP_DEVICE_CPU;
+        want.index = gpus > 0 ? pg->env.local_rank % gpus : 0;
+    } else if (want.type == DDP_DEVICE_CUDA && ddp_cuda_device_count() > 0) {
+        int gpus = ddp_cuda_device_count();
+        if (d.device.index == 0) /* "cuda" means this rank's GPU: LOCAL_RANK picks it */
+            want.index = pg->env.local_rank % gpus;
+        else if (gpus == 1 && d.device.index == pg->env.local_rank) {
+            /* cuda:LOCAL_RANK where each rank is shown only its own GPU */
+            ddp_log(DDP_LOG_INFO, "device cuda:%d is this rank's LOCAL_RANK, and this process sees one GPU "
+                    "(CUDA_VISIBLE_DEVICES=%s): using it", d.device.index,
+                    getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+            want.index = 0;
+        }
     }
-    if (want.type == DDP_DEVICE_CUDA && d.device.type == DDP_DEVICE_CUDA && d.device.index == 0 &&
-        ddp_cuda_device_count() > 0) /* "cuda" means this rank's GPU: LOCAL_RANK picks it */
-        want.index = pg->env.local_rank % ddp_cuda_device_count();
     /* torch.cuda.set_device(rank): fine on one machine, where RANK == LOCAL_RANK; past this
        machine's GPUs on the next one. Said before the device is even looked at, so a machine
        without that GPU (or without any) shows the cause next to the error. */
@@ -6536,7 +6619,17 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
                 "RANK counts the ranks of every machine, so from the second machine on it points past this "
                 "machine's GPUs. Use cuda:LOCAL_RANK, or \"cuda\", which picks this rank's GPU",
                 d.device.index, pg->env.local_rank);
-    s = ddp_device_resolve(want, &pg->device);
+    s = want.type == DDP_DEVICE_AUTO ? DDP_OK : ddp_device_resolve(want, &pg->device);
+    if (s != DDP_OK) goto fail;
+    memset(&sd, 0, sizeof sd);
+    sd.host = pg->env.master_addr;
+    sd.port = pg->env.master_port;
+    sd.is_server = pg->rank == 0;
+    sd.timeout_s = pg->timeout;
+    sd.token = d.token;
+    s = pg->store ? DDP_OK : ddp_store_create(&sd, &pg->store); /* the mpi backend made it already */
+    if (s == DDP_OK) s = ddp__agree(pg);
+    if (s == DDP_OK && want.type == DDP_DEVICE_AUTO) s = ddp__own_gpu(pg, want, &pg->device);
     if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
     if (s != DDP_OK) goto fail;
 #if DDP__CUDA
@@ -6548,15 +6641,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     else
 #endif
         pg->vt = &ddp__cpu_backend;
-    memset(&sd, 0, sizeof sd);
-    sd.host = pg->env.master_addr;
-    sd.port = pg->env.master_port;
-    sd.is_server = pg->rank == 0;
-    sd.timeout_s = pg->timeout;
-    sd.token = d.token;
-    s = pg->store ? DDP_OK : ddp_store_create(&sd, &pg->store); /* the mpi backend made it already */
-    if (s == DDP_OK) s = ddp__agree(pg);
-    if (s == DDP_OK) s = pg->vt->connect(pg);
+    s = pg->vt->connect(pg);
     if (s != DDP_OK) goto fail;
     if (pg->vt == &ddp__cpu_backend) {
         if (pthread_create(&pg->thread, NULL, ddp__comm_main, pg) != 0) {
@@ -7615,7 +7700,8 @@ DDP__DEF void ddp_loader_free(ddp_loader* l) {
    which never looks at a model and is what the fuzzer drives), checks the table against the
    snapshot struct, and only then copies into the model and the rest. */
 
-/* A growable byte buffer for building the file in memory. */
+/* A growable byte buffer for building the file in memory. ddp__put appends n bytes from src, or
+   n bytes of room when src is NULL (for data that a copy from a GPU will fill). */
 typedef struct ddp__bytes { unsigned char* p; size_t n, cap; int oom; } ddp__bytes;
 DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n) {
     if (b->oom) return;
@@ -7630,7 +7716,7 @@ DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n) {
         b->p = q;
         b->cap = cap;
     }
-    memcpy(b->p + b->n, src, n);
+    if (src) memcpy(b->p + b->n, src, n);
     b->n += n;
 }
 DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) DDP__PRINTF(2, 3);
@@ -7779,7 +7865,8 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
     st = ddp_stream_sync(m->stream); /* the weights are final only once the GPU is done */
     for (i = 0; st == DDP_OK && !b.oom && ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &p); i++) {
         size_t at = b.n, nb = p->count * sizeof(float);
-        ddp__put(&b, data, nb); /* reserves the space on a GPU: overwritten by the copy below */
+        /* GPU memory cannot be read by the host: room for it, filled by a copy */
+        ddp__put(&b, m->device.type == DDP_DEVICE_CPU ? data : NULL, nb);
         if (!b.oom && m->device.type != DDP_DEVICE_CPU) st = ddp_copy(ddp__cpu(), b.p + at, m->device, data, nb, NULL);
     }
     if (b.oom && st == DDP_OK) st = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "building the snapshot in memory failed");

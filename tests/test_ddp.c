@@ -500,6 +500,90 @@ static void overlap_is_real(void) {
            "least 20%% less", w_many * 1e3, w_one * 1e3);
 }
 
+/* Overlap on the GPU: one step of 2 ranks, one parameter per bucket, under the GPU stand-in with a
+   slow network (FAKEGPU_NCCL_DELAY_MS) and its trace of every operation queued, started and
+   finished (FAKEGPU_TRACE). Order, not time, is the proof, on each rank: the first bucket's
+   all-reduce is called before backward has queued its last kernel (fc1's bias gradient), and
+   that kernel runs before the all-reduce ends, so the model's stream does not wait for the
+   network. On a real GPU there is no trace, and the case is skipped. */
+static int overlap_gpu_rank(int rank, void* arg) {
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_wrapper* w;
+    ddp_wrap_desc wd;
+    float x[GLOBAL_B * FEAT], loss;
+    int y[GLOBAL_B];
+    (void)arg;
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CUDA;
+    d.timeout_s = 60;
+    if (ddp_init(&d, &pg) != DDP_OK) return 1;
+    m = model_on(ddp_pg_device(pg), 100);
+    memset(&wd, 0, sizeof wd);
+    wd.bucket_cap_bytes = wd.first_bucket_bytes = 1;
+    if (!m || ddp_wrap(pg, m, &wd, &w) != DDP_OK) return 2;
+    global_batch(0, x, y);
+    if (ddp_model_zero_grad(m) != DDP_OK || ddp_model_forward(m, x + rank * 6 * FEAT, 6) != DDP_OK ||
+        ddp_loss_cross_entropy(m, y + rank * 6, &loss) != DDP_OK || ddp_model_backward(m) != DDP_OK) {
+        printf("    rank %d: %s\n", rank, ddp_error_string());
+        return 3;
+    }
+    ddp_stream_sync(ddp_model_stream(m));
+    ddp_wrapper_destroy(w);
+    ddp_model_destroy(m);
+    ddp_destroy(pg);
+    return 0;
+}
+static void overlap_on_the_gpu(void) {
+    char path[128], line[512];
+    FILE* f;
+    long pids[2] = {0, 0};
+    int k;
+    snprintf(path, sizeof path, "%s/trace", g_dir);
+    setenv("FAKEGPU_TRACE", path, 1);
+    setenv("FAKEGPU_NCCL_DELAY_MS", "250", 1);
+    CHECK_OK(ddp_spawn(2, overlap_gpu_rank, NULL));
+    unsetenv("FAKEGPU_TRACE");
+    unsetenv("FAKEGPU_NCCL_DELAY_MS");
+    if (!(f = fopen(path, "r"))) SKIP("no operation trace: only the GPU stand-in (make test) writes one");
+    while (fgets(line, sizeof line, f)) { /* the two ranks' pids, in order of appearance */
+        long pid = atol(line);
+        if (pid != pids[0] && !pids[1] && pids[0]) pids[1] = pid;
+        if (!pids[0]) pids[0] = pid;
+    }
+    for (k = 0; k < 2; k++) {
+        long n = 0, first_call = -1, last_queue = -1, ran = -1, ended = -1;
+        unsigned model = (unsigned)-1, comm = (unsigned)-1, st;
+        unsigned long long op, last_op = 0, first_ar = 0;
+        rewind(f);
+        while (fgets(line, sizeof line, f)) { /* "PID TIME queue|run|done stream S #N NAME" or "PID TIME nccl ..." */
+            char* rest = strchr(line, ' ');
+            char verb[16], name[64];
+            int stream_line;
+            if (atol(line) != pids[k] || !rest || !(rest = strchr(rest + 1, ' '))) continue;
+            rest++;
+            n++;
+            stream_line = sscanf(rest, "%15s stream %u #%llu %63s", verb, &st, &op, name) == 4;
+            if (!strncmp(rest, "nccl call AllReduce ", 20) && first_call < 0) first_call = n;
+            if (!stream_line) continue;
+            if (model == (unsigned)-1 && !strcmp(verb, "queue") && !strcmp(name, "ddp_k_relu_fwd")) model = st;
+            if (first_call >= 0 && comm == (unsigned)-1 && !strcmp(verb, "queue") && !strcmp(name, "AllReduce"))
+                comm = st, first_ar = op;
+            if (!strcmp(verb, "queue") && !strcmp(name, "ddp_k_bias_grad") && st == model) last_queue = n, last_op = op;
+            if (!strcmp(verb, "run") && st == model && op == last_op) ran = n;
+            if (ended < 0 && !strcmp(verb, "done") && st == comm && op == first_ar) ended = n;
+        }
+        printf("    rank %d (pid %ld): first all-reduce called at line %ld, backward's last kernel queued at %ld and "
+               "run at %ld, the first all-reduce done at %ld\n", k, pids[k], first_call, last_queue, ran, ended);
+        CHECKF(first_call > 0 && last_queue > 0 && first_call < last_queue,
+               "the first bucket's all-reduce was not called before backward's last kernel was queued");
+        CHECKF(ran > 0 && ended > 0 && ran < ended,
+               "backward's last kernel did not run before the first all-reduce ended: the model's stream waited for it");
+    }
+    fclose(f);
+}
+
 int main(int argc, char** argv) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ddp_test_ddp.XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
@@ -508,6 +592,7 @@ int main(int argc, char** argv) {
         RUN(equivalence_all_worlds_and_buckets);
         RUN(equivalence_no_sync_accumulation);
         RUN(equivalence_compressed);
+        RUN(overlap_on_the_gpu);
         h_remove_tree(g_dir);
         return H_EXIT();
     }

@@ -81,5 +81,78 @@ for n in 2 4; do
     fi
 done
 
+# ---- kill-and-resume from a GPU run, and stopped or killed ranks on NCCL (tests/test_restart.sh) ----
+echo "== faults on NCCL"
+shm_before=$(ls /dev/shm 2>/dev/null | grep -c '^fgnccl-')
+out=$(FAKEGPU_DEVICES=3 RESTART_EXAMPLE="$FG/examples/04_fault_tolerance" RESTART_DEVICE=cuda RESTART_CASES="1 3" \
+      bash tests/test_restart.sh "$BUILD" 2 2>&1)
+grep -E '^(ok|FAIL|skip) |^    ' <<<"$out"
+pass=$((pass + $(grep -c '^ok ' <<<"$out"))); fail=$((fail + $(grep -c '^FAIL ' <<<"$out")))
+# nothing of the aborted communicators stays behind: their shared-memory files are gone
+shm_after=$(ls /dev/shm 2>/dev/null | grep -c '^fgnccl-')
+if [ "$shm_after" -le "$shm_before" ]; then ok "faults_leave_no_nccl_files (/dev/shm: $shm_before before, $shm_after after)"
+else bad faults_leave_no_nccl_files "$((shm_after - shm_before)) fgnccl-* files were left in /dev/shm"; fi
+
+# ---- the driver and the kernels' code ------------------------------------------------------------------
+echo "== driver and kernel images"
+ex1="$FG/examples/01_single_gpu"
+expect() {  # name, text the output must contain, expected exit (0 or "fail"), command...
+    local name=$1 want=$2 how=$3 out rc
+    shift 3
+    out=$("$@" 2>&1); rc=$?
+    if { [ "$how" = 0 ] && [ $rc -eq 0 ]; } || { [ "$how" = fail ] && [ $rc -ne 0 ]; } && grep -qF -- "$want" <<<"$out"; then
+        ok "$name ($(grep -m1 -oF -- "$want" <<<"$out"))"
+    else bad "$name" "expected exit ${how/fail/non-zero} and \"$want\"; got status $rc:" "$(tail -n 4 <<<"$out")"; fi
+}
+# a driver older than the toolkit: said as such, and AUTO's fallback to the CPU is a warning
+expect driver_older_than_toolkit_named "the NVIDIA driver here supports CUDA 12.8, older than the CUDA 13.0" fail \
+    env FAKEGPU_DRIVER=12080 "$ex1" --device cuda --epochs 1 --save-every 0
+expect driver_older_than_toolkit_auto_warns "warning: no GPU: using the CPU (the NVIDIA driver here supports CUDA 12.8" 0 \
+    env FAKEGPU_DRIVER=12080 "$ex1" --device auto --epochs 1 --save-every 0
+# a toolkit newer than the driver: the kernels are the GPU's own binary code, which needs no JIT
+expect kernels_as_cubin_run_on_an_older_driver "compiled 16 GPU kernels for cuda:0 (sm_90)" 0 \
+    env FAKEGPU_NVRTC_VERSION=13.1 DDP_DEBUG=INFO "$ex1" --device cuda --epochs 1 --save-every 0
+# a GPU newer than NVRTC knows: PTX, and a PTX too new for the driver is named as such
+expect ptx_newer_than_driver_named "this PTX comes from NVRTC 13.1, newer than the driver (CUDA 13.0) can read" fail \
+    env FAKEGPU_CC=130 FAKEGPU_NVRTC_VERSION=13.1 "$ex1" --device cuda --epochs 1 --save-every 0
+
+# ---- one GPU per rank through CUDA_VISIBLE_DEVICES (SLURM --gpus-per-task=1) ------------------------------
+echo "== one visible GPU per rank"
+own() {  # name, CUDA_VISIBLE_DEVICES expression, device, phrase expected twice (once per rank)
+    local name=$1 vis=$2 dev=$3 want=$4 out n
+    out=$(FAKEGPU_DEVICES=2 DDP_DEBUG=INFO timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node 2 \
+          sh -c "CUDA_VISIBLE_DEVICES=$vis exec \"\$0\" --device $dev --epochs 3 --save-every 0" "$FG/examples/03_multi_node" 2>&1)
+    n=$(grep -c -- "$want" <<<"$out")
+    if [ "$n" = 2 ] && grep -q 'test accuracy' <<<"$out"; then ok "$name (both ranks: $want)"
+    else bad "$name" "want \"$want\" from both ranks and a finished run ($n ranks said it)" "$(grep -E 'joined|ERR|GPU' <<<"$out" | tail -n 4)"; fi
+}
+own auto_takes_each_ranks_own_gpu '$LOCAL_RANK' auto 'backend nccl, device cuda:0'
+own cuda_local_rank_with_one_visible_gpu '$LOCAL_RANK' 'cuda:$LOCAL_RANK' 'backend nccl, device cuda:0'
+own auto_shared_gpu_uses_the_cpu 0 auto 'backend cpu, device cpu'
+
+# ---- DDP_DEBUG=DETAIL waits for every GPU operation, cuBLAS's included --------------------------------------
+echo "== DETAIL mode"
+detail_overtaken() {  # DDP_DEBUG value: prints how many matrix products were overtaken by later work
+    rm -f "$TMP/detail.trace"
+    FAKEGPU_TRACE="$TMP/detail.trace" DDP_DEBUG=$1 "$ex1" --device cuda --epochs 1 --save-every 0 >/dev/null 2>&1
+    awk '{ verb = $3; s = $5; n = substr($6, 2) + 0; name = $7 }
+         verb == "queue" && name == "cublasSgemm" { open[s] = n }
+         verb == "queue" && (s in open) && n > open[s] { late++; delete open[s] }
+         verb == "done" && (s in open) && n == open[s] { delete open[s] }
+         END { print late + 0 }' "$TMP/detail.trace"
+}
+d_on=$(detail_overtaken DETAIL); d_off=$(detail_overtaken WARN)
+if [ "$d_on" = 0 ] && [ "$d_off" -gt 0 ]; then
+    ok "detail_syncs_after_cublas (DETAIL: every product done before the next operation; otherwise $d_off were not)"
+else bad detail_syncs_after_cublas "products overtaken by later work: $d_on under DETAIL (want 0), $d_off without (want > 0)"; fi
+
+# ---- a failed call inside the hand-written ring's NCCL group closes the group ---------------------------------
+echo "== NCCL group after a failure"
+out=$(FAKEGPU_DEVICES=2 FAKEGPU_FAIL=ncclSend:3 DDP_NCCL_RING=1 DDP_TIMEOUT=20 timeout 120 "$FG/examples/02_multi_gpu" \
+      --nproc 2 --device cuda --epochs 2 --save-every 0 2>&1)
+if grep -q 'DDP_ERR_NCCL: ncclSend/ncclRecv failed' <<<"$out" && ! grep -q 'group still open' <<<"$out"; then
+    ok "failed_send_closes_its_group (the error is reported; no NCCL call is left inside an open group)"
+else bad failed_send_closes_its_group "$(grep -E 'ERR|group still open' <<<"$out" | head -n 4)"; fi
+
 echo "$pass passed, $fail failed, $skip skipped (GPU stand-in)"
 [ $fail -eq 0 ]

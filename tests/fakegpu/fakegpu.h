@@ -36,7 +36,8 @@
    FAKEGPU_NVRTC_VERSION (default 13.0), FAKEGPU_SEED, FAKEGPU_DELAY_US (default 40),
    FAKEGPU_HOLD_MS, FAKEGPU_WAIT_S, FAKEGPU_CXX (host compiler, default c++), FAKEGPU_CACHE (where
    compiled kernels are kept), FAKEGPU_NCCL_DELAY_MS (every collective takes at least this long:
-   a slow network, for tests of overlap), FAKEGPU_TRACE (a file: one line per operation queued,
+   a slow network, for tests of overlap), FAKEGPU_FAIL=NAME:N (the Nth call of NCCL function NAME
+   fails with ncclInternalError), FAKEGPU_TRACE (a file: one line per operation queued,
    started and finished, and per NCCL call, for tests that check order). */
 #ifndef FAKEGPU_H
 #define FAKEGPU_H

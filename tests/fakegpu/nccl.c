@@ -633,7 +633,23 @@ static int fg_header_ready(struct ncclComm* c, void* arg) {
     return LD(c->sh->state) == 2;
 }
 
+static ncclResult_t fg_join_files(struct ncclComm* c);
+
+/* Join the communicator; a failed join removes this rank's names (the communicator is unusable, and
+   a program that exits without aborting it must leave nothing in /dev/shm). */
 static ncclResult_t fg_join(struct ncclComm* c) {
+    ncclResult_t r = fg_join_files(c);
+    if (r != ncclSuccess) {
+        char name[96];
+        fg_names(c, c->rank, name, sizeof name);
+        shm_unlink(name);
+        fg_names(c, -1, name, sizeof name);
+        shm_unlink(name);
+    }
+    return r;
+}
+
+static ncclResult_t fg_join_files(struct ncclComm* c) {
     char name[96];
     int fd, r, me = c->rank;
     uint32_t zero = 0;
@@ -900,12 +916,25 @@ FG_EXPORT ncclResult_t ncclGroupEnd(void) {
     return res;
 }
 
+/* FAKEGPU_FAIL=NAME:N makes the Nth call of NCCL function NAME (ncclSend, ...) in this process
+   fail with ncclInternalError, to test what a program does after a failed call. */
+static int fg_injected_failure(const char* name) {
+    static int calls[8];
+    const char* f = getenv("FAKEGPU_FAIL");
+    size_t n = strlen(name);
+    if (!f || strncmp(f, name, n) || f[n] != ':') return 0;
+    return ++calls[0] == atoi(f + n + 1);
+}
+
 /* A single call is a group of one. Inside a group, a failed call fails the group. */
 static ncclResult_t fg_call(int kind, const void* send, void* recv, size_t count, ncclDataType_t dt, ncclRedOp_t op,
                             int root, int peer, ncclComm_t c, cudaStream_t stream) {
     ncclResult_t r;
     int outer = fg_group_depth == 0;
+    char api[32];
     fg_trace("nccl call %s count %zu rank %d", fg_kind_name[kind], count, c && fg_comm_live(c) ? c->rank : -1);
+    snprintf(api, sizeof api, "nccl%s", fg_kind_name[kind]);
+    if (fg_injected_failure(api)) return fg_fail(c, ncclInternalError, "%s: failure injected by FAKEGPU_FAIL", api);
     if (outer) ncclGroupStart();
     r = fg_add(kind, send, recv, count, dt, op, root, peer, c, stream);
     if (r != ncclSuccess) {
@@ -970,7 +999,15 @@ static void fg_comm_close(struct ncclComm* c, int aborting) {
     fg_comm_unref(c);
 }
 
+/* A group this thread opened and never closed would swallow every later call of the thread. */
+static void fg_check_group(const char* call) {
+    if (fg_group_depth > 0)
+        fprintf(stderr, "fakegpu (pid %d): %s with a group still open on this thread (ncclGroupStart without "
+                "ncclGroupEnd): its calls never run\n", (int)getpid(), call);
+}
+
 FG_EXPORT ncclResult_t ncclCommAbort(ncclComm_t c) {
+    fg_check_group("ncclCommAbort");
     if (!c || !fg_comm_live(c)) return fg_fail(NULL, ncclInvalidArgument, "ncclCommAbort: not a live communicator");
     ST(c->aborted, 1); /* operations waiting for peers give up; queued ones do nothing */
     fg_trace("nccl rank %d abort", c->rank);
@@ -980,6 +1017,7 @@ FG_EXPORT ncclResult_t ncclCommAbort(ncclComm_t c) {
 
 FG_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t c) {
     double deadline;
+    fg_check_group("ncclCommDestroy");
     if (!c || !fg_comm_live(c)) return fg_fail(NULL, ncclInvalidArgument, "ncclCommDestroy: not a live communicator");
     /* destroy finishes the communicator's work first: operations still to be enqueued, then the
        ones on streams; a stuck one (a dead peer, a mismatch) never finishes: call ncclCommAbort */
