@@ -848,7 +848,8 @@ typedef struct ddp_wrap_stats {
     long all_reduces;             /* all-reduce calls issued */
     uint64_t bytes_reduced;       /* bytes handed to all-reduce */
     double wait_s;                /* time backward spent waiting for communication after its
-                                     last layer: the communication overlap did not hide */
+                                     last layer: the communication overlap did not hide (on a
+                                     GPU, counted from when backward's kernels have finished) */
     double backward_s;            /* time from each synchronised backward's first ready gradient to
                                      its end, for comparison */
 } ddp_wrap_stats;
@@ -7180,6 +7181,7 @@ struct ddp_wrapper {
     float** old_grad;   /* gradient_as_bucket_view: the parameter's own grad, restored at the end */
     ddp_wrap_stats st;
     double t_backward_start;
+    ddp_event* backward_done; /* GPU: the end of backward's kernels, where exposed waiting starts */
     char err[sizeof ddp__err_msg];
 };
 
@@ -7284,6 +7286,13 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
             if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
             if (s != DDP_OK) return s;
         }
+    }
+    /* On a GPU the host reaches this point while backward's kernels still run: the wait that
+       communication adds starts only when they are done. */
+    if (m->device.type == DDP_DEVICE_CUDA) {
+        if (!w->backward_done) s = ddp_event_create(m->device, &w->backward_done);
+        if (s == DDP_OK) s = ddp_event_record(w->backward_done, m->stream);
+        if (s == DDP_OK) s = ddp_event_sync(w->backward_done);
     }
     t0 = ddp__now();
     for (k = 0; k < w->nbuckets && s == DDP_OK; k++) {
@@ -7470,6 +7479,7 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
     }
     if (w->m->post_backward == ddp__reducer_finish) ddp_model_set_post_backward(w->m, NULL, NULL);
     ddp_stream_sync(w->m->stream);
+    ddp_event_destroy(w->backward_done);
     for (i = 0; i < w->nbuckets; i++) {
         if (w->buckets[i].work) ddp_work_wait(w->buckets[i].work);
         ddp_free(w->m->device, w->buckets[i].buf);

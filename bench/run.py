@@ -74,6 +74,8 @@ KNOBS (environment variables)
   BENCH_LAUNCH_TIMEOUT_S  a launch running longer is stopped and its cell marked (240)
   BENCH_PY                the Python with torch for the PyTorch rows (/usr/bin/python3)
   BENCH_HAVE_CUDA         set by make bench-gpu: 1 when ddp.h was built with CUDA
+  BENCH_FAKEGPU=1         --gpu on the GPU stand-in (tests/fakegpu; programs from BUILD/fakegpu):
+                          the code path of make bench-gpu, run to the end; its figures mean nothing
 """
 import csv
 import datetime
@@ -1004,18 +1006,24 @@ def main_gpu(build):
     one rank); and 2 ranks on the CPU backend with their buffers on the GPU (DDP_BACKEND=cpu, both
     ranks sharing the one GPU). Every row is skipped, with the reason, when there is no GPU."""
     global LOGDIR
+    fake = os.environ.get("BENCH_FAKEGPU") == "1"
     bench_dir = os.path.join(build, "bench")
-    LOGDIR = os.path.join(bench_dir, "logs_gpu")
+    LOGDIR = os.path.join(bench_dir, "logs_gpu_standin" if fake else "logs_gpu")
     if os.path.isdir(LOGDIR):
         shutil.rmtree(LOGDIR)
     os.makedirs(LOGDIR)
     steps, warm = env_num("BENCH_STEPS", 50, int), env_num("BENCH_WARMUP", 10, int)
     rounds = env_num("BENCH_STEP_ROUNDS", 3, int)
     b = lambda *q: os.path.join(build, *q)
-    large, launched, ddprun = b("examples", "05_large_mlp"), b("bench", "large_mlp_launched"), b("ddprun")
+    progs = b("fakegpu") if fake else build
+    large, launched = os.path.join(progs, "examples", "05_large_mlp"), os.path.join(progs, "bench", "large_mlp_launched")
+    ddprun = b("ddprun")
+    stand_in = {"FAKEGPU_DEVICES": "1", "FAKEGPU_CACHE": b("fakegpu", "kernels")} if fake else {}
 
     gpu_why, gpu_name = "", ""
-    if not shutil.which("nvidia-smi"):
+    if fake:
+        gpu_name = "the GPU stand-in (tests/fakegpu): the code path only, its figures mean nothing"
+    elif not shutil.which("nvidia-smi"):
         gpu_why = "no GPU: nvidia-smi not found"
     else:
         rc, out = quiet(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
@@ -1028,7 +1036,9 @@ def main_gpu(build):
                           "BENCH_HAVE_CUDA=1 says otherwise when running this script by hand)")
     # a Python whose torch sees the GPU
     torch_why, py = "", None
-    if not gpu_why:
+    if fake:
+        torch_why = "PyTorch cannot run on the GPU stand-in"
+    elif not gpu_why:
         cands = [c for c in (os.environ.get("BENCH_PY"), shutil.which("python3"), "/usr/bin/python3") if c]
         tried = []
         for c in dict.fromkeys(cands):
@@ -1045,15 +1055,16 @@ def main_gpu(build):
     tp = [py or PY, os.path.join(ROOT, "bench", "pytorch_ddp_large.py")]
     common = ["--steps", str(steps), "--warmup", str(warm)]
     setups = [
-        ("g1", "ddp.h, 1 process, GPU", ddp_why, [large, "--nproc", "1", "--device", "cuda"] + common, {}),
+        ("g1", "ddp.h, 1 process, GPU", ddp_why, [large, "--nproc", "1", "--device", "cuda"] + common, dict(stand_in)),
         ("t1", "PyTorch, 1 process, GPU", torch_why, tp + ["--nproc", "1", "--device", "cuda"] + common, {}),
         ("gnccl", "ddp.h DDP, 1 rank, NCCL", ddp_why,
          [ddprun, "--standalone", "--nproc-per-node", "1", "--backend", "nccl", launched, "--device", "cuda"] + common,
-         {}),
+         dict(stand_in)),
         ("tnccl", "PyTorch DDP, 1 rank, NCCL", torch_why,
          tp + ["--nproc", "1", "--force-ddp", "--device", "cuda"] + common, {}),
         ("gcpu2", "ddp.h DDP, 2 ranks, CPU backend, GPU buffers", ddp_why,
-         [large, "--nproc", "2", "--device", "cuda"] + common, {"DDP_BACKEND": "cpu", "OPENBLAS_NUM_THREADS": "1"}),
+         [large, "--nproc", "2", "--device", "cuda"] + common,
+         dict(stand_in, DDP_BACKEND="cpu", OPENBLAS_NUM_THREADS="1")),
     ]
     if not ddp_why and not os.access(launched, os.X_OK):
         setups[2] = setups[2][:2] + ("%s not built" % launched,) + setups[2][3:]
@@ -1089,12 +1100,13 @@ def main_gpu(build):
         csv_row("gpu", label, 2 if key == "gcpu2" else 1, "", "step", s, "ms",
                 [fnum(r, "step_ms") for r in STEP.get(key, [])])
     p("   vs PyTorch: 1-process row: ddp.h step / PyTorch step; NCCL row: ddp.h's overhead / PyTorch DDP's")
-    p("took %.0f s; CSV: %s" % (elapsed(), disp(os.path.join(bench_dir, "results_gpu.csv"))))
-    with open(os.path.join(bench_dir, "results_gpu.csv"), "w", newline="") as f:
+    suffix = "_standin" if fake else ""  # a stand-in run never overwrites a real GPU's figures
+    p("took %.0f s; CSV: %s" % (elapsed(), disp(os.path.join(bench_dir, "results_gpu%s.csv" % suffix))))
+    with open(os.path.join(bench_dir, "results_gpu%s.csv" % suffix), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["section", "setup", "ranks", "size_bytes", "metric", "value", "unit", "launches", "per_launch"])
         w.writerows(CSV_ROWS)
-    with open(os.path.join(bench_dir, "table_gpu.txt"), "w") as f:
+    with open(os.path.join(bench_dir, "table_gpu%s.txt" % suffix), "w") as f:
         f.write("\n".join(OUT) + "\n")
     print("\n".join(OUT), flush=True)
 

@@ -50,6 +50,8 @@ for t in test_pg test_desync; do
 done
 # and shared memory in chunks of 4 KiB: every collective crosses many chunks and both slot sets
 run_prog "test_pg (DDP_SHM_CHUNK_BYTES=4096)" env DDP_SHM_CHUNK_BYTES=4096 "$BUILD/tests/test_pg"
+# the GPU path on the GPU stand-in (tests/fakegpu): CUDA, cuBLAS, NVRTC and NCCL emulated on the CPU
+run_prog "GPU stand-in" bash tests/test_fakegpu.sh "$BUILD"
 run_prog test_ddprun bash tests/test_ddprun.sh "$BUILD/ddprun"
 run_prog test_bad_input bash tests/test_bad_input.sh "$BUILD"
 run_prog test_confusions bash tests/test_confusions.sh "$BUILD"

@@ -81,6 +81,28 @@ for n in 2 4; do
     fi
 done
 
+# ---- the mpi backend with GPU buffers (staged through host memory) -------------------------------------
+echo "== mpi backend on fake GPUs"
+if [ ! -x "$FG/tests/test_mpi" ]; then skp mpi_backend_gpu_buffers "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+elif ! command -v mpirun >/dev/null 2>&1; then skp mpi_backend_gpu_buffers "Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
+else
+    for np in 2 4; do
+        prog "test_mpi (np $np, $np GPUs)" env -u MASTER_ADDR -u MASTER_PORT \
+            "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0" timeout 120 \
+            mpirun --allow-run-as-root --oversubscribe -np $np -x FAKEGPU_DEVICES=$np -x FAKEGPU_CACHE "$FG/tests/test_mpi"
+    done
+fi
+
+# ---- RANK used as the GPU number, on a machine with GPUs (tests/test_confusions.sh, case 5) --------------
+echo "== cuda:RANK on a GPU machine"
+port=$((20000 + RANDOM % 20000))
+out=$(FAKEGPU_DEVICES=2 DDP_JOB_TOKEN=confusions DDP_TIMEOUT=2 timeout 30 "$BUILD/ddprun" --nnodes 64 --node-rank 63 \
+      --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port "$FG/tests/confusions/confusions" device_rank 2>&1)
+if grep -qF "DDP_ERR_NO_GPU: device cuda:63 was asked for, but only 2 GPUs are visible (0..1): pick the GPU with LOCAL_RANK, not RANK" <<<"$out" &&
+   grep -qF "warning: device cuda:63 is this process's RANK, but a GPU is picked by LOCAL_RANK (0 here)" <<<"$out"; then
+    ok "confusion05_gpu_index_past_the_gpus_on_a_gpu (the warning, then \"only 2 GPUs are visible\")"
+else bad confusion05_gpu_index_past_the_gpus_on_a_gpu "$(grep -E 'warning|DDP_ERR' <<<"$out" | head -n 4)"; fi
+
 # ---- kill-and-resume from a GPU run, and stopped or killed ranks on NCCL (tests/test_restart.sh) ----
 echo "== faults on NCCL"
 shm_before=$(ls /dev/shm 2>/dev/null | grep -c '^fgnccl-')
@@ -154,5 +176,17 @@ if grep -q 'DDP_ERR_NCCL: ncclSend/ncclRecv failed' <<<"$out" && ! grep -q 'grou
     ok "failed_send_closes_its_group (the error is reported; no NCCL call is left inside an open group)"
 else bad failed_send_closes_its_group "$(grep -E 'ERR|group still open' <<<"$out" | head -n 4)"; fi
 
-echo "$pass passed, $fail failed, $skip skipped (GPU stand-in)"
+# ---- make bench-gpu's code path, run to the end (its figures mean nothing on the stand-in) ------------------
+echo "== bench-gpu on the stand-in"
+if ! command -v python3 >/dev/null 2>&1; then skp bench_gpu_code_path "python3 is not installed (bench/run.py needs it)"
+else
+    out=$(BENCH_FAKEGPU=1 BENCH_HAVE_CUDA=1 BENCH_STEPS=1 BENCH_WARMUP=1 BENCH_STEP_ROUNDS=1 timeout 600 \
+          python3 bench/run.py --gpu "$BUILD" 2>&1); rc=$?
+    rows=$(grep -cE '^ddp\.h(, 1 process, GPU| DDP, 1 rank, NCCL| DDP, 2 ranks, CPU backend, GPU buffers) +[0-9.]+ ' <<<"$out")
+    if [ $rc -eq 0 ] && [ "$rows" = 3 ] && grep -q '^took [0-9]* s; CSV: ' <<<"$out"; then
+        ok "bench_gpu_code_path (ddp.h's three rows measured: 1 process, DDP over NCCL, the CPU backend with GPU buffers)"
+    else bad bench_gpu_code_path "exit status $rc, $rows of 3 ddp.h rows measured" "$(tail -n 12 <<<"$out")"; fi
+fi
+
+echo "GPU stand-in section: $pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]

@@ -69,40 +69,65 @@ typedef struct {
 /* Elements [0, extent) of a column-major rows x cols matrix with leading dimension ld. */
 static size_t fg_extent(int rows, int cols, int ld) { return rows && cols ? (size_t)(cols - 1) * ld + rows : 0; }
 
+/* C = alpha op(A) op(B) + beta C, column-major. op(A) is packed column by column and op(B) row by
+   row, so that a block of C (64 rows x 64 columns, kept in registers and cache) takes one pass of
+   multiply-adds per element of the inner dimension, in order: the same sums whatever the blocks. */
+#define FG_MB 64
+#define FG_NB 64
+static void fg_axpy64(float* __restrict acc, float a, const float* __restrict b) {
+    int j;
+    for (j = 0; j < FG_NB; j++) acc[j] += a * b[j];
+}
 static void fg_gemm_run(fg_op* op) {
     fg_gemm* g = (fg_gemm*)op->arg;
-    int i, j, l;
-    const int ar = g->ta ? g->k : g->m, ac = g->ta ? g->m : g->k, br = g->tb ? g->n : g->k, bc = g->tb ? g->k : g->n;
+    const int m = g->m, n = g->n, k = g->k;
+    const int ar = g->ta ? k : m, ac = g->ta ? m : k, br = g->tb ? n : k, bc = g->tb ? k : n;
     const float *A = NULL, *B = NULL;
-    float* C = (float*)fg_alias(g->C, fg_extent(g->m, g->n, g->ldc) * 4);
-    float* col;
-    if (g->k > 0 && g->alpha != 0.f) {
+    float* C = (float*)fg_alias(g->C, fg_extent(m, n, g->ldc) * 4);
+    float *Ap = NULL, *Bp = NULL;
+    int i, j, l, ib, jb;
+    if (k > 0 && g->alpha != 0.f) {
         A = (const float*)fg_alias(g->A, fg_extent(ar, ac, g->lda) * 4);
         B = (const float*)fg_alias(g->B, fg_extent(br, bc, g->ldb) * 4);
     }
-    if (!C || (g->k > 0 && g->alpha != 0.f && (!A || !B))) {
+    if (!C || (k > 0 && g->alpha != 0.f && (!A || !B))) {
         fg_fault("cublasSgemm(m=%d, n=%d, k=%d, lda=%d, ldb=%d, ldc=%d): %s reaches past its allocation (or is not "
-                 "device memory)", g->m, g->n, g->k, g->lda, g->ldb, g->ldc, !C ? "C" : !A ? "A" : "B");
+                 "device memory)", m, n, k, g->lda, g->ldb, g->ldc, !C ? "C" : !A ? "A" : "B");
         return;
     }
-    if (!(col = (float*)malloc((size_t)g->m * sizeof *col))) fg_fatal("out of memory");
-    for (j = 0; j < g->n; j++) {
-        float* c = C + (size_t)j * g->ldc;
-        for (i = 0; i < g->m; i++) col[i] = 0.f;
-        if (A) {
-            for (l = 0; l < g->k; l++) {
-                float b = g->tb ? B[(size_t)l * g->ldb + j] : B[(size_t)j * g->ldb + l];
-                if (!g->ta) {
-                    const float* a = A + (size_t)l * g->lda;
-                    for (i = 0; i < g->m; i++) col[i] += a[i] * b;
+    if (A) {
+        Ap = (float*)malloc((size_t)m * k * sizeof *Ap); /* op(A)(i, l) at Ap[l * m + i] */
+        Bp = (float*)malloc((size_t)k * n * sizeof *Bp); /* op(B)(l, j) at Bp[l * n + j] */
+        if (!Ap || !Bp) fg_fatal("out of memory");
+        for (l = 0; l < k; l++)
+            for (i = 0; i < m; i++) Ap[(size_t)l * m + i] = g->ta ? A[(size_t)i * g->lda + l] : A[(size_t)l * g->lda + i];
+        for (l = 0; l < k; l++)
+            for (j = 0; j < n; j++) Bp[(size_t)l * n + j] = g->tb ? B[(size_t)l * g->ldb + j] : B[(size_t)j * g->ldb + l];
+    }
+    for (jb = 0; jb < n; jb += FG_NB)
+        for (ib = 0; ib < m; ib += FG_MB) {
+            float acc[FG_MB][FG_NB];
+            const int mb = m - ib < FG_MB ? m - ib : FG_MB, nb = n - jb < FG_NB ? n - jb : FG_NB;
+            memset(acc, 0, sizeof acc);
+            for (l = 0; A && l < k; l++) {
+                const float* a = Ap + (size_t)l * m + ib;
+                const float* b = Bp + (size_t)l * n + jb;
+                if (nb == FG_NB) { /* a constant trip count: the compiler vectorises it */
+                    float bl[FG_NB];
+                    memcpy(bl, b, sizeof bl);
+                    for (i = 0; i < mb; i++) fg_axpy64(acc[i], a[i], bl);
                 } else {
-                    for (i = 0; i < g->m; i++) col[i] += A[(size_t)i * g->lda + l] * b;
+                    for (i = 0; i < mb; i++)
+                        for (j = 0; j < nb; j++) acc[i][j] += a[i] * b[j];
                 }
             }
+            for (j = 0; j < nb; j++) {
+                float* c = C + (size_t)(jb + j) * g->ldc + ib;
+                for (i = 0; i < mb; i++) c[i] = g->alpha * acc[i][j] + (g->beta == 0.f ? 0.f : g->beta * c[i]);
+            }
         }
-        for (i = 0; i < g->m; i++) c[i] = g->alpha * col[i] + (g->beta == 0.f ? 0.f : g->beta * c[i]);
-    }
-    free(col);
+    free(Ap);
+    free(Bp);
 }
 
 static void fg_gemm_fini(fg_op* op) { free(op->arg); }
