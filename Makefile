@@ -286,8 +286,25 @@ $(BUILD)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/05_large_
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
 
-bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/05_large_mlp $(BUILD)/bench/large_mlp_launched
+bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/05_large_mlp $(BUILD)/bench/large_mlp_launched $(BUILD)/examples/01_single_gpu
 	@BENCH_HAVE_CUDA=$(HAVE_CUDA) python3 bench/run.py --gpu $(BUILD)
+
+# make gpu-check: on a machine with a GPU, everything a first real run must show, in one report
+# (BUILD/gpu-check/report.txt; tools/gpu_check.sh says what it runs). It rebuilds nothing, so a
+# build made elsewhere can be carried to a GPU machine that has no compiler or toolkit:
+#   make BUILD=build-gpu gpu-check-build      (here: the programs gpu-check runs, about 8 MB)
+#   make BUILD=build-gpu gpu-check            (there)
+# make gpu-check-standin runs the same flow on the GPU stand-in, so that the first real run can
+# only fail on the GPU itself.
+GPU_CHECK_PROGS := $(BUILD)/tests/test_gpu $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp \
+                   $(BUILD)/examples/01_single_gpu $(BUILD)/examples/02_multi_gpu $(BUILD)/examples/05_large_mlp \
+                   $(BUILD)/bench/large_mlp_launched $(BUILD)/ddprun
+.PHONY: gpu-check gpu-check-build gpu-check-standin
+gpu-check-build: $(GPU_CHECK_PROGS)
+gpu-check:
+	@bash tools/gpu_check.sh $(BUILD)
+gpu-check-standin: all
+	@GPU_CHECK_STANDIN=1 bash tools/gpu_check.sh $(BUILD)
 
 -include labs/labs.mk
 -include docs/figures/figures.mk
@@ -317,6 +334,8 @@ help:
 	@echo "make figures   measure and draw the tutorial's figures (gnuplot); figures-render: draw only"
 	@echo "make bench      ddp.h beside Open MPI, gloo and PyTorch DDP (~9 min; BENCH_QUICK=1: ~3), CSV in $(BUILD)/bench/"
 	@echo "make bench-gpu  the large model on one GPU: ddp.h vs PyTorch, NCCL with one rank (skips without a GPU)"
+	@echo "make gpu-check  on a GPU machine: versions, test-gpu, chapters 1 and 3, equivalence, bench-gpu, one report"
+	@echo "make gpu-check-standin  the same flow on the GPU stand-in (no GPU needed)"
 	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks"
 	@echo "make test-gpu   run the GPU tests (needs a GPU)"
 	@echo "make sanitize   run the CPU suite under ASan and UBSan"

@@ -985,6 +985,7 @@ DDP_API int ddp_launcher_main(int argc, char** argv);
 #include <cuda_runtime.h> /* memory, streams, events, kernel launch (cudaLibrary*) */
 #include <cublas_v2.h>    /* cublasSgemm for Linear on the GPU */
 #include <nvrtc.h>        /* compiles the kernel source below to PTX at run time */
+#include <nccl.h>         /* the nccl backend's collectives (>>nccl) */
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -1219,12 +1220,16 @@ DDP__DEF const char* ddp_build_info(void) {
     static char info[256];
     if (!info[0]) {
 #if DDP__CUDA
-        int rt = 0, nv_major = 0, nv_minor = 0;
+        int rt = 0, drv = 0, nv_major = 0, nv_minor = 0, nccl = 0;
+        char driver[32] = "no driver";
         cudaRuntimeGetVersion(&rt);
+        if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0)
+            snprintf(driver, sizeof driver, "driver for CUDA %d.%d", drv / 1000, (drv % 1000) / 10);
         nvrtcVersion(&nv_major, &nv_minor);
-        snprintf(info, sizeof info, "ddp.h %d.%d.%d: CUDA runtime %d.%d, NVRTC %d.%d, cuBLAS; %s",
+        ncclGetVersion(&nccl); /* 22809: 2.28.9 (from NCCL 2.9 on, 10000 * major + 100 * minor + patch) */
+        snprintf(info, sizeof info, "ddp.h %d.%d.%d: CUDA runtime %d.%d (%s), NVRTC %d.%d, NCCL %d.%d.%d, cuBLAS; %s",
                  DDP_VERSION_MAJOR, DDP_VERSION_MINOR, DDP_VERSION_PATCH, rt / 1000,
-                 (rt % 1000) / 10, nv_major, nv_minor,
+                 (rt % 1000) / 10, driver, nv_major, nv_minor, nccl / 10000, nccl % 10000 / 100, nccl % 100,
 #if defined(DDP_CBLAS)
                  "CPU Linear through CBLAS"
 #else
@@ -5614,15 +5619,6 @@ static const ddp__backend_vt ddp__cpu_backend = {"cpu", ddp__cpu_connect, ddp__c
    reduction kernel, so the tutorial can put the library call and the algorithm side by side.
 */
 #if DDP__CUDA
-#if defined(__GNUC__) || defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpedantic"
-#endif
-#include <nccl.h>
-#if defined(__GNUC__) || defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
 #define DDP__NCCL_EVENTS 16
 typedef struct ddp__nccl {
     ncclComm_t comm;        /* NULL once aborted */

@@ -1068,6 +1068,10 @@ def main_gpu(build):
     ]
     if not ddp_why and not os.access(launched, os.X_OK):
         setups[2] = setups[2][:2] + ("%s not built" % launched,) + setups[2][3:]
+    # the tutorial's model (wine, 13 -> 64 -> 3, Adam, batch 32) on the GPU: ddp.h's example timed as
+    # the difference of two launches (lo and hi epochs) per step, PyTorch's twin by its own loop
+    ex1 = os.path.join(progs, "examples", "01_single_gpu")
+    wlo, whi = (2, 12) if fake else (20, 2020)
     print("make bench-gpu: %s" % (gpu_name or gpu_why), flush=True)
     for rnd in range(1, rounds + 1):
         for key, label, why, cmd, extra in setups:
@@ -1080,6 +1084,29 @@ def main_gpu(build):
                 STEP.setdefault(key, []).append(res)
             else:
                 SKIP.setdefault(key, w or "no result line in the output")
+        if ddp_why:
+            SKIP.setdefault("wg1", ddp_why)
+        else:
+            wcmd = [ex1, "--device", "cuda", "--save-every", "0"]
+            o1, t1, w1 = launch("gpu_wine_e%d_r%d" % (wlo, rnd), wcmd + ["--epochs", str(wlo)], dict(stand_in),
+                                check_budget=False)
+            o2, t2, w2 = launch("gpu_wine_e%d_r%d" % (whi, rnd), wcmd + ["--epochs", str(whi)], dict(stand_in),
+                                check_budget=False)
+            spe = wine_steps(o2, 1)
+            if w1 or w2 or not spe:
+                SKIP.setdefault("wg1", w1 or w2 or "no 'training ... samples, batch' line in the output")
+            else:
+                WINE.setdefault("wg1", []).append((t2 - t1) * 1e3 / ((whi - wlo) * spe))
+        if torch_why:
+            SKIP.setdefault("wt1", torch_why)
+        else:
+            out, _, w = launch("gpu_wine_torch_r%d" % rnd, [py, os.path.join(ROOT, "bench", "pytorch_wine.py"),
+                               "--device", "cuda", "--epochs", "400"], {}, check_budget=False)
+            r = result_fields(out)
+            if r and fnum(r, "step_ms"):
+                WINE.setdefault("wt1", []).append(fnum(r, "step_ms"))
+            else:
+                SKIP.setdefault("wt1", w or "no result line in the output")
     p("=" * 100)
     p("make bench-gpu: the 25M-parameter MLP (batch 64) on one GPU: %s" % (gpu_name or gpu_why))
     p("cell = median of %d launches, launch = median of %d steps after %d warm-up; overhead = step - the same "
@@ -1100,6 +1127,18 @@ def main_gpu(build):
         csv_row("gpu", label, 2 if key == "gcpu2" else 1, "", "step", s, "ms",
                 [fnum(r, "step_ms") for r in STEP.get(key, [])])
     p("   vs PyTorch: 1-process row: ddp.h step / PyTorch step; NCCL row: ddp.h's overhead / PyTorch DDP's")
+    wg, wt = med(WINE.get("wg1", [])), med(WINE.get("wt1", []))
+    p("the tutorial's model (wine 13 -> 64 -> 3, Adam, batch 32), one process on the GPU: ms per training-loop step")
+    p("%-48s %9s %10s" % ("setup", "ms/step", "vs PyTorch"))
+    p("%-48s %9s %10s" % ("ddp.h, 1 process, GPU", fmt(wg, 3, 9), fmt(ratio(wg, wt), 2, 10)) + skip_suffix("wg1", wg))
+    p("%-48s %9s %10s" % ("PyTorch, 1 process, GPU", fmt(wt, 3, 9), "") + skip_suffix("wt1", wt))
+    csv_row("gpu", "wine, ddp.h, 1 process, GPU", 1, "", "step", wg, "ms", WINE.get("wg1", []))
+    csv_row("gpu", "wine, PyTorch, 1 process, GPU", 1, "", "step", wt, "ms", WINE.get("wt1", []))
+    target("GPU: the large model's step <= 1.1x PyTorch's", ratio(step("g1"), step("t1")), 1.1, False)
+    target("GPU: the tutorial model's step <= 0.5x PyTorch's", ratio(wg, wt), 0.5, False)
+    p("TARGETS (ratios measured in this run%s)" % ("; meaningless on the stand-in" if fake else ""))
+    for text, val, verdict in TARGETS:
+        p("  %-7s %-78s %s" % (verdict, text, val))
     suffix = "_standin" if fake else ""  # a stand-in run never overwrites a real GPU's figures
     p("took %.0f s; CSV: %s" % (elapsed(), disp(os.path.join(bench_dir, "results_gpu%s.csv" % suffix))))
     with open(os.path.join(bench_dir, "results_gpu%s.csv" % suffix), "w", newline="") as f:

@@ -13,7 +13,8 @@
 enum { FEAT = 6, CLASSES = 3, STEPS = 50, GLOBAL_B = 12 };
 static const int g_sizes[4] = {FEAT, 10, 8, CLASSES}; /* 3 Linear layers, 6 parameters */
 static char g_dir[64];
-static int g_gpu; /* --gpu: each rank's model on its GPU */
+static int g_gpu;  /* --gpu: each rank's model on its GPU */
+static int g_gpus; /* --gpu: how many there are (NCCL needs one per rank) */
 
 /* The global batch of step s: GLOBAL_B rows, the same on every rank and in the reference. */
 static void global_batch(int step, float* x, int* y) {
@@ -202,10 +203,15 @@ static size_t reference(const cfg* c, float* out, size_t cap) {
    bound is derived from the gradients the ranks saw. Returns the relative L2 error. */
 static double equivalence(int W, const cfg* c, double tol) {
     float ref[2048], got[2048], first[2048];
-    size_t n = reference(c, ref, 2048), k;
+    size_t n, k;
     double num = 0, den = 0, maxabs = 0, grad_bound = 0, rel;
     char path[128];
     int r;
+    if (g_gpu && W > g_gpus) {
+        printf("    W=%d not run: NCCL needs a GPU for each rank, and this machine shows %d\n", W, g_gpus);
+        return 0;
+    }
+    n = reference(c, ref, 2048);
     CHECK_OK(ddp_spawn(W, train_rank, (void*)c));
     for (r = 0; r < W; r++) {
         FILE* f;
@@ -540,6 +546,7 @@ static void overlap_on_the_gpu(void) {
     FILE* f;
     long pids[2] = {0, 0};
     int k;
+    if (g_gpus < 2) SKIP("two ranks on NCCL need two GPUs, and this machine shows %d", g_gpus);
     snprintf(path, sizeof path, "%s/trace", g_dir);
     setenv("FAKEGPU_TRACE", path, 1);
     setenv("FAKEGPU_NCCL_DELAY_MS", "250", 1);
@@ -589,6 +596,11 @@ int main(int argc, char** argv) {
     if (!mkdtemp(g_dir)) return 1;
     g_gpu = argc > 1 && !strcmp(argv[1], "--gpu");
     if (g_gpu) {
+        char why[256];
+        if ((g_gpus = h_gpus_in_child(why, sizeof why)) == 0) {
+            printf("skip equivalence_on_gpus: no GPU: %s\n", why);
+            return 0;
+        }
         RUN(equivalence_all_worlds_and_buckets);
         RUN(equivalence_no_sync_accumulation);
         RUN(equivalence_compressed);

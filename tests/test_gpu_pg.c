@@ -12,34 +12,8 @@
 #include "ddp.h"
 #include "harness.h"
 
-/* How many GPUs, and why none, asked in a throwaway child so that this process stays CUDA-free. */
 static int g_gpus;
 static char g_why[256];
-static void probe(void) {
-    int p[2], st;
-    pid_t pid;
-    if (pipe(p) != 0) return;
-    pid = fork();
-    if (pid == 0) {
-        char msg[300];
-        int n = ddp_cuda_device_count();
-        snprintf(msg, sizeof msg, "%d %s", n, ddp_cuda_unavailable_reason());
-        if (write(p[1], msg, strlen(msg) + 1) < 0) _exit(1);
-        _exit(0);
-    }
-    close(p[1]);
-    {
-        char msg[300] = "";
-        ssize_t k = read(p[0], msg, sizeof msg - 1);
-        if (k > 0) {
-            msg[k] = 0;
-            g_gpus = atoi(msg);
-            snprintf(g_why, sizeof g_why, "%s", strchr(msg, ' ') ? strchr(msg, ' ') + 1 : "");
-        }
-    }
-    close(p[0]);
-    waitpid(pid, &st, 0);
-}
 
 #define NEED_GPU()                                                                                 \
     do {                                                                                           \
@@ -293,7 +267,7 @@ static void equivalence_on_gpu_buffers(void) {
 }
 
 int main(void) {
-    probe();
+    g_gpus = h_gpus_in_child(g_why, sizeof g_why); /* this process stays free of CUDA */
     RUN(nccl_one_rank_library);
     RUN(nccl_several_ranks_library);
     RUN(nccl_several_ranks_own_ring);

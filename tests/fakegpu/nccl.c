@@ -734,6 +734,12 @@ FG_EXPORT const char* ncclGetLastError(ncclComm_t comm) {
     return fg_lasterr;
 }
 
+FG_EXPORT ncclResult_t ncclGetVersion(int* version) {
+    if (!version) return ncclInvalidArgument;
+    *version = NCCL_VERSION_CODE; /* the headers' own: the stand-in answers as the NCCL it was built against */
+    return ncclSuccess;
+}
+
 FG_EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
     uint64_t v[2];
     FILE* f;
