@@ -6459,25 +6459,135 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
 /* Ranks of one machine each get their own share of the cores this process may use (Linux; as
    mpirun's --bind-to core does): a rank that waits by spinning then never sits on the core of the
    rank it waits for, and the scheduler stops moving ranks between cores, which costs them their
-   caches. Only when every local rank can have a core of its own; DDP_BIND=none leaves placement
-   to the system. The raw system call needs no _GNU_SOURCE. Threads already running (a BLAS
-   library's) are moved too; threads started later inherit the mask. */
+   caches. Shares are whole physical cores (a core's hyper-threads go together: two ranks on the
+   two threads of one core would share its units), and a rank on a GPU takes its share of the
+   cores next to that GPU (its PCI device's local_cpulist, the GPU's NUMA node), shared with the
+   local ranks whose GPUs sit there too. Only when every rank can have a core of its own;
+   DDP_BIND=none leaves placement to the system. The raw system call needs no _GNU_SOURCE. Threads
+   already running (a BLAS library's, the store's) are moved too; threads started later inherit
+   the mask. */
+#define DDP__BIND_MAXCPU 1024
+typedef struct ddp__cpu_core {
+    int cpu;  /* a CPU number */
+    int core; /* its physical core: CPUs with the same value are hyper-threads of one core */
+} ddp__cpu_core;
+
+/* Parse a sysfs CPU list ("0-3,8,10-11") into flags[0..DDP__BIND_MAXCPU). Returns how many CPUs. */
+DDP__PRIVATE int ddp__cpulist(const char* text, unsigned char* flags) {
+    int n = 0;
+    memset(flags, 0, DDP__BIND_MAXCPU);
+    while (*text) {
+        char* end;
+        long a = strtol(text, &end, 10), b = a, i;
+        if (end == text) break;
+        if (*end == '-') b = strtol(end + 1, &end, 10);
+        for (i = a; i <= b && i < DDP__BIND_MAXCPU; i++)
+            if (i >= 0 && !flags[i]) flags[i] = 1, n++;
+        text = *end == ',' ? end + 1 : end;
+        if (*end != ',') break;
+    }
+    return n;
+}
+
+/* Which CPUs rank `index` of `group` ranks takes among cpus[0..n) (in CPU order), restricted to the
+   CPUs flagged in `near` when near is not NULL: an equal share of whole cores, in order. Writes
+   the CPUs to out (room for n); returns how many, 0 when there are fewer cores than ranks. */
+DDP__PRIVATE int ddp__bind_plan(const ddp__cpu_core* cpus, int n, const unsigned char* near, int index, int group,
+                                int* out) {
+    int cores[DDP__BIND_MAXCPU], ncores = 0, i, j, k, m = 0;
+    for (i = 0; i < n; i++) { /* the distinct cores, in order of their first CPU */
+        if (near && !near[cpus[i].cpu]) continue;
+        for (j = 0; j < ncores && cores[j] != cpus[i].core; j++) {}
+        if (j == ncores && ncores < DDP__BIND_MAXCPU) cores[ncores++] = cpus[i].core;
+    }
+    if (group < 1 || index < 0 || index >= group || ncores < group) return 0;
+    k = ncores / group;
+    for (i = 0; i < n; i++) {
+        if (near && !near[cpus[i].cpu]) continue;
+        for (j = index * k; j < index * k + k && cores[j] != cpus[i].core; j++) {}
+        if (j < index * k + k) out[m++] = cpus[i].cpu;
+    }
+    return m;
+}
+
+#if defined(__linux__) && defined(SYS_sched_setaffinity)
+/* The CPUs near GPU `dev` (its PCI device's local_cpulist) into flags; 0 when unknown. */
+DDP__PRIVATE int ddp__gpu_near(int dev, unsigned char* flags) {
+    int n = 0;
+#if DDP__CUDA
+    char bus[32], path[96], text[4096];
+    FILE* f;
+    size_t i;
+    if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    for (i = 0; bus[i]; i++) bus[i] = (char)tolower((unsigned char)bus[i]); /* sysfs names are lower case */
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/local_cpulist", bus);
+    if ((f = fopen(path, "r")) == NULL) return 0;
+    if (fgets(text, sizeof text, f)) n = ddp__cpulist(text, flags);
+    fclose(f);
+#else
+    (void)dev, (void)flags;
+#endif
+    return n;
+}
+#endif
+
 DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
 #if defined(__linux__) && defined(SYS_sched_setaffinity)
     unsigned long mask[16], mine[16];
     const int bits = (int)(8 * sizeof mask[0]);
-    int cpus[1024], n = 0, i, k, lr = pg->env.local_rank, lws = pg->env.local_world_size;
+    ddp__cpu_core cpus[DDP__BIND_MAXCPU];
+    unsigned char near[DDP__BIND_MAXCPU], other[DDP__BIND_MAXCPU];
+    int chosen[DDP__BIND_MAXCPU], n = 0, m, i, lr = pg->env.local_rank, lws = pg->env.local_world_size;
+    int index = lr, group = lws, use_near = 0;
+    char list[256] = "";
     const char* env = getenv("DDP_BIND");
     DIR* dir;
     if ((env && (!strcmp(env, "none") || !strcmp(env, "0"))) || lws < 2 || lr < 0 || lr >= lws) return;
     memset(mask, 0, sizeof mask);
     if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) return;
-    for (i = 0; i < 16 * bits; i++)
-        if (mask[i / bits] >> (i % bits) & 1) cpus[n++] = i;
+    for (i = 0; i < 16 * bits && i < DDP__BIND_MAXCPU; i++) {
+        char path[96];
+        FILE* f;
+        int pkg = 0, core = -1;
+        if (!(mask[i / bits] >> (i % bits) & 1)) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/core_id", i);
+        if ((f = fopen(path, "r")) != NULL) {
+            if (fscanf(f, "%d", &core) != 1) core = -1;
+            fclose(f);
+        }
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", i);
+        if ((f = fopen(path, "r")) != NULL) {
+            if (fscanf(f, "%d", &pkg) != 1) pkg = 0;
+            fclose(f);
+        }
+        cpus[n].cpu = i;
+        cpus[n++].core = core < 0 ? -1 - i : pkg * 65536 + core; /* unknown: the CPU is its own core */
+    }
     if (n < lws) return; /* fewer cores than local ranks (or mpirun bound us already): share them */
-    k = n / lws;
+    /* On a GPU whose neighbours are known, and when this rank can tell every local rank's GPU (each
+       sees them all), the group is the local ranks whose GPUs have the same neighbours. */
+    if (pg->device.type == DDP_DEVICE_CUDA && ddp_cuda_device_count() >= lws && ddp__gpu_near(pg->device.index, near) > 0) {
+        int r, gpus = ddp_cuda_device_count();
+        use_near = 1, index = 0, group = 0;
+        for (r = 0; r < lws; r++) {
+            if (r == lr || (ddp__gpu_near(r % gpus, other) > 0 && !memcmp(other, near, sizeof near))) {
+                if (r < lr) index++;
+                group++;
+            }
+        }
+    }
+    m = ddp__bind_plan(cpus, n, use_near ? near : NULL, index, group, chosen);
+    if (m == 0 && use_near) m = ddp__bind_plan(cpus, n, NULL, lr, lws, chosen); /* too few cores near the GPU */
+    if (m == 0) return;
     memset(mine, 0, sizeof mine);
-    for (i = lr * k; i < lr * k + k; i++) mine[cpus[i] / bits] |= 1ul << (cpus[i] % bits);
+    for (i = 0; i < m; i++) {
+        size_t len = strlen(list);
+        mine[chosen[i] / bits] |= 1ul << (chosen[i] % bits);
+        if (len < sizeof list - 16) snprintf(list + len, sizeof list - len, "%s%d", i ? "," : "", chosen[i]);
+    }
     if ((dir = opendir("/proc/self/task")) != NULL) {
         struct dirent* e;
         while ((e = readdir(dir)) != NULL)
@@ -6485,8 +6595,8 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
         closedir(dir);
     }
     syscall(SYS_sched_setaffinity, 0, sizeof mine, mine);
-    if (k == 1) ddp_log(DDP_LOG_INFO, "bound to CPU %d (DDP_BIND=none leaves placement to the system)", cpus[lr * k]);
-    else ddp_log(DDP_LOG_INFO, "bound to %d CPUs from %d (DDP_BIND=none leaves placement to the system)", k, cpus[lr * k]);
+    ddp_log(DDP_LOG_INFO, "bound to CPU%s %s%s (DDP_BIND=none leaves placement to the system)", m == 1 ? "" : "s", list,
+            use_near ? ", next to this rank's GPU" : "");
 #else
     (void)pg;
 #endif
@@ -6583,7 +6693,6 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (s != DDP_OK) goto fail;
     pg->rank = pg->env.rank;
     pg->world = pg->env.world_size;
-    ddp__bind_cores(pg);
     s = ddp__timeout(d.timeout_s, &pg->timeout);
     if (s != DDP_OK) goto fail;
     want = d.device;
@@ -6629,6 +6738,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (s == DDP_OK && want.type == DDP_DEVICE_AUTO) s = ddp__own_gpu(pg, want, &pg->device);
     if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
     if (s != DDP_OK) goto fail;
+    ddp__bind_cores(pg); /* now that this rank's GPU, and so its NUMA node, is known */
 #if DDP__CUDA
     if (pg->backend == DDP_BACKEND_NCCL) pg->vt = &ddp__nccl_backend;
     else
