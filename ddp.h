@@ -905,7 +905,10 @@ DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
    unless all of it matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated
    or foreign file, DDP_ERR_IO when it cannot be read (DDP_ERR_IO with errno ENOENT: no file). */
 DDP_API ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path);
-/* 1 if `path` exists (a snapshot to resume from), else 0. */
+/* 1 if `path` exists (a snapshot to resume from), 0 if nothing is there (or path is NULL); -1
+   when it cannot be checked (a symlink loop, a folder this user may not search): ddp_error_string()
+   names the path and the reason, and a load would fail the same way. Also removes the temporary
+   files that writers on this host killed mid-save left beside it. */
 DDP_API int ddp_snapshot_exists(const char* path);
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1117,6 +1120,9 @@ static int ddp__warned_set_epoch, ddp__warned_no_sync; /* one warning each per p
    message the training thread is about to print. */
 static DDP__TLS char ddp__err_msg[1536];
 static DDP__TLS ddp_status ddp__err_status;
+/* The fix for this one error when the status's own fix line would mislead (a full disk is a
+   DDP_ERR_IO, but checking the path's permissions will not help); NULL: the status's. */
+static DDP__TLS const char* ddp__err_fix;
 
 /* Record a failure with a printf-style message and return its status: `return ddp__fail(...)`. */
 DDP__PRIVATE ddp_status ddp__fail(ddp_status s, const char* fmt, ...) DDP__PRINTF(2, 3);
@@ -1126,6 +1132,7 @@ DDP__PRIVATE ddp_status ddp__fail(ddp_status s, const char* fmt, ...) {
     vsnprintf(ddp__err_msg, sizeof ddp__err_msg, fmt, ap);
     va_end(ap);
     ddp__err_status = s;
+    ddp__err_fix = NULL;
     ddp_log(DDP_LOG_INFO, "%s: %s", ddp_status_name(s), ddp__err_msg);
     return s;
 }
@@ -1135,6 +1142,7 @@ DDP__DEF ddp_status ddp_last_status(void) { return ddp__err_status; }
 DDP__DEF void ddp_clear_error(void) {
     ddp__err_msg[0] = 0;
     ddp__err_status = DDP_OK;
+    ddp__err_fix = NULL;
 }
 
 DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* file, int line) {
@@ -1142,7 +1150,8 @@ DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* 
             call_text, file, line);
     fprintf(stderr, "[rank %d/%d]   %s: %s\n", ddp__g.rank, ddp__g.world, ddp_status_name(s),
             ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
-    fprintf(stderr, "[rank %d/%d]   fix: %s\n", ddp__g.rank, ddp__g.world, ddp_status_fix(s));
+    fprintf(stderr, "[rank %d/%d]   fix: %s\n", ddp__g.rank, ddp__g.world,
+            ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
     exit(1);
 }
 
@@ -6679,17 +6688,33 @@ DDP__DEF void ddp_dataset_free(ddp_dataset* d) {
 #define DDP_MAX_DATA_FILE ((size_t)1 << 30)
 #endif
 
-/* Read a whole file into a NUL-terminated buffer. */
+/* What a file that is not a regular one is, for "it is not a regular file (...)". */
+DDP__PRIVATE const char* ddp__file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a folder" : S_ISFIFO(m) ? "a named pipe (FIFO)" : S_ISSOCK(m) ? "a socket"
+         : (S_ISCHR(m) || S_ISBLK(m)) ? "a device" : "something else";
+}
+
+/* Read a whole file into a NUL-terminated buffer. The file is opened non-blocking and checked
+   before a byte is read: opening a named pipe for reading would otherwise wait for a writer that
+   never comes, with no deadline. */
 DDP__PRIVATE ddp_status ddp__read_file(const char* path, size_t limit, char** out, size_t* size) {
-    FILE* f = fopen(path, "rb");
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    FILE* f;
     long len;
     char* buf;
-    *out = NULL;
     struct stat st;
-    if (!f) return ddp__fail(DDP_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return ddp__fail(DDP_ERR_IO, "cannot read %s: it is not a regular file (a folder?)", path);
+    *out = NULL;
+    if (fd < 0) return ddp__fail(DDP_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return ddp__fail(DDP_ERR_IO, "cannot read %s: it is not a regular file but %s", path,
+                         ddp__file_kind(st.st_mode));
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    if (!(f = fdopen(fd, "rb"))) {
+        int e = errno;
+        close(fd);
+        return ddp__fail(DDP_ERR_IO, "cannot read %s: %s", path, strerror(e));
     }
     if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
@@ -7495,15 +7520,25 @@ DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) {
     ddp__put(b, tmp, (size_t)n);
 }
 
+/* This host's name as the temporary files carry it: up to its first dot, no slash. */
+DDP__PRIVATE void ddp__tmp_host(char* host, size_t n) {
+    snprintf(host, n, "host");
+    gethostname(host, n - 1);
+    host[n - 1] = 0;
+    host[strcspn(host, "/.")] = 0;
+}
+
 /* Remove the temporary files that writers on this host killed mid-write left beside `path`
    (`path`.tmp.<host>.<pid> whose pid no longer runs). */
-DDP__PRIVATE void ddp__remove_stale_tmp(const char* path, const char* host) {
-    char dir[1100], prefix[1400], full[2200];
+DDP__PRIVATE void ddp__remove_stale_tmp(const char* path) {
+    char dir[1100], prefix[1400], full[2200], host[64];
     const char* slash = strrchr(path, '/');
     DIR* d;
     struct dirent* e;
+    if (strlen(path) > 1000) return; /* no snapshot is saved there either */
     if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path + (slash == path)), path);
     else snprintf(dir, sizeof dir, ".");
+    ddp__tmp_host(host, sizeof host);
     snprintf(prefix, sizeof prefix, "%s.tmp.%s.", slash ? slash + 1 : path, host);
     if (!(d = opendir(dir))) return;
     while ((e = readdir(d)) != NULL) {
@@ -7519,14 +7554,14 @@ DDP__PRIVATE void ddp__remove_stale_tmp(const char* path, const char* host) {
 /* Write `n` bytes to `path` through a temporary file, fsync, then rename over `path`. The
    temporary file's name carries the host and pid, so two writers of one path (every rank saving,
    by mistake) never write into the same file: the last rename wins and the file is always whole.
-   Temporary files left by writers killed mid-write are removed after the next save. */
+   Temporary files left by writers killed mid-write are removed after the next save, and when a
+   job looks for its snapshot (ddp_snapshot_exists, ddp_snapshot_load). */
 DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char* data, size_t n) {
-    char tmp[1400], host[64] = "host";
+    char tmp[1400], host[64];
     FILE* f;
     int ok;
     if (strlen(path) > 1000) return ddp__fail(DDP_ERR_IO, "snapshot path is too long");
-    gethostname(host, sizeof host - 1);
-    host[strcspn(host, "/.")] = 0; /* a file name, and no dot inside the host part */
+    ddp__tmp_host(host, sizeof host);
     snprintf(tmp, sizeof tmp, "%s.tmp.%s.%ld", path, host, (long)getpid());
     f = fopen(tmp, "wb");
     if (!f) return ddp__fail(DDP_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
@@ -7536,11 +7571,19 @@ DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char*
     ok = fclose(f) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) {
         int e = errno;
+        ddp_status r;
         unlink(tmp);
-        return ddp__fail(DDP_ERR_IO, "writing %s failed: %s (the previous file, if any, is intact)", path,
-                         strerror(e));
+        r = ddp__fail(DDP_ERR_IO, "writing %s failed: %s (the previous file, if any, is intact)", path, strerror(e));
+        if (e == ENOSPC
+#ifdef EDQUOT
+            || e == EDQUOT
+#endif
+        )
+            ddp__err_fix = "free space on that file system (df -h shows how full it is; a quota also counts), or "
+                           "save the snapshot to another one";
+        return r;
     }
-    ddp__remove_stale_tmp(path, host);
+    ddp__remove_stale_tmp(path);
     return DDP_OK;
 }
 
@@ -7578,7 +7621,15 @@ DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name
 
 DDP__DEF int ddp_snapshot_exists(const char* path) {
     struct stat st;
-    return path && stat(path, &st) == 0;
+    if (!path) return 0;
+    ddp__remove_stale_tmp(path); /* a run is starting: a torn save of an earlier one is garbage */
+    if (stat(path, &st) == 0) return 1;
+    if (errno == ENOENT) return 0;
+    /* Only absence means "no snapshot": a symlink loop or a folder we may not search would
+       otherwise train from step 0 without a word, then fail (or replace the link) at the save. */
+    ddp__fail(DDP_ERR_IO, "cannot tell whether the snapshot %s exists: %s. Fix the path or its folder's "
+              "permissions (or remove it to start afresh)", path, strerror(errno));
+    return -1;
 }
 
 DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
@@ -7896,6 +7947,7 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     if (s->loader && !s->loader->data)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: initialise the loader (ddp_loader_init) first");
     m = s->model;
+    ddp__remove_stale_tmp(path);
     DDP__TRY(ddp__read_file(path, DDP_MAX_DATA_FILE * 4, (char**)&buf, &size));
     st = (ddp__st*)ddp__malloc(sizeof *st);
     if (!st) { DDP_FREE(buf); return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_snapshot_load: no memory"); }

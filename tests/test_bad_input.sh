@@ -366,6 +366,18 @@ verdict models_differ models_differ \
     'DDP_ERR_MODEL_MISMATCH: the ranks hold different models: rank 1 has fc1\.weight\[32,13\] where rank 0 has fc1\.weight\[64,13\]' 0 10 \
     "$(other_rank $rcA model_rank0 'DDP_ERR_MODEL_MISMATCH: the ranks hold different models')"
 
+# ---- a full disk: the snapshot's save fails, and the fix line says to free space -------------------
+# (a 4 KiB tmpfs in a mount namespace of its own: the wine model's snapshot does not fit)
+mkdir -p "$TMP/full"
+if command -v unshare >/dev/null 2>&1 && unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs "$0"' "$TMP/full" 2>/dev/null; then
+    run_fg disk_full 30 -- unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs "$0" && exec "$1" --device cpu --epochs 2 --save-every 1 --snapshot "$0/snap.safetensors"' \
+        "$TMP/full" "$BUILD/examples/01_single_gpu"
+    verdict disk_full disk_full "DDP_ERR_IO: writing .*snap.safetensors failed: No space left on device" 0 20 \
+        "$(grep -q 'fix: .*free space' "$TMP/disk_full.err" || echo "the fix line does not say to free space: $(grep 'fix:' "$TMP/disk_full.err")")"
+else
+    skp disk_full "cannot mount a small tmpfs here (needs root and unshare -m)"
+fi
+
 # ---- nothing left behind ---------------------------------------------------------------------------
 left=""
 for p in $PIDS; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
