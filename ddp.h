@@ -2992,7 +2992,10 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
 
    The server is one thread running poll() over every connection: a slow, silent or half-sent
    client never blocks the others. GET and WAIT park the connection until the keys exist or the
-   request's own deadline passes, so a client's timeout is enforced by the server too.
+   request's own deadline passes, so a client's timeout is enforced by the server too. When the
+   process runs out of file descriptors (many strangers on the port, a low `ulimit -n`), the
+   listening socket rests for 0.1 s at a time, with one warning, while the connections already
+   accepted are served.
 */
 
 #include <fcntl.h>
@@ -3001,6 +3004,7 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h> /* getrlimit: the descriptor limit, named when accept runs out */
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h> /* struct iovec: a header and its data in one system call */
@@ -3219,6 +3223,11 @@ typedef struct ddp__server {
     int nkv, capkv;
     ddp__sconn* conns;
     int nconns, capconns;
+    /* accept failing for want of descriptors (EMFILE: `ulimit -n`): the listening socket stays
+       readable, so the server leaves it alone until `accept_pause_until` instead of spinning */
+    double accept_pause_until, accept_failing_since;
+    long accept_fails;    /* failed accepts since the first of this episode; 0: none */
+    int accept_episodes;  /* episodes so far: only the first is a warning, later ones are INFO */
 } ddp__server;
 
 DDP__PRIVATE ddp__kv* ddp__kv_find(ddp__server* s, const char* key, size_t klen) {
@@ -3499,7 +3508,9 @@ static void* ddp__server_main(void* arg) {
                 next = c->deadline;
             }
         }
-        pf[0].fd = s->listen_fd, pf[0].events = POLLIN, pf[0].revents = 0;
+        if (now < s->accept_pause_until && s->accept_pause_until < next) next = s->accept_pause_until;
+        /* a negative fd is skipped by poll: the listening socket rests while accept cannot succeed */
+        pf[0].fd = now < s->accept_pause_until ? -1 : s->listen_fd, pf[0].events = POLLIN, pf[0].revents = 0;
         pf[1].fd = s->wake[0], pf[1].events = POLLIN, pf[1].revents = 0;
         for (i = 0; i < s->nconns; i++) pf[i + 2].fd = s->conns[i].fd, pf[i + 2].events = POLLIN, pf[i + 2].revents = 0;
         n = s->nconns + 2;
@@ -3529,7 +3540,27 @@ static void* ddp__server_main(void* arg) {
             for (;;) {
                 int fd = accept(s->listen_fd, NULL, NULL);
                 ddp__sconn* c;
+                if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+                    int e = errno;
+                    if (s->accept_fails++ == 0) {
+                        struct rlimit rl;
+                        long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : -1;
+                        s->accept_failing_since = ddp__now();
+                        ddp_log(s->accept_episodes++ ? DDP_LOG_INFO : DDP_LOG_WARN,
+                                "store: cannot accept a connection: %s (this process may have %ld open "
+                                "files: ulimit -n). Serving the %d connections it has and retrying every 0.1 s; "
+                                "many connections that never say HELLO come from another program or an attack "
+                                "on MASTER_PORT", strerror(e), lim, s->nconns);
+                    }
+                    s->accept_pause_until = ddp__now() + 0.1;
+                    break;
+                }
                 if (fd < 0) break;
+                if (s->accept_fails) {
+                    ddp_log(s->accept_episodes > 1 ? DDP_LOG_INFO : DDP_LOG_WARN, "store: accepting connections again (accept failed %ld times over %.1f s "
+                            "for want of file descriptors)", s->accept_fails, ddp__now() - s->accept_failing_since);
+                    s->accept_fails = 0;
+                }
                 if (s->nconns == s->capconns) {
                     int capc = s->capconns ? 2 * s->capconns : 16;
                     ddp__sconn* grown = (ddp__sconn*)ddp__malloc((size_t)capc * sizeof *grown);
