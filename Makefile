@@ -128,7 +128,7 @@ TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/tes
             $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_sampler \
             $(BUILD)/tests/test_snapshot $(BUILD)/tests/snapshot_dump
 
-TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync
+TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync $(BUILD)/tests/test_cycles
 TESTS    += $(BUILD)/tests/sampler_dump
 # learners' mistakes as small programs, run by tests/test_confusions.sh (built by the tests/% rule)
 TESTS    += $(BUILD)/tests/confusions/confusions
@@ -172,9 +172,10 @@ demo: all
 test: all
 	@BUILD=$(BUILD) bash tests/run.sh
 
-# The kill-and-resume drill over 20 random kills (make test runs 5), plus the other fault cases.
+# The kill-and-resume drill over 20 random kills (make test runs 5), plus the other fault cases,
+# and 200 init/destroy cycles on one port (make test runs 20); last line: N passed, N failed, N skipped.
 test-faults: all
-	@bash tests/test_restart.sh $(BUILD) 20
+	@BUILD=$(BUILD) bash tests/run.sh --faults
 
 # The GPU tests; on a machine without a GPU they fail (make test skips them instead).
 test-gpu: all
@@ -276,7 +277,7 @@ help:
 	@echo "make figures   measure and draw the tutorial's figures (gnuplot); figures-render: draw only"
 	@echo "make bench      ddp.h beside Open MPI, gloo and PyTorch DDP (~9 min; BENCH_QUICK=1: ~3), CSV in $(BUILD)/bench/"
 	@echo "make bench-gpu  the large model on one GPU: ddp.h vs PyTorch, NCCL with one rank (skips without a GPU)"
-	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks"
+	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks, 200 init/destroy cycles"
 	@echo "make test-gpu   run the GPU tests (needs a GPU)"
 	@echo "make sanitize   run the CPU suite under ASan and UBSan"
 	@echo "make tsan       run the CPU suite under ThreadSanitizer (CPU-only build)"

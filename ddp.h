@@ -673,7 +673,8 @@ typedef struct ddp_work ddp_work; /* a collective in flight */
    the store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT, DDP_ERR_NCCL. */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
 /* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
-   timeout for every rank to call it). On the CPU backend a neighbour still inside a collective
+   timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
+   a ddp_init right after it, on the same address, starts the next job). On the CPU backend a neighbour still inside a collective
    this rank never called is told at once (DDP_ERR_DESYNC: "rank R has left the job"). NULL is
    ignored. */
 DDP_API void ddp_destroy(ddp_pg* pg);
@@ -3585,6 +3586,10 @@ static void* ddp__server_main(void* arg) {
 
 DDP__PRIVATE void ddp__server_free(ddp__server* s) {
     int i;
+    /* The listening socket first: a client that sees its connection close may connect again at
+       once (ddp_destroy, then ddp_init), and must be refused, not queued on a socket about to go. */
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    s->listen_fd = -1;
     while (s->nconns) ddp__sconn_close(s, s->nconns - 1, NULL);
     for (i = 0; i < s->nkv; i++) {
         DDP_FREE(s->kv[i].key);
@@ -3592,7 +3597,6 @@ DDP__PRIVATE void ddp__server_free(ddp__server* s) {
     }
     if (s->kv) DDP_FREE(s->kv);
     if (s->conns) DDP_FREE(s->conns);
-    if (s->listen_fd >= 0) close(s->listen_fd);
     if (s->wake[0] >= 0) close(s->wake[0]);
     if (s->wake[1] >= 0) close(s->wake[1]);
     pthread_mutex_destroy(&s->lock);
@@ -3809,6 +3813,23 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     }
     *out = s;
     return DDP_OK;
+}
+
+/* Wait (until `deadline`) for the server to close this client's connection: the sign that the
+   process hosting it has stopped it. The server never writes unasked, so anything readable is
+   the end. Returns 1 when it closed, 0 at the deadline. */
+DDP__PRIVATE int ddp__store_wait_closed(ddp_store* s, double deadline) {
+    for (;;) {
+        struct pollfd pf;
+        char b;
+        pf.fd = s->fd, pf.events = POLLIN, pf.revents = 0;
+        if (poll(&pf, 1, ddp__ms_left(deadline)) > 0) {
+            ssize_t k = recv(s->fd, &b, 1, MSG_PEEK);
+            if (k <= 0 && !(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return 1;
+            if (k > 0) return 1; /* not a reply to anything: the connection is over for us too */
+        }
+        if (ddp__now() >= deadline) return 0;
+    }
 }
 
 DDP__DEF void ddp_store_destroy(ddp_store* s) {
@@ -6487,6 +6508,8 @@ fail:
 }
 
 DDP__DEF void ddp_destroy(ddp_pg* pg) {
+    int wait_store = 0;
+    double deadline = 0;
     if (!pg) return;
     pthread_mutex_lock(&ddp__usr1_lock);
     if (ddp__usr1_pg == pg) ddp__usr1_pg = NULL;
@@ -6495,18 +6518,26 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
         /* Rank 0 hosts the store: it stays until every rank has left, or a rank still on its way
            out of ddp_init, or reading a key, would find the store gone (torchrun's exit barrier). */
         int64_t left = 0;
-        double deadline = ddp__now() + pg->timeout;
         if (pg->vt == &ddp__cpu_backend) ddp__cpu_leave(pg);
-        if (ddp_store_add(pg->store, "ddp/left", 1, &left) == DDP_OK && pg->rank == 0) {
-            while (left < pg->world && ddp__now() < deadline && ddp_store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
+        deadline = ddp__now() + pg->timeout;
+        if (ddp_store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
+            if (pg->rank != 0) wait_store = 1;
+            while (pg->rank == 0 && left < pg->world && ddp__now() < deadline &&
+                   ddp_store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
                 ddp__sleep(0.002);
-            if (left < pg->world)
+            if (left < pg->world && pg->rank == 0)
                 ddp_log(DDP_LOG_WARN, "ddp_destroy: only %lld of %d ranks reached ddp_destroy within %.0f s; the others "
                         "are still inside a collective or have failed (see their output)", (long long)left, pg->world,
                         pg->timeout);
         }
     }
     if (pg->vt) pg->vt->destroy(pg);
+    /* The other ranks return only once rank 0 has stopped the store (it closes their connections
+       after its listening socket): a program that calls ddp_init again at once then reaches the
+       next job's store, never this one on its way out, where its rank would already be taken. */
+    if (wait_store && !ddp__store_wait_closed(pg->store, deadline))
+        ddp_log(DDP_LOG_WARN, "ddp_destroy: rank 0 did not close the store within %.0f s of this rank leaving; it is "
+                "still waiting for a rank that never called ddp_destroy (see the other ranks' output)", pg->timeout);
     ddp__trace_write(); /* DDP_TRACE: this rank's file, while its rank is still known */
     ddp_free(pg->device, pg->one);
     ddp_store_destroy(pg->store);
