@@ -116,6 +116,9 @@
                             backward, each collective, the wait and the optimizer step, for
                             ui.perfetto.dev or chrome://tracing.
     DDP_KILL_GRACE_S        seconds a stopped rank gets between SIGTERM and SIGKILL (5).
+    DDP_LAUNCH_ID           set by ddprun for its ranks ("host:pid:start time"): the ranks of one
+                            node must all come from one launch, so a second ddprun given the same
+                            MASTER_PORT and DDP_JOB_TOKEN cannot slip its ranks into this job.
 
     BACKENDS AND FEATURES
     =====================
@@ -6271,25 +6274,54 @@ static const ddp__backend_vt ddp__mpi_backend = {"mpi", ddp__mpi_connect, ddp__m
 
 /* ---- joining the job --------------------------------------------------------------------------- */
 
+/* The first caller for `key` stores `value` under it; a later one gets the first one's value in
+   `first` (n bytes) and *taken = 1. The store has no compare-and-set: a counter decides. */
+DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* value, char* first, size_t n, int* taken) {
+    char count[DDP_STORE_MAX_KEY + 8];
+    int64_t claims = 0;
+    size_t got = 0;
+    snprintf(count, sizeof count, "%s/claims", key);
+    DDP__TRY(ddp_store_add(pg->store, count, 1, &claims));
+    *taken = claims > 1;
+    if (!*taken) return ddp_store_set(pg->store, key, value, strlen(value));
+    memset(first, 0, n);
+    return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
+}
+
 /* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
    disagreement publishes it under ddp/abort so that the others fail at once with the same
-   explanation instead of waiting out the timeout. */
+   explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
+   for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
-    char key[64], mine[64], theirs[64];
+    char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
     const char* abort_key[1] = {"ddp/abort"};
-    int i, present;
-    int64_t claims = 0;
+    const char* launch = getenv("DDP_LAUNCH_ID");
+    int i, present, taken = 0;
     double deadline = ddp__now() + pg->timeout;
-    snprintf(mine, sizeof mine, "%d", pg->world);
-    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
-    DDP__TRY(ddp_store_add(pg->store, key, 1, &claims));
-    if (claims > 1) {
-        char why[256];
-        snprintf(why, sizeof why, "two processes were started with RANK=%d: give each process its own rank "
-                 "0..%d", pg->rank, pg->world - 1);
-        ddp_store_set(pg->store, "ddp/abort", why, strlen(why));
-        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "%s", why);
+    gethostname(host, sizeof host - 1);
+    /* ddprun and ddp_spawn name their launch: the ranks of one node must all come from the one
+       launch that started that node's first rank, or two launches given one MASTER_PORT and one
+       DDP_JOB_TOKEN would mix their ranks (the later one's rank 1 taking the free slot). */
+    if (launch && *launch) {
+        snprintf(me, sizeof me, "%.200s", launch);
+        snprintf(key, sizeof key, "ddp/launch/%d", pg->env.node_rank);
+        DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
+        if (taken && strcmp(holder, me) != 0)
+            return ddp__fail(DDP_ERR_STORE_REFUSED, "the store at %s:%d refused this rank: it belongs to another "
+                             "launch. Node %d of the job there was started by launch %s (host:launcher pid:start time), "
+                             "this rank by launch %s: two jobs share MASTER_PORT %d and DDP_JOB_TOKEN. Give each job its "
+                             "own MASTER_PORT (ddprun --standalone picks a free one) or its own DDP_JOB_TOKEN",
+                             pg->env.master_addr, pg->env.master_port, pg->env.node_rank, holder, me, pg->env.master_port);
     }
+    snprintf(me, sizeof me, "pid %ld on host %.250s", (long)getpid(), host);
+    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
+    DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
+    if (taken)
+        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "two processes were started with RANK=%d: %s holds rank %d (it "
+                         "came first), and this process, %s, came later. Give each process its own rank 0..%d; if "
+                         "another job uses this MASTER_PORT with the same DDP_JOB_TOKEN, give each job its own port",
+                         pg->rank, holder, pg->rank, me, pg->world - 1);
+    snprintf(mine, sizeof mine, "%d", pg->world);
     snprintf(key, sizeof key, "ddp/world/%d", pg->rank);
     DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
     for (i = 0; i < pg->world; i++) {
@@ -8780,6 +8812,7 @@ typedef struct ddp__ln_opts {
     const char* addr;
     const char* backend; /* NULL: the program chooses */
     char** prog;         /* the program and its arguments, NULL-terminated (inside argv) */
+    char launch[128];    /* DDP_LAUNCH_ID: "host:pid:start time" of this ddprun */
 } ddp__ln_opts;
 
 static const char ddp__ln_usage[] =
@@ -8798,7 +8831,8 @@ static const char ddp__ln_usage[] =
     "Under srun, start one ddprun per node (srun --ntasks-per-node=1), with --nnodes and --node-rank.\n"
     "Flags may be written --a-b or --a_b, and --flag=value. \"--\" ends the flags.\n"
     "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
-    "MASTER_PORT and DDP_JOB_TOKEN (every node of a job must share DDP_JOB_TOKEN). Output lines are\n"
+    "MASTER_PORT and DDP_JOB_TOKEN (every node of a job must share DDP_JOB_TOKEN), and DDP_LAUNCH_ID,\n"
+    "which keeps the ranks of another ddprun on the same port and token out of this job. Output lines are\n"
     "prefixed \"[rank R]: \". When one rank fails the others are stopped (SIGTERM, then SIGKILL\n"
     "after DDP_KILL_GRACE_S, default 5 s) and ddprun exits with that rank's status.\n";
 
@@ -9021,6 +9055,7 @@ DDP__PRIVATE void ddp__ln_exec(const ddp__ln_opts* o, const char* token, int loc
     setenv("MASTER_ADDR", o->addr, 1);
     ddp__ln_setenv_int("MASTER_PORT", o->port);
     setenv("DDP_JOB_TOKEN", token, 1);
+    setenv("DDP_LAUNCH_ID", o->launch, 1);
     ddp__ln_setenv_int("DDP_RESTART_COUNT", o->restart);
     ddp__ln_setenv_int("TORCHELASTIC_RESTART_COUNT", o->restart);
     if (o->backend) setenv("DDP_BACKEND", o->backend, 1);
@@ -9205,6 +9240,11 @@ DDP__DEF int ddp_launcher_main(int argc, char** argv) {
     if ((rc = ddp__ln_parse(argc, argv, &o)) >= 0) return rc;
     if ((rc = ddp__ln_validate(&o)) >= 0) return rc;
     ddp__ln_job_token(&o, token, sizeof token);
+    {
+        char host[64] = "?";
+        gethostname(host, sizeof host - 1);
+        snprintf(o.launch, sizeof o.launch, "%s:%ld:%ld", host, (long)getpid(), (long)time(NULL));
+    }
     st = (ddp__ln_stream*)ddp__calloc((size_t)o.nproc * 2 * sizeof(ddp__ln_stream));
     pf = (struct pollfd*)ddp__calloc((size_t)o.nproc * 2 * sizeof(struct pollfd));
     pids = (pid_t*)ddp__calloc((size_t)o.nproc * sizeof(pid_t)); /* for the summary: j.pid is zeroed */

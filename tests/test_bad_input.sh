@@ -349,11 +349,57 @@ for _ in $(seq 100); do
 done
 if grep -q "joined the job" "$TMP/dup_rank1.err"; then
     run_fg duplicate_rank 20 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=5 -- "$EX" "${ARGS[@]}"
-    verdict duplicate_rank duplicate_rank "DDP_ERR_WORLD_MISMATCH: two processes were started with RANK=1" 0 10
+    verdict duplicate_rank duplicate_rank "DDP_ERR_WORLD_MISMATCH: two processes were started with RANK=1: pid [0-9]+ on host .* holds rank 1" 0 10
 else
     bad duplicate_rank "the first two ranks never joined:" "$(tail -n 3 "$TMP/dup_rank0.err" "$TMP/dup_rank1.err")"
 fi
 stop "$A"; stop "$B"
+
+# A duplicate RANK=1 that comes while the job is still in rendezvous (world size 3, rank 2 not
+# started yet) is refused with the pid and host of the process that holds rank 1, and the job goes
+# on: once rank 2 comes, it trains and every rank ends with status 0.
+free_port P
+run_bg slot_rank0 40 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+A=$BG
+run_bg slot_rank1 40 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+B=$BG
+wait_port "$P" 5
+sleep 0.5   # rank 1 has claimed its slot (ddp_init retries its connection every few ms at first)
+run_fg duplicate_rank_in_rendezvous 20 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+dup_rc=$RC dup_t0=$T0 dup_t1=$T1
+rank1_pid=$(pgrep -P "$B" | head -n 1)   # (the program under `timeout`)
+run_fg slot_rank2 40 RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+rc2=$RC
+wait "$A"; rcA=$?
+wait "$B"; rcB=$?
+RC=$dup_rc T0=$dup_t0 T1=$dup_t1
+holder=$(sed -n 's/.*pid \([0-9]*\) on host .* holds rank 1.*/\1/p' "$TMP/duplicate_rank_in_rendezvous.err" | head -n 1)
+more=()
+[ $rcA -eq 0 ] && [ $rcB -eq 0 ] && [ $rc2 -eq 0 ] ||
+    more+=("the job did not go on: ranks 0, 1, 2 ended with status $rcA, $rcB, $rc2 (want 0, 0, 0): $(first_line "$TMP/slot_rank0.err")")
+[ -n "$holder" ] && [ "$holder" = "$rank1_pid" ] ||
+    more+=("the message does not name the pid of the process holding rank 1 (${rank1_pid:-?}): pid '${holder}'")
+verdict duplicate_rank_in_rendezvous duplicate_rank_in_rendezvous \
+    "DDP_ERR_WORLD_MISMATCH: two processes were started with RANK=1: pid [0-9]+ on host .* holds rank 1" 0 10 \
+    ${more[@]+"${more[@]}"}
+
+# Two launches of ddprun on one port with one DDP_JOB_TOKEN: job B starts while job A is still in
+# rendezvous (A's rank 1 starts 3 s late). B's rank 1 must not take A's free rank 1: it is refused
+# as another launch's, and job A trains with its own rank 1 and ends with status 0. (B's rank 0
+# starts 2 s late, so that its own failure, the port in use, does not stop B's rank 1 first.)
+free_port P
+run_bg launch_a 60 DDP_JOB_TOKEN=same DDP_TIMEOUT=15 -- "$DDPRUN" --master-addr 127.0.0.1 --master-port $P --nproc-per-node 2 \
+    sh -c 'if [ "$RANK" = 1 ]; then sleep 3; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
+A=$BG
+wait_port "$P" 5
+run_fg second_launch_same_token 60 DDP_JOB_TOKEN=same DDP_TIMEOUT=15 -- "$DDPRUN" --master-addr 127.0.0.1 --master-port $P \
+    --nproc-per-node 2 sh -c 'if [ "$RANK" = 0 ]; then sleep 2; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
+wait "$A"; rcA=$?
+more=()
+[ $rcA -eq 0 ] || more+=("job A ended with status $rcA, want 0: $(first_line "$TMP/launch_a.err")")
+grep -q "^\[rank 0\]: test accuracy" "$TMP/launch_a.out" || more+=("job A printed no test accuracy")
+verdict second_launch_same_token second_launch_same_token \
+    "rank 1\]: .*DDP_ERR_STORE_REFUSED: .*another launch" 0 30 ${more[@]+"${more[@]}"}
 
 # ---- 11: the ranks build different models (hidden width 64 on rank 0, 32 on rank 1) ---------------
 free_port P
