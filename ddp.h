@@ -4565,7 +4565,8 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
    block, so ranks that call different collectives fail with DDP_ERR_DESYNC as on the ring.
 
    The segment has a name only while the ranks open it: rank 0 removes the name once everyone has
-   mapped it, so the memory goes back to the system when the last rank exits, also after a crash.
+   mapped it, so the memory goes back to the system when the last rank exits, also after a crash;
+   a SIGTERM, SIGINT or SIGHUP that comes before that removes the name on its way (ddp__shm_guard).
 */
 #if (defined(__linux__) || defined(__APPLE__) || defined(__FreeBSD__)) && (defined(__GNUC__) || defined(__clang__))
 #define DDP__SHM 1
@@ -4962,23 +4963,85 @@ DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
 
 /* Where the segment's name lives while the ranks open it. Linux: a file under /dev/shm, which is
    what shm_open makes too, without needing -lrt on older C libraries; elsewhere shm_open. */
+DDP__PRIVATE void ddp__shm_path(char* out, size_t n, const char* name) {
+#if defined(__linux__)
+    snprintf(out, n, "/dev/shm%s", name);
+#else
+    snprintf(out, n, "%s", name);
+#endif
+}
 DDP__PRIVATE int ddp__shm_open(const char* name, int create) {
 #if defined(__linux__)
     char path[96];
-    snprintf(path, sizeof path, "/dev/shm%s", name);
+    ddp__shm_path(path, sizeof path, name);
     return open(path, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
 #else
     return shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
 #endif
 }
-DDP__PRIVATE void ddp__shm_unlink(const char* name) {
+/* While rank 0's segment has a name (until every rank has mapped it, which may take the whole
+   timeout when a rank is slow or failing), a SIGTERM, SIGINT or SIGHUP, as ddprun sends when it
+   stops a job, would end the process and leave the segment in /dev/shm (megabytes) until the
+   machine restarts. For that window these handlers remove the name first, then do what the signal
+   would have done: the previous handler, or the default action. One segment per process at a time
+   (a second group set up at the same moment in another thread goes unguarded). */
+static const int ddp__shm_sigs[3] = {SIGTERM, SIGINT, SIGHUP};
+static struct sigaction ddp__shm_old_sa[3];
+static char ddp__shm_guarded[96];                 /* what unlink (Linux) or shm_unlink takes */
+static volatile sig_atomic_t ddp__shm_guarding;
+static pthread_mutex_t ddp__shm_guard_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ddp__shm_on_signal(int sig, siginfo_t* info, void* ctx) {
+    int i, saved = errno;
+    if (ddp__shm_guarding) {
 #if defined(__linux__)
+        unlink(ddp__shm_guarded); /* both async-signal-safe system calls */
+#else
+        shm_unlink(ddp__shm_guarded);
+#endif
+    }
+    for (i = 0; i < 3 && ddp__shm_sigs[i] != sig; i++) {}
+    if (i < 3) {
+        struct sigaction old = ddp__shm_old_sa[i];
+        sigaction(sig, &old, NULL);
+        if (old.sa_flags & SA_SIGINFO) old.sa_sigaction(sig, info, ctx);
+        else if (old.sa_handler == SIG_DFL) raise(sig); /* blocked here: acted on when this returns */
+        else if (old.sa_handler != SIG_IGN) old.sa_handler(sig);
+    }
+    errno = saved;
+}
+
+DDP__PRIVATE void ddp__shm_guard(const char* name) {
+    struct sigaction sa;
+    int i;
+    pthread_mutex_lock(&ddp__shm_guard_lock);
+    if (!ddp__shm_guarding) {
+        ddp__shm_path(ddp__shm_guarded, sizeof ddp__shm_guarded, name);
+        ddp__shm_guarding = 1;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = ddp__shm_on_signal;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        for (i = 0; i < 3; i++) sigaction(ddp__shm_sigs[i], &sa, &ddp__shm_old_sa[i]);
+    }
+    pthread_mutex_unlock(&ddp__shm_guard_lock);
+}
+
+DDP__PRIVATE void ddp__shm_unlink(const char* name) {
     char path[96];
-    snprintf(path, sizeof path, "/dev/shm%s", name);
+    int i;
+    ddp__shm_path(path, sizeof path, name);
+#if defined(__linux__)
     unlink(path);
 #else
     shm_unlink(name);
 #endif
+    pthread_mutex_lock(&ddp__shm_guard_lock);
+    if (ddp__shm_guarding && !strcmp(path, ddp__shm_guarded)) { /* the name is gone: the usual handlers again */
+        ddp__shm_guarding = 0;
+        for (i = 0; i < 3; i++) sigaction(ddp__shm_sigs[i], &ddp__shm_old_sa[i], NULL);
+    }
+    pthread_mutex_unlock(&ddp__shm_guard_lock);
 }
 
 /* What makes two ranks "on one host" for shared memory: the host name, and on Linux the boot and
@@ -5018,6 +5081,7 @@ DDP__PRIVATE unsigned char* ddp__shm_create(ddp_pg* pg, size_t bytes, char* name
         fd = ddp__shm_open(name, 1);
         if (fd < 0 && errno != EEXIST) break;
     }
+    if (fd >= 0) ddp__shm_guard(name);
     if (fd < 0) {
         snprintf(why, whylen, "creating shared memory %s failed: %s", name, strerror(errno));
         return NULL;

@@ -85,6 +85,39 @@ else
     fi
 fi
 
+# ---- stopped while the segment still has its name: ddprun's SIGTERM reaches rank 0 while it waits
+# for the others to map the segment (here: forever, as rank 1 was told DDP_TRANSPORT=tcp and never
+# comes to map it). Rank 0 must remove the name on its way out.
+if [ ! -d /dev/shm ]; then
+    skp shm_name_removed_on_sigterm "no /dev/shm on this system (the segment is made by shm_open there)"
+else
+    "$DDPRUN" --standalone --nproc-per-node 2 sh -c 'if [ "$RANK" = 1 ]; then export DDP_TRANSPORT=tcp; fi; exec "$0" -b 4K -e 4K -n 1' \
+        "$PERF" >"$TMP/term.txt" 2>&1 &
+    launcher=$!
+    PIDS="$PIDS $launcher"
+    rank0="" seg=""
+    for _ in $(seq 200); do   # rank 0's pid, then its segment's name (at most 10 s)
+        for p in $(pgrep -P $launcher); do
+            tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=0" && rank0=$p
+        done
+        [ -n "$rank0" ] && seg=$(ls /dev/shm 2>/dev/null | grep "^ddp-$rank0-" | head -n 1)
+        [ -n "$seg" ] && break
+        sleep 0.05
+    done
+    if [ -z "$seg" ]; then
+        kill -TERM $launcher 2>/dev/null; wait $launcher 2>/dev/null
+        bad shm_name_removed_on_sigterm "rank 0 (pid ${rank0:-?}) never made its segment" "$(tail -n 4 "$TMP/term.txt")"
+    else
+        kill -TERM $launcher
+        wait $launcher; rc=$?
+        if [ -e "/dev/shm/$seg" ]; then
+            bad shm_name_removed_on_sigterm "/dev/shm/$seg (rank 0's, $(du -k "/dev/shm/$seg" | cut -f1) KiB) is left after SIGTERM (ddprun exit status $rc)"
+            rm -f "/dev/shm/$seg"
+        elif [ $rc -eq 0 ]; then bad shm_name_removed_on_sigterm "ddprun ended with status 0 after SIGTERM"
+        else ok "shm_name_removed_on_sigterm (rank 0's /dev/shm/$seg is gone; ddprun exit status $rc)"; fi
+    fi
+fi
+
 # ---- no room for the segment: TCP instead, or a clear error when shm was asked for ----
 # a private mount namespace with a 64 KiB /dev/shm (root, util-linux unshare)
 if ! unshare -m true 2>/dev/null; then
