@@ -925,7 +925,8 @@ typedef int (*ddp_spawn_fn)(int rank, void* arg);
    with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT
    a fresh DDP_JOB_TOKEN and GROUP_RANK=0 set, each in its own session. Returns when all have
    ended: DDP_OK if every one returned 0, else DDP_ERR_LAUNCH naming the first rank that failed,
-   after stopping the others (SIGTERM, then SIGKILL after DDP_KILL_GRACE_S, default 5 s). Call
+   after stopping the others (SIGTERM, then SIGKILL after DDP_KILL_GRACE_S, default 5 s); a
+   guardian process stops them the same way if this process is killed, even by SIGKILL. Call
    it early, before starting threads or any CUDA work: it forks, and a forked child can use
    neither its parent's other threads nor its GPU context. */
 DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
@@ -8223,7 +8224,8 @@ done:
      3. ddp_launcher_main: the ddprun program (torchrun's analogue) that starts N copies of a
         program, prefixes their output with the rank, and stops all of them when one fails.
    2 and 3 share the supervision code: reap children without blocking, stop the others when one
-   fails (SIGTERM, then SIGKILL after a grace period), pass the launcher's own SIGINT/SIGTERM on.
+   fails (SIGTERM, then SIGKILL after a grace period), pass the launcher's own SIGINT/SIGTERM on,
+   and keep a guardian process that stops the ranks if the launcher itself is killed.
 */
 
 #include <fcntl.h>      /* open, fcntl(FD_CLOEXEC) */
@@ -8624,6 +8626,8 @@ typedef struct ddp__ln_job {
     double grace;    /* seconds between SIGTERM and SIGKILL */
     double kill_at;  /* when stopping: when survivors get SIGKILL; 0 while not stopping */
     int killed;      /* SIGKILL sent */
+    int guard_fd;    /* our end of the guardian's socket, -1 without one */
+    pid_t guard_pid;
 } ddp__ln_job;
 
 /* What the signal handler needs, in globals because a handler gets no argument. Only one launcher
@@ -8678,10 +8682,14 @@ DDP__PRIVATE void ddp__ln_signals_end(const ddp__ln_signals* sv) {
     sigprocmask(SIG_SETMASK, &sv->old_mask, NULL);
 }
 
-/* First steps of every child: default signals, own session, and (Linux) death with the
-   launcher, so that a launcher killed by SIGKILL leaves no rank running. */
+static int ddp__ln_guard_fd = -1; /* the running job's guardian socket: a rank must not hold it */
+
+/* First steps of every child: default signals, own session, no copy of the guardian's socket
+   (its end of file is what tells the guardian that the launcher died), and (Linux) SIGTERM at
+   once when the launcher dies; the guardian below covers what that signal cannot. */
 DDP__PRIVATE void ddp__ln_child_setup(const ddp__ln_signals* sv, pid_t launcher) {
     ddp__ln_signals_end(sv);
+    if (ddp__ln_guard_fd >= 0) close(ddp__ln_guard_fd);
     setsid();
 #if defined(__linux__)
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -8691,8 +8699,87 @@ DDP__PRIVATE void ddp__ln_child_setup(const ddp__ln_signals* sv, pid_t launcher)
 #endif
 }
 
+/* ---- the guardian: no rank outlives its launcher --------------------------------------------------- */
+/* A launcher killed by SIGKILL can pass nothing on. Linux's PR_SET_PDEATHSIG then sends each rank
+   SIGTERM, but a stopped rank (SIGSTOP, ^Z, a debugger) never acts on it, what a rank started
+   gets nothing, and other systems have no such signal. So each job has a guardian: a small process
+   in a session of its own (a kill of the launcher's process group spares it), told every rank's
+   pid over a socket. When the launcher dies, however it dies, the socket reaches end of file and
+   the guardian stops every rank's process group as the launcher would have: SIGTERM and SIGCONT,
+   then SIGKILL after the grace period. A launcher that ends normally says so first. Messages are
+   8 bytes: an operation ('A' add a pid, 'D' drop a reaped one, 'E' end quietly) and the pid. The
+   guardian only makes system calls that are safe after fork in a threaded process. */
+DDP__PRIVATE void ddp__ln_guard_main(int fd, double grace) {
+    pid_t pids[DDP__MAX_SPAWN];
+    int n = 0, i, alive;
+    unsigned char m[8];
+    double end;
+    sigset_t none;
+    int nul = open("/dev/null", O_RDWR);
+    if (nul >= 0) dup2(nul, 0), dup2(nul, 1), dup2(nul, 2); /* a pipe reading our launcher's output ends with it */
+    signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setsid();
+    for (;;) {
+        ssize_t k = recv(fd, m, 8, MSG_WAITALL);
+        pid_t p;
+        if (k < 0 && errno == EINTR) continue;
+        if (k != 8) break; /* end of file: the launcher is gone */
+        p = (pid_t)ddp__le32(m + 4);
+        if (m[0] == 'E') _exit(0);
+        if (m[0] == 'A' && n < DDP__MAX_SPAWN) pids[n++] = p;
+        for (i = 0; m[0] == 'D' && i < n; i++)
+            if (pids[i] == p) pids[i--] = pids[--n];
+    }
+    for (i = 0; i < n; i++) {
+        ddp__ln_kill(pids[i], SIGTERM);
+        ddp__ln_kill(pids[i], SIGCONT); /* a stopped rank acts on SIGTERM only once continued */
+    }
+    for (end = ddp__now() + grace, alive = n; alive > 0 && ddp__now() < end; ddp__sleep(0.01))
+        for (i = 0, alive = 0; i < n; i++) alive += kill(-pids[i], 0) == 0 || kill(pids[i], 0) == 0;
+    for (i = 0; i < n; i++) ddp__ln_kill(pids[i], SIGKILL);
+    _exit(0);
+}
+
+/* Tell the guardian op ('A', 'D', 'E') about pid. A guardian that is gone changes nothing. */
+DDP__PRIVATE void ddp__ln_guard_tell(ddp__ln_job* j, int op, pid_t pid) {
+    unsigned char m[8] = {0};
+    if (j->guard_fd < 0) return;
+    m[0] = (unsigned char)op;
+    ddp__put_le32(m + 4, (uint32_t)pid);
+    (void)ddp__send_all(j->guard_fd, m, 8, ddp__now() + 1.0);
+}
+
+/* Start the job's guardian. Without one (no socket, no fork) the job still runs, with a warning. */
+DDP__PRIVATE void ddp__ln_guard_start(ddp__ln_job* j) {
+    int sv[2];
+    j->guard_fd = -1;
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0 || (j->guard_pid = fork()) < 0) {
+        ddp_log(DDP_LOG_WARN, "launcher: cannot start the guardian that stops the ranks if this launcher is killed "
+                "(%s); a stopped rank could then outlive it", strerror(errno));
+        return;
+    }
+    if (j->guard_pid == 0) {
+        close(sv[0]);
+        ddp__ln_guard_main(sv[1], j->grace);
+    }
+    close(sv[1]);
+    fcntl(sv[0], F_SETFD, FD_CLOEXEC);
+    ddp__sock_setup(sv[0]); /* non-blocking, and a write to a dead guardian is an error, not SIGPIPE */
+    j->guard_fd = ddp__ln_guard_fd = sv[0];
+}
+
+/* A rank was started: record it, and tell the guardian. */
+DDP__PRIVATE void ddp__ln_started(ddp__ln_job* j, int i, pid_t pid) {
+    j->pid[i] = pid;
+    j->alive++;
+    ddp__ln_guard_tell(j, 'A', pid);
+}
+
 DDP__PRIVATE ddp_status ddp__ln_job_init(ddp__ln_job* j, int n) {
     memset(j, 0, sizeof *j);
+    j->guard_fd = -1;
     j->pid = (pid_t*)ddp__calloc((size_t)n * sizeof(pid_t));
     j->status = (int*)ddp__calloc((size_t)n * sizeof(int));
     if (!j->pid || !j->status) {
@@ -8703,9 +8790,17 @@ DDP__PRIVATE ddp_status ddp__ln_job_init(ddp__ln_job* j, int n) {
     j->n = n;
     j->first_fail = -1;
     j->grace = ddp__ln_grace();
+    ddp__ln_guard_start(j);
     return DDP_OK;
 }
 DDP__PRIVATE void ddp__ln_job_free(ddp__ln_job* j) {
+    if (j->guard_fd >= 0) {
+        ddp__ln_guard_tell(j, 'E', 0);
+        close(j->guard_fd);
+        ddp__ln_guard_fd = j->guard_fd = -1;
+        while (waitpid(j->guard_pid, NULL, 0) < 0 && errno == EINTR) {
+        }
+    }
     DDP_FREE(j->pid);
     DDP_FREE(j->status);
 }
@@ -8738,6 +8833,7 @@ DDP__PRIVATE void ddp__ln_tick(ddp__ln_job* j) {
         j->status[i] = r == j->pid[i] ? st : -1;
         /* The group may outlive its leader (a program the rank started); stop it too when failing. */
         if (j->kill_at > 0) kill(-j->pid[i], j->killed ? SIGKILL : SIGTERM);
+        ddp__ln_guard_tell(j, 'D', j->pid[i]);
         j->pid[i] = 0;
         j->alive--;
         if (j->first_fail < 0 && (j->status[i] == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
@@ -8857,8 +8953,7 @@ DDP__DEF ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg) {
             ddp__ln_job_free(&j);
             return ddp__fail(DDP_ERR_LAUNCH, "ddp_spawn: cannot start rank %d: fork failed: %s", i, strerror(e));
         }
-        j.pid[i] = pid;
-        j.alive++;
+        ddp__ln_started(&j, i, pid);
     }
     ddp__ln_signals_unblock(&sv);
     s = ddp__spawn_wait(&j);
@@ -8898,7 +8993,8 @@ static const char ddp__ln_usage[] =
     "MASTER_PORT and DDP_JOB_TOKEN (every node of a job must share DDP_JOB_TOKEN), and DDP_LAUNCH_ID,\n"
     "which keeps the ranks of another ddprun on the same port and token out of this job. Output lines are\n"
     "prefixed \"[rank R]: \". When one rank fails the others are stopped (SIGTERM, then SIGKILL\n"
-    "after DDP_KILL_GRACE_S, default 5 s) and ddprun exits with that rank's status.\n";
+    "after DDP_KILL_GRACE_S, default 5 s) and ddprun exits with that rank's status. If ddprun itself\n"
+    "is killed, even by SIGKILL, a guardian process stops the ranks the same way.\n";
 
 /* Does `arg` (after its "--") name `flag`? '_' matches '-', so --nproc_per_node works too. The
    name ends at the end of arg or at '='; *value gets what follows '=' (NULL if none). */
@@ -9154,8 +9250,7 @@ DDP__PRIVATE int ddp__ln_start(const ddp__ln_opts* o, const char* token, int loc
     close(po[1]);
     close(pe[1]);
     if (pid < 0) { close(po[0]); close(pe[0]); return -1; }
-    j->pid[local] = pid;
-    j->alive++;
+    ddp__ln_started(j, local, pid);
     out->fd = po[0]; out->rank = err->rank = o->node_rank * o->nproc + local; out->to = stdout; out->n = 0;
     err->fd = pe[0]; err->to = stderr; err->n = 0;
     return 0;
