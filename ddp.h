@@ -586,7 +586,9 @@ typedef struct ddp_store ddp_store;
 typedef struct ddp_store_desc {
     const char* host;  /* where the server is; default MASTER_ADDR, else 127.0.0.1 */
     int port;          /* default MASTER_PORT, else 29500; a server given port -1 picks a free one */
-    int is_server;     /* host the server in this process (on `port`, all interfaces) */
+    int is_server;     /* host the server in this process, on `port`: on 127.0.0.1 only when `host`
+                          is a loopback address (every client is on this machine), else on all
+                          interfaces */
     double timeout_s;  /* connect and every operation; default DDP_TIMEOUT, else 300 s (TCPStore's) */
     const char* token; /* default DDP_JOB_TOKEN, else "" */
 } ddp_store_desc;
@@ -3133,8 +3135,30 @@ DDP__PRIVATE int ddp__sock_connect(const char* host, int port, double deadline) 
     return fd;
 }
 
-/* Listen on all interfaces at `port` (0: any free port). Returns the socket or -1 with errno. */
-DDP__PRIVATE int ddp__sock_listen(int port, int* bound_port) {
+/* 1 when every address `host` resolves to is a loopback one (127.0.0.0/8, ::1): whoever connects
+   there runs on this machine. */
+DDP__PRIVATE int ddp__loopback_only(const char* host) {
+    struct addrinfo hints, *res = NULL, *ai;
+    int all = 1;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (!host || getaddrinfo(host, NULL, &hints, &res) != 0 || !res) return 0;
+    for (ai = res; ai; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET)
+            all &= (ntohl(((struct sockaddr_in*)ai->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        else if (ai->ai_family == AF_INET6)
+            all &= IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6*)ai->ai_addr)->sin6_addr) != 0;
+        else
+            all = 0;
+    }
+    freeaddrinfo(res);
+    return all;
+}
+
+/* Listen at `port` (0: any free port) on the IPv4 address `ip` ("127.0.0.1": this machine only),
+   or on all interfaces when ip is NULL or not an IPv4 address. Returns the socket or -1 with errno. */
+DDP__PRIVATE int ddp__sock_listen(const char* ip, int port, int* bound_port) {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
     int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -3144,7 +3168,7 @@ DDP__PRIVATE int ddp__sock_listen(int port, int* bound_port) {
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (!ip || inet_pton(AF_INET, ip, &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
     a.sin_port = htons((uint16_t)port);
     if (bind(fd, (struct sockaddr*)&a, sizeof a) != 0 || listen(fd, 128) != 0) {
         int e = errno;
@@ -3607,7 +3631,9 @@ DDP__PRIVATE void ddp__server_free(ddp__server* s) {
     DDP_FREE(s);
 }
 
-DDP__PRIVATE ddp_status ddp__server_start(int port, const char* token, double timeout, ddp__server** out) {
+/* `local`: every client is on this machine (they reach the store at a loopback address), so it
+   listens on 127.0.0.1 only and no other machine can even connect; else on every interface. */
+DDP__PRIVATE ddp_status ddp__server_start(int port, int local, const char* token, double timeout, ddp__server** out) {
     ddp__server* s = (ddp__server*)ddp__calloc(sizeof *s);
     int e;
     *out = NULL;
@@ -3616,7 +3642,7 @@ DDP__PRIVATE ddp_status ddp__server_start(int port, const char* token, double ti
     s->idle_s = timeout < 10.0 ? timeout : 10.0;
     pthread_mutex_init(&s->lock, NULL);
     snprintf(s->token, sizeof s->token, "%s", token);
-    s->listen_fd = ddp__sock_listen(port < 0 ? 0 : port, &s->port);
+    s->listen_fd = ddp__sock_listen(local ? "127.0.0.1" : NULL, port < 0 ? 0 : port, &s->port);
     if (s->listen_fd < 0) {
         e = errno;
         ddp__server_free(s);
@@ -3767,7 +3793,7 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     env = getenv("DDP_JOB_TOKEN");
     snprintf(s->token, sizeof s->token, "%s", d.token ? d.token : (env ? env : ""));
     if (d.is_server) {
-        st = ddp__server_start(s->port, s->token, s->timeout, &s->server);
+        st = ddp__server_start(s->port, ddp__loopback_only(s->host), s->token, s->timeout, &s->server);
         if (st != DDP_OK) {
             ddp_store_destroy(s);
             return st;
@@ -5514,12 +5540,13 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     pg->piece = (unsigned char*)ddp__malloc(pg->piece_elems * 4);
     if (!pg->piece) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the ring's receive piece failed");
     if (W == 1) return DDP_OK;
-    lfd = ddp__sock_listen(0, &lport);
-    if (lfd < 0) return ddp__fail(DDP_ERR_IO, "rank %d cannot listen for its ring neighbour: %s", r, strerror(errno));
     /* The address peers reach us at: the one our store connection leaves from, since that
-       interface reaches the master and so, presumably, the other nodes too. */
+       interface reaches the master and so, presumably, the other nodes too. We listen there only
+       (127.0.0.1 when the whole job is on this machine), not on every interface. */
     if (getsockname(pg->store->fd, (struct sockaddr*)&ss, &sl) == 0)
         getnameinfo((struct sockaddr*)&ss, sl, host, sizeof host, NULL, 0, NI_NUMERICHOST);
+    lfd = ddp__sock_listen(host, 0, &lport);
+    if (lfd < 0) return ddp__fail(DDP_ERR_IO, "rank %d cannot listen for its ring neighbour: %s", r, strerror(errno));
     snprintf(addr, sizeof addr, "%s %d", host, lport);
     snprintf(key, sizeof key, "ddp/ring/%d", r);
     if (ddp_store_set(pg->store, key, addr, strlen(addr)) != DDP_OK) { close(lfd); return ddp_last_status(); }
@@ -8853,7 +8880,7 @@ DDP__PRIVATE void ddp__ln_tick(ddp__ln_job* j) {
 /* A free TCP port: listen on port 0 and ask which port the kernel chose. Another program could
    take it before rank 0 binds it; torchrun --standalone accepts the same race. */
 DDP__PRIVATE int ddp__ln_free_port(void) {
-    int port = 0, fd = ddp__sock_listen(0, &port);
+    int port = 0, fd = ddp__sock_listen(NULL, 0, &port);
     if (fd < 0) return 0;
     close(fd);
     return port;

@@ -4,6 +4,7 @@
 #include "ddp.h"
 #include "harness.h"
 
+#include <ifaddrs.h>
 #include <sys/resource.h>
 
 /* A server on a free port, with a short timeout so that failures show quickly. */
@@ -337,6 +338,48 @@ static void client_sees_server_death(void) {
     ddp_store_destroy(c);
 }
 
+/* ---- where the server listens ----------------------------------------------------------------------- */
+
+/* This machine's first IPv4 address that is not a loopback one, into buf; 0 if it has none. */
+static int outside_address(char* buf, size_t n) {
+    struct ifaddrs *all, *a;
+    int found = 0;
+    if (getifaddrs(&all) != 0) return 0;
+    for (a = all; a && !found; a = a->ifa_next) {
+        const struct sockaddr_in* in = (const struct sockaddr_in*)a->ifa_addr;
+        if (!in || in->sin_family != AF_INET || (ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
+        found = inet_ntop(AF_INET, &in->sin_addr, buf, (socklen_t)n) != NULL;
+    }
+    freeifaddrs(all);
+    return found;
+}
+
+/* A store whose clients reach it at 127.0.0.1 (ddprun --standalone, ddp_spawn: every rank on this
+   machine) listens on the loopback interface only: another machine cannot even connect. One whose
+   clients use this machine's outside address still accepts there. */
+static void loopback_store_listens_on_loopback_only(void) {
+    char addr[64];
+    ddp_store *s, *t = NULL;
+    ddp_store_desc d;
+    int fd;
+    if (!outside_address(addr, sizeof addr)) SKIP("this machine has no IPv4 address besides loopback");
+    s = server(5, "tok");
+    if (!s) return;
+    fd = ddp__sock_connect(addr, ddp_store_port(s), ddp__now() + 2);
+    CHECKF(fd < 0, "a store for 127.0.0.1 accepted a connection at %s:%d", addr, ddp_store_port(s));
+    if (fd >= 0) close(fd);
+    ddp_store_destroy(s);
+    memset(&d, 0, sizeof d);
+    d.host = addr, d.port = -1, d.is_server = 1, d.timeout_s = 5, d.token = "tok";
+    CHECK_OK(ddp_store_create(&d, &t)); /* its own client connects at addr */
+    if (t) {
+        fd = ddp__sock_connect("127.0.0.1", ddp_store_port(t), ddp__now() + 2);
+        CHECKF(fd >= 0, "a store for %s refused a connection at 127.0.0.1", addr);
+        if (fd >= 0) close(fd);
+        ddp_store_destroy(t);
+    }
+}
+
 /* ---- the fd limit: strangers use up the server process's descriptors ------------------------------ */
 
 /* Lines captured so far that contain needle. */
@@ -445,5 +488,6 @@ int main(void) {
     RUN(hostile_connections_refused);
     RUN(client_sees_server_death);
     RUN(fd_limit_backs_off);
+    RUN(loopback_store_listens_on_loopback_only);
     return H_EXIT();
 }
