@@ -93,7 +93,8 @@
     SIGUSR1                 kill -USR1 <pid> prints that rank's last 16 collectives (also
                             printed when one times out), unless the program handles SIGUSR1.
     DDP_RESTART_COUNT       set by ddprun --max-restarts: 0 on the first start, then 1, 2, ...
-    DDP_TIMEOUT=seconds     deadline of every store operation, connection and collective (300).
+    DDP_TIMEOUT=seconds     deadline of every store operation, connection and collective (300;
+                            at least 0.1).
     DDP_BACKEND=cpu|nccl|mpi  the backend when ddp_desc.backend is not set (mpi: built with
                             -DDDP_MPI and started by mpirun; see >>mpi).
     DDP_TRANSPORT=auto|shm|tcp  how the CPU backend moves data: shared memory when every rank
@@ -3210,18 +3211,31 @@ DDP__PRIVATE uint64_t ddp__le64(const unsigned char* p) {
 /* The timeout every blocking operation uses, into *out: the desc's value, else DDP_TIMEOUT
    (seconds), else 300. DDP_ERR_ENV when DDP_TIMEOUT is used and is not a positive number: "30s"
    or "abc" would otherwise quietly mean the default. */
+#define DDP__MIN_TIMEOUT 0.1 /* seconds: a shorter deadline would fail even a busy machine's round trip */
 DDP__PRIVATE ddp_status ddp__timeout(double from_desc, double* out) {
     const char* v = getenv("DDP_TIMEOUT");
     char* end;
     double t;
     *out = from_desc > 0 ? from_desc : 300.0;
+    if (from_desc > 0 && from_desc < DDP__MIN_TIMEOUT)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "desc.timeout_s=%g is shorter than %g s, less than a network round "
+                         "trip may take on a busy machine: give a few seconds at least (0: DDP_TIMEOUT, else 300)",
+                         from_desc, DDP__MIN_TIMEOUT);
     if (from_desc > 0 || !v || !*v) return DDP_OK;
     t = strtod(v, &end);
     if (*end != 0 || !(t > 0) || t > 1e7)
-        return ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is not a positive number of seconds: write it as a plain "
-                         "number, e.g. DDP_TIMEOUT=60, or unset it for the default 300", v);
-    *out = t;
-    return DDP_OK;
+        ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is not a positive number of seconds: write it as a plain number, "
+                  "e.g. DDP_TIMEOUT=60, or unset it for the default 300", v);
+    else if (t < DDP__MIN_TIMEOUT)
+        ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is shorter than %g s, less than a network round trip may take on a busy "
+                  "machine: set it to a few seconds at least, e.g. DDP_TIMEOUT=60, or unset it for the default 300",
+                  v, DDP__MIN_TIMEOUT);
+    else {
+        *out = t;
+        return DDP_OK;
+    }
+    ddp__err_fix = "set DDP_TIMEOUT to a number of seconds (the deadline of every wait), or unset it for 300";
+    return DDP_ERR_ENV;
 }
 
 /* ---- the server ------------------------------------------------------------------------------------ */
@@ -3743,13 +3757,15 @@ DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s) {
     /* A store answers HELLO at once, so no slack: a program on that port that accepts the
        connection but speaks another protocol (or nothing) is found out within the deadline. */
     double t = s->timeout < 5.0 ? s->timeout : 5.0;
-    if (ddp__store_call_x(s, DDP__OP_HELLO, NULL, s->token, strlen(s->token), t, 0.0, &st, &msg, &n) != DDP_OK)
+    if (ddp__store_call_x(s, DDP__OP_HELLO, NULL, s->token, strlen(s->token), t, 0.0, &st, &msg, &n) != DDP_OK) {
+        char why[96];
+        if (strstr(ddp_error_string(), "malformed")) snprintf(why, sizeof why, "answered the HELLO in another protocol");
+        else if (strstr(ddp_error_string(), "closed the")) snprintf(why, sizeof why, "closed the connection without answering the HELLO");
+        else snprintf(why, sizeof why, "did not answer the HELLO within %g s (a store answers at once)", t);
         return ddp__fail(DDP_ERR_STORE_REFUSED, "the program listening at %s:%d is not a ddp.h rendezvous store: it "
                          "%s. Another program holds MASTER_PORT (pick another port), or MASTER_ADDR/MASTER_PORT "
-                         "point to the wrong machine", s->host, s->port,
-                         strstr(ddp_error_string(), "malformed")     ? "answered the HELLO in another protocol"
-                         : strstr(ddp_error_string(), "closed the") ? "closed the connection without answering the HELLO"
-                                                                     : "did not answer the HELLO within the deadline");
+                         "point to the wrong machine", s->host, s->port, why);
+    }
     if (st != DDP__ST_OK) {
         char why[64] = "refused";
         if (msg) snprintf(why, sizeof why, "%.*s", (int)(n < 60 ? n : 60), (const char*)msg);
@@ -6624,9 +6640,11 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
 fail:
     {
         char msg[sizeof ddp__err_msg];
+        const char* fix = ddp__err_fix;
         memcpy(msg, ddp__err_msg, sizeof msg);
         ddp_destroy(pg);
         ddp__fail(s, "%s", msg);
+        ddp__err_fix = fix;
     }
     return s;
 }

@@ -206,6 +206,9 @@ verdict device_not_parsed device_not_parsed 'device "cuda:x" is not one of cpu, 
 # variable it reads is refused with DDP_ERR_ENV; a typo here (DDP_TIMEOUT=30s) silently means 300 s.
 single_env timeout_not_a_number 'DDP_TIMEOUT=abc is not a positive number' \
     RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT DDP_TIMEOUT=abc
+# A timeout too short for any network round trip: said as such, not as "not a ddp.h store".
+single_env timeout_too_short 'DDP_ERR_ENV: DDP_TIMEOUT=1e-9 is shorter than' \
+    RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT DDP_TIMEOUT=1e-9
 run_fg ddprun_master_port_out_of_range 20 -- "$DDPRUN" --master-port 70000 --nproc-per-node 1 true
 verdict ddprun_master_port_out_of_range ddprun_master_port_out_of_range \
     'ddprun: --master-port must be a whole number from 1 to 65535, not "70000"' 0 10
