@@ -5405,7 +5405,13 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
                               w->count * es, NULL));
     }
     /* A simulated slow network (for experiments with overlap): each collective takes at least as
-       long as its bytes would need at the given speed. */
+       long as its bytes would need at the given speed, but never past the deadline, which a real
+       network that slow would miss too. */
+    if (pg->sim_s_per_byte > 0 && (double)(total * es) * pg->sim_s_per_byte > pg->timeout)
+        return ddp__fail(DDP_ERR_ENV, "DDP_SIMULATE_NS_PER_BYTE=%s makes this %s of %zu bytes last %.1f s, longer than the "
+                         "timeout (%.0f s, DDP_TIMEOUT): lower DDP_SIMULATE_NS_PER_BYTE, or raise DDP_TIMEOUT",
+                         getenv("DDP_SIMULATE_NS_PER_BYTE") ? getenv("DDP_SIMULATE_NS_PER_BYTE") : "?",
+                         ddp__coll_name(w->kind), total * es, (double)(total * es) * pg->sim_s_per_byte, pg->timeout);
     if (pg->sim_s_per_byte > 0) ddp__sleep((double)(total * es) * pg->sim_s_per_byte);
 #if DDP__SHM
     if (W > 1 && pg->shm) return ddp__shm_run(pg, w, host) != DDP_OK ? ddp_last_status() : ddp__cpu_copy_out(pg, w, host);

@@ -209,6 +209,12 @@ single_env timeout_not_a_number 'DDP_TIMEOUT=abc is not a positive number' \
 # A timeout too short for any network round trip: said as such, not as "not a ddp.h store".
 single_env timeout_too_short 'DDP_ERR_ENV: DDP_TIMEOUT=1e-9 is shorter than' \
     RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT DDP_TIMEOUT=1e-9
+# A simulated network so slow that one collective would outlast the deadline: a 4 KiB all-reduce at
+# 1 ms a byte is 4 s against DDP_TIMEOUT=2. Said at once, not slept through.
+run_fg simulate_longer_than_timeout 30 DDP_TIMEOUT=2 DDP_SIMULATE_NS_PER_BYTE=1000000 -- \
+    "$DDPRUN" --standalone --nproc-per-node 2 "$BUILD/allreduce_perf" -b 4K -e 4K -n 1 -w 0
+verdict simulate_longer_than_timeout simulate_longer_than_timeout \
+    'DDP_ERR_ENV: DDP_SIMULATE_NS_PER_BYTE=1000000 makes this all_reduce of 4096 bytes last 4.1 s, longer than the timeout \(2 s' 0 10
 run_fg ddprun_master_port_out_of_range 20 -- "$DDPRUN" --master-port 70000 --nproc-per-node 1 true
 verdict ddprun_master_port_out_of_range ddprun_master_port_out_of_range \
     'ddprun: --master-port must be a whole number from 1 to 65535, not "70000"' 0 10
