@@ -85,7 +85,8 @@
     DDP_ASSERT(c)        internal consistency checks (default: assert from <assert.h>).
     DDP_MAX_LAYERS       layers in one model (default 64); DDP_MAX_HOOKS hooks per parameter (4).
 
-    Environment, read at run time:
+    Environment, read at run time (a tuning value that cannot be used is named in a warning, and
+    its default is used instead):
     DDP_DEBUG=INFO|DETAIL   more log lines; DETAIL also synchronises after every GPU launch
                             so an error is reported at the call that caused it, prints every
                             step of the ring, and checks before each collective that every rank
@@ -1121,6 +1122,23 @@ DDP__PRIVATE int ddp__first_time(int* flag) {
 #endif
 }
 static int ddp__warned_set_epoch, ddp__warned_no_sync; /* one warning each per process */
+
+/* A tuning variable from the environment: `def` when it is unset or empty. A value that is not a
+   number of at least `min` (or, with `whole`, not a plain whole number: "1MB" would read as 1) is
+   named in a warning and replaced by def, as DDP_DEBUG's is: a typo must not quietly mean
+   something else. */
+DDP__PRIVATE double ddp__env_tuning(const char* name, double def, double min, int whole, const char* unit) {
+    const char* v = getenv(name);
+    char* end = NULL;
+    double x;
+    if (!v || !*v) return def;
+    errno = 0;
+    x = whole ? (strspn(v, "0123456789") == strlen(v) ? (double)strtoull(v, &end, 10) : -1) : strtod(v, &end);
+    if (errno == 0 && end && *end == 0 && x >= min && x < 1e15) return x;
+    ddp_log(DDP_LOG_WARN, "%s=%s is not a %snumber of %s (at least %.15g); using %.15g", name, v, whole ? "whole " : "",
+            unit, min, def);
+    return def;
+}
 
 /* ---- errors ------------------------------------------------------------------------------------- */
 
@@ -5210,10 +5228,6 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
     }
 #if DDP__SHM
     {
-        const char* chunk_env = getenv("DDP_SHM_CHUNK_BYTES");
-        const char* stream_env = getenv("DDP_SHM_STREAM_BYTES");
-        const char* spin_env = getenv("DDP_SHM_SPIN_US");
-        const char* slot_env = getenv("DDP_SHM_SLOT_STREAM_BELOW");
         const int W = pg->world;
         char key_val[400], name[64] = "", me[300], theirs[300] = "";
         uint64_t nonce = 0;
@@ -5222,7 +5236,7 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
         int ok = 0;
         unsigned char* p = NULL;
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        chunk = chunk_env && atol(chunk_env) > 0 ? (size_t)atol(chunk_env) : (size_t)1 << 20;
+        chunk = (size_t)ddp__env_tuning("DDP_SHM_CHUNK_BYTES", 1 << 20, 1, 1, "bytes");
         if (chunk > ((size_t)32 << 20) / (size_t)W) chunk = ((size_t)32 << 20) / (size_t)W; /* 64 MiB at most */
         chunk = (chunk + 4095) & ~(size_t)4095;
         if (chunk < (size_t)W * 4) chunk = ((size_t)W * 4 + 4095) & ~(size_t)4095;
@@ -5267,9 +5281,9 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
         if (yes == W) {
             /* spin only when every local rank has a core: with more ranks than cores, a spinning
                rank takes the core the one it waits for needs */
-            pg->shm_spin_s = spin_env && atof(spin_env) >= 0 ? atof(spin_env) * 1e-6 : cores >= W ? 20e-6 : 0;
-            pg->shm_stream_bytes = stream_env && atol(stream_env) > 0 ? (size_t)atol(stream_env) : (size_t)32 << 20;
-            pg->shm_slot_stream = slot_env && atol(slot_env) >= 0 ? (size_t)atol(slot_env) : (size_t)512 << 10;
+            pg->shm_spin_s = ddp__env_tuning("DDP_SHM_SPIN_US", cores >= W ? 20 : 0, 0, 0, "microseconds") * 1e-6;
+            pg->shm_stream_bytes = (size_t)ddp__env_tuning("DDP_SHM_STREAM_BYTES", 32 << 20, 1, 1, "bytes");
+            pg->shm_slot_stream = (size_t)ddp__env_tuning("DDP_SHM_SLOT_STREAM_BELOW", 512 << 10, 0, 1, "bytes");
             ddp_log(DDP_LOG_INFO, "transport: shared memory (%d ranks on this host, %zu KiB chunks, %.1f MiB segment)",
                     W, chunk >> 10, (double)bytes / (1 << 20));
             return DDP_OK;
@@ -5547,16 +5561,14 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     uint64_t tok = ddp__fnv1a((const unsigned char*)pg->store->token, strlen(pg->store->token));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
-    const char* piece_env = getenv("DDP_RING_PIECE_BYTES");
     /* 1 MiB, from a measurement on 2 cores over loopback: against 256 KiB pieces, the 256 MiB
        all-reduce took 147 ms instead of 177 on 2 ranks and 416 instead of 581 on 4; 4-64 MiB
        were the same on 2 ranks and up to 1.3x faster on 4; only 1 MiB on 4 ranks lost (1.9 ms
        against 1.7). Fewer pieces mean fewer system calls and wake-ups per byte. */
-    size_t piece_bytes = piece_env && atol(piece_env) > 0 ? (size_t)atol(piece_env) : (size_t)1 << 20;
-    const char* sim = getenv("DDP_SIMULATE_NS_PER_BYTE");
+    size_t piece_bytes = (size_t)ddp__env_tuning("DDP_RING_PIECE_BYTES", 1 << 20, 1, 1, "bytes");
     pg->left_fd = pg->right_fd = -1;
     pg->piece_elems = piece_bytes / 4 ? piece_bytes / 4 : 1;
-    pg->sim_s_per_byte = sim && atof(sim) > 0 ? atof(sim) * 1e-9 : 0;
+    pg->sim_s_per_byte = ddp__env_tuning("DDP_SIMULATE_NS_PER_BYTE", 0, 0, 0, "nanoseconds") * 1e-9;
 
     /* the scratch for one received piece, sized for the widest dtype (f32) */
     pg->piece = (unsigned char*)ddp__malloc(pg->piece_elems * 4);
@@ -6483,6 +6495,10 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
     int cpus[1024], n = 0, i, k, lr = pg->env.local_rank, lws = pg->env.local_world_size;
     const char* env = getenv("DDP_BIND");
     DIR* dir;
+    if (env && *env && strcmp(env, "core") && strcmp(env, "none") && strcmp(env, "0")) {
+        ddp_log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
+        env = NULL;
+    }
     if ((env && (!strcmp(env, "none") || !strcmp(env, "0"))) || lws < 2 || lr < 0 || lr >= lws) return;
     memset(mask, 0, sizeof mask);
     if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) return;

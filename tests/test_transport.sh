@@ -42,6 +42,18 @@ if [ $rc -ne 0 ] && grep -q "DDP_TRANSPORT=udp is not tcp, shm or auto" "$TMP/ud
     ok transport_bad_value_named
 else bad transport_bad_value_named "exit status $rc" "$(tail -n 3 "$TMP/udp.txt")"; fi
 
+# tuning values that cannot be used: each is named in a warning (as DDP_DEBUG's is) and replaced by
+# its default; the job runs and its results are right
+DDP_RING_PIECE_BYTES=1MB DDP_SHM_CHUNK_BYTES=-5 DDP_BIND=cores DDP_SHM_SPIN_US=x DDP_SHM_STREAM_BYTES=0 \
+    DDP_SHM_SLOT_STREAM_BELOW=big DDP_SIMULATE_NS_PER_BYTE=fast run_perf "$TMP/tuning.txt" 2 -b 4K -e 64K -n 1 -w 0
+missing=""
+for v in "DDP_RING_PIECE_BYTES=1MB" "DDP_SHM_CHUNK_BYTES=-5" "DDP_BIND=cores" "DDP_SHM_SPIN_US=x" "DDP_SHM_STREAM_BYTES=0" \
+         "DDP_SHM_SLOT_STREAM_BELOW=big" "DDP_SIMULATE_NS_PER_BYTE=fast"; do
+    grep -q "warning: $v is not .*; using " "$TMP/tuning.txt" || missing="$missing $v"
+done
+if checked "$TMP/tuning.txt" && [ -z "$missing" ]; then ok tuning_values_refused_with_a_warning
+else bad tuning_values_refused_with_a_warning "no warning for:${missing:- (none missing)}" "$(grep -E 'warning|wrong|ERR' "$TMP/tuning.txt" | head -n 4)"; fi
+
 # many chunks, 3 ranks (shares of unequal length), 16-bit types and averages, every element checked
 DDP_SHM_CHUNK_BYTES=4096 run_perf "$TMP/chunks.txt" 3 -b 1K -e 1M -f 32 -n 2 -w 0 -d bf16 -o avg
 DDP_SHM_CHUNK_BYTES=4096 run_perf "$TMP/chunks2.txt" 3 -b 12 -e 3M -f 64 -n 2 -w 0 -o max
