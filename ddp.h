@@ -681,9 +681,9 @@ typedef struct ddp_work ddp_work; /* a collective in flight */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
 /* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
    timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
-   a ddp_init right after it, on the same address, starts the next job). On the CPU backend a neighbour still inside a collective
-   this rank never called is told at once (DDP_ERR_DESYNC: "rank R has left the job"). NULL is
-   ignored. */
+   a ddp_init right after it, on the same address, starts the next job). On the CPU backend a
+   neighbour still inside a collective this rank never called is told at once (DDP_ERR_DESYNC:
+   "rank R has left the job"). NULL is ignored. */
 DDP_API void ddp_destroy(ddp_pg* pg);
 /* This process's rank, the world size, the local rank and local world size, the backend in use,
    and the device collective buffers live on. */
@@ -5052,7 +5052,7 @@ static char ddp__shm_guarded[96];                 /* what unlink (Linux) or shm_
 static volatile sig_atomic_t ddp__shm_guarding;
 static pthread_mutex_t ddp__shm_guard_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void ddp__shm_on_signal(int sig, siginfo_t* info, void* ctx) {
+DDP__PRIVATE void ddp__shm_on_signal(int sig, siginfo_t* info, void* ctx) {
     int i, saved = errno;
     if (ddp__shm_guarding) {
 #if defined(__linux__)
@@ -6425,7 +6425,7 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
     int i, present, taken = 0;
     double deadline = ddp__now() + pg->timeout;
     gethostname(host, sizeof host - 1);
-    /* ddprun and ddp_spawn name their launch: the ranks of one node must all come from the one
+    /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
        launch that started that node's first rank, or two launches given one MASTER_PORT and one
        DDP_JOB_TOKEN would mix their ranks (the later one's rank 1 taking the free slot). */
     if (launch && *launch) {
@@ -6700,8 +6700,9 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
        after its listening socket): a program that calls ddp_init again at once then reaches the
        next job's store, never this one on its way out, where its rank would already be taken. */
     if (wait_store && !ddp__store_wait_closed(pg->store, deadline))
-        ddp_log(DDP_LOG_WARN, "ddp_destroy: rank 0 did not close the store within %.0f s of this rank leaving; it is "
-                "still waiting for a rank that never called ddp_destroy (see the other ranks' output)", pg->timeout);
+        ddp_log(DDP_LOG_WARN, "ddp_destroy: rank 0 has not closed the store within %.0f s of this rank leaving (it is "
+                "still busy, or waiting for a rank that never called ddp_destroy); a ddp_init now on the same port could "
+                "meet that store", pg->timeout);
     ddp__trace_write(); /* DDP_TRACE: this rank's file, while its rank is still known */
     ddp_free(pg->device, pg->one);
     ddp_store_destroy(pg->store);
