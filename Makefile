@@ -147,7 +147,7 @@ TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/tes
             $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_sampler \
             $(BUILD)/tests/test_snapshot $(BUILD)/tests/snapshot_dump
 
-TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync
+TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync $(BUILD)/tests/test_cycles
 TESTS    += $(BUILD)/tests/sampler_dump
 # learners' mistakes as small programs, run by tests/test_confusions.sh (built by the tests/% rule)
 TESTS    += $(BUILD)/tests/confusions/confusions
@@ -213,9 +213,10 @@ demo: all
 test: all
 	@BUILD=$(BUILD) bash tests/run.sh
 
-# The kill-and-resume drill over 20 random kills (make test runs 5), plus the other fault cases.
+# The kill-and-resume drill over 20 random kills (make test runs 5), plus the other fault cases,
+# and 200 init/destroy cycles on one port (make test runs 20); last line: N passed, N failed, N skipped.
 test-faults: all
-	@bash tests/test_restart.sh $(BUILD) 20
+	@BUILD=$(BUILD) bash tests/run.sh --faults
 
 # The GPU tests; on a machine without a GPU they fail (make test skips them instead).
 test-gpu: all
@@ -336,7 +337,7 @@ help:
 	@echo "make bench-gpu  the large model on one GPU: ddp.h vs PyTorch, NCCL with one rank (skips without a GPU)"
 	@echo "make gpu-check  on a GPU machine: versions, test-gpu, chapters 1 and 3, equivalence, bench-gpu, one report"
 	@echo "make gpu-check-standin  the same flow on the GPU stand-in (no GPU needed)"
-	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks"
+	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks, 200 init/destroy cycles"
 	@echo "make test-gpu   run the GPU tests (needs a GPU)"
 	@echo "make sanitize   run the CPU suite under ASan and UBSan"
 	@echo "make tsan       run the CPU suite under ThreadSanitizer (CPU-only build)"

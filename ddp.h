@@ -85,7 +85,8 @@
     DDP_ASSERT(c)        internal consistency checks (default: assert from <assert.h>).
     DDP_MAX_LAYERS       layers in one model (default 64); DDP_MAX_HOOKS hooks per parameter (4).
 
-    Environment, read at run time:
+    Environment, read at run time (a tuning value that cannot be used is named in a warning, and
+    its default is used instead):
     DDP_DEBUG=INFO|DETAIL   more log lines; DETAIL also synchronises after every GPU launch
                             so an error is reported at the call that caused it, prints every
                             step of the ring, and checks before each collective that every rank
@@ -93,7 +94,8 @@
     SIGUSR1                 kill -USR1 <pid> prints that rank's last 16 collectives (also
                             printed when one times out), unless the program handles SIGUSR1.
     DDP_RESTART_COUNT       set by ddprun --max-restarts: 0 on the first start, then 1, 2, ...
-    DDP_TIMEOUT=seconds     deadline of every store operation, connection and collective (300).
+    DDP_TIMEOUT=seconds     deadline of every store operation, connection and collective (300;
+                            at least 0.1).
     DDP_BACKEND=cpu|nccl|mpi  the backend when ddp_desc.backend is not set (mpi: built with
                             -DDDP_MPI and started by mpirun; see >>mpi).
     DDP_TRANSPORT=auto|shm|tcp  how the CPU backend moves data: shared memory when every rank
@@ -116,6 +118,9 @@
                             backward, each collective, the wait and the optimizer step, for
                             ui.perfetto.dev or chrome://tracing.
     DDP_KILL_GRACE_S        seconds a stopped rank gets between SIGTERM and SIGKILL (5).
+    DDP_LAUNCH_ID           set by ddprun for its ranks ("host:pid:start time"): the ranks of one
+                            node must all come from one launch, so a second ddprun given the same
+                            MASTER_PORT and DDP_JOB_TOKEN cannot slip its ranks into this job.
 
     BACKENDS AND FEATURES
     =====================
@@ -585,7 +590,9 @@ typedef struct ddp_store ddp_store;
 typedef struct ddp_store_desc {
     const char* host;  /* where the server is; default MASTER_ADDR, else 127.0.0.1 */
     int port;          /* default MASTER_PORT, else 29500; a server given port -1 picks a free one */
-    int is_server;     /* host the server in this process (on `port`, all interfaces) */
+    int is_server;     /* host the server in this process, on `port`: on 127.0.0.1 only when `host`
+                          is a loopback address (every client is on this machine), else on all
+                          interfaces */
     double timeout_s;  /* connect and every operation; default DDP_TIMEOUT, else 300 s (TCPStore's) */
     const char* token; /* default DDP_JOB_TOKEN, else "" */
 } ddp_store_desc;
@@ -675,9 +682,10 @@ typedef struct ddp_work ddp_work; /* a collective in flight */
    the store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT, DDP_ERR_NCCL. */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
 /* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
-   timeout for every rank to call it). On the CPU backend a neighbour still inside a collective
-   this rank never called is told at once (DDP_ERR_DESYNC: "rank R has left the job"). NULL is
-   ignored. */
+   timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
+   a ddp_init right after it, on the same address, starts the next job). On the CPU backend a
+   neighbour still inside a collective this rank never called is told at once (DDP_ERR_DESYNC:
+   "rank R has left the job"). NULL is ignored. */
 DDP_API void ddp_destroy(ddp_pg* pg);
 /* This process's rank, the world size, the local rank and local world size, the backend in use,
    and the device collective buffers live on. */
@@ -908,7 +916,10 @@ DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
    unless all of it matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated
    or foreign file, DDP_ERR_IO when it cannot be read (DDP_ERR_IO with errno ENOENT: no file). */
 DDP_API ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path);
-/* 1 if `path` exists (a snapshot to resume from), else 0. */
+/* 1 if `path` exists (a snapshot to resume from), 0 if nothing is there (or path is NULL); -1
+   when it cannot be checked (a symlink loop, a folder this user may not search): ddp_error_string()
+   names the path and the reason, and a load would fail the same way. Also removes the temporary
+   files that writers on this host killed mid-save left beside it. */
 DDP_API int ddp_snapshot_exists(const char* path);
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -921,7 +932,8 @@ typedef int (*ddp_spawn_fn)(int rank, void* arg);
    with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT
    a fresh DDP_JOB_TOKEN and GROUP_RANK=0 set, each in its own session. Returns when all have
    ended: DDP_OK if every one returned 0, else DDP_ERR_LAUNCH naming the first rank that failed,
-   after stopping the others (SIGTERM, then SIGKILL after DDP_KILL_GRACE_S, default 5 s). Call
+   after stopping the others (SIGTERM, then SIGKILL after DDP_KILL_GRACE_S, default 5 s); a
+   guardian process stops them the same way if this process is killed, even by SIGKILL. Call
    it early, before starting threads or any CUDA work: it forks, and a forked child can use
    neither its parent's other threads nor its GPU context. */
 DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
@@ -1115,12 +1127,32 @@ DDP__PRIVATE int ddp__first_time(int* flag) {
 }
 static int ddp__warned_set_epoch, ddp__warned_no_sync; /* one warning each per process */
 
+/* A tuning variable from the environment: `def` when it is unset or empty. A value that is not a
+   number of at least `min` (or, with `whole`, not a plain whole number: "1MB" would read as 1) is
+   named in a warning and replaced by def, as DDP_DEBUG's is: a typo must not quietly mean
+   something else. */
+DDP__PRIVATE double ddp__env_tuning(const char* name, double def, double min, int whole, const char* unit) {
+    const char* v = getenv(name);
+    char* end = NULL;
+    double x;
+    if (!v || !*v) return def;
+    errno = 0;
+    x = whole ? (strspn(v, "0123456789") == strlen(v) ? (double)strtoull(v, &end, 10) : -1) : strtod(v, &end);
+    if (errno == 0 && end && *end == 0 && x >= min && x < 1e15) return x;
+    ddp_log(DDP_LOG_WARN, "%s=%s is not a %snumber of %s (at least %.15g); using %.15g", name, v, whole ? "whole " : "",
+            unit, min, def);
+    return def;
+}
+
 /* ---- errors ------------------------------------------------------------------------------------- */
 
 /* Per thread, as stb's failure reason: a communication thread's error must not overwrite the
    message the training thread is about to print. */
 static DDP__TLS char ddp__err_msg[1536];
 static DDP__TLS ddp_status ddp__err_status;
+/* The fix for this one error when the status's own fix line would mislead (a full disk is a
+   DDP_ERR_IO, but checking the path's permissions will not help); NULL: the status's. */
+static DDP__TLS const char* ddp__err_fix;
 
 /* Record a failure with a printf-style message and return its status: `return ddp__fail(...)`. */
 DDP__PRIVATE ddp_status ddp__fail(ddp_status s, const char* fmt, ...) DDP__PRINTF(2, 3);
@@ -1130,6 +1162,7 @@ DDP__PRIVATE ddp_status ddp__fail(ddp_status s, const char* fmt, ...) {
     vsnprintf(ddp__err_msg, sizeof ddp__err_msg, fmt, ap);
     va_end(ap);
     ddp__err_status = s;
+    ddp__err_fix = NULL;
     ddp_log(DDP_LOG_INFO, "%s: %s", ddp_status_name(s), ddp__err_msg);
     return s;
 }
@@ -1139,6 +1172,7 @@ DDP__DEF ddp_status ddp_last_status(void) { return ddp__err_status; }
 DDP__DEF void ddp_clear_error(void) {
     ddp__err_msg[0] = 0;
     ddp__err_status = DDP_OK;
+    ddp__err_fix = NULL;
 }
 
 DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* file, int line) {
@@ -1146,7 +1180,8 @@ DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* 
             call_text, file, line);
     fprintf(stderr, "[rank %d/%d]   %s: %s\n", ddp__g.rank, ddp__g.world, ddp_status_name(s),
             ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
-    fprintf(stderr, "[rank %d/%d]   fix: %s\n", ddp__g.rank, ddp__g.world, ddp_status_fix(s));
+    fprintf(stderr, "[rank %d/%d]   fix: %s\n", ddp__g.rank, ddp__g.world,
+            ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
     exit(1);
 }
 
@@ -3070,7 +3105,10 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
 
    The server is one thread running poll() over every connection: a slow, silent or half-sent
    client never blocks the others. GET and WAIT park the connection until the keys exist or the
-   request's own deadline passes, so a client's timeout is enforced by the server too.
+   request's own deadline passes, so a client's timeout is enforced by the server too. When the
+   process runs out of file descriptors (many strangers on the port, a low `ulimit -n`), the
+   listening socket rests for 0.1 s at a time, with one warning, while the connections already
+   accepted are served.
 */
 
 #include <fcntl.h>
@@ -3079,6 +3117,7 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h> /* getrlimit: the descriptor limit, named when accept runs out */
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h> /* struct iovec: a header and its data in one system call */
@@ -3202,8 +3241,30 @@ DDP__PRIVATE int ddp__sock_connect(const char* host, int port, double deadline) 
     return fd;
 }
 
-/* Listen on all interfaces at `port` (0: any free port). Returns the socket or -1 with errno. */
-DDP__PRIVATE int ddp__sock_listen(int port, int* bound_port) {
+/* 1 when every address `host` resolves to is a loopback one (127.0.0.0/8, ::1): whoever connects
+   there runs on this machine. */
+DDP__PRIVATE int ddp__loopback_only(const char* host) {
+    struct addrinfo hints, *res = NULL, *ai;
+    int all = 1;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (!host || getaddrinfo(host, NULL, &hints, &res) != 0 || !res) return 0;
+    for (ai = res; ai; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET)
+            all &= (ntohl(((struct sockaddr_in*)ai->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        else if (ai->ai_family == AF_INET6)
+            all &= IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6*)ai->ai_addr)->sin6_addr) != 0;
+        else
+            all = 0;
+    }
+    freeaddrinfo(res);
+    return all;
+}
+
+/* Listen at `port` (0: any free port) on the IPv4 address `ip` ("127.0.0.1": this machine only),
+   or on all interfaces when ip is NULL or not an IPv4 address. Returns the socket or -1 with errno. */
+DDP__PRIVATE int ddp__sock_listen(const char* ip, int port, int* bound_port) {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
     int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -3213,7 +3274,7 @@ DDP__PRIVATE int ddp__sock_listen(int port, int* bound_port) {
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (!ip || inet_pton(AF_INET, ip, &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
     a.sin_port = htons((uint16_t)port);
     if (bind(fd, (struct sockaddr*)&a, sizeof a) != 0 || listen(fd, 128) != 0) {
         int e = errno;
@@ -3255,18 +3316,31 @@ DDP__PRIVATE uint64_t ddp__le64(const unsigned char* p) {
 /* The timeout every blocking operation uses, into *out: the desc's value, else DDP_TIMEOUT
    (seconds), else 300. DDP_ERR_ENV when DDP_TIMEOUT is used and is not a positive number: "30s"
    or "abc" would otherwise quietly mean the default. */
+#define DDP__MIN_TIMEOUT 0.1 /* seconds: a shorter deadline would fail even a busy machine's round trip */
 DDP__PRIVATE ddp_status ddp__timeout(double from_desc, double* out) {
     const char* v = getenv("DDP_TIMEOUT");
     char* end;
     double t;
     *out = from_desc > 0 ? from_desc : 300.0;
+    if (from_desc > 0 && from_desc < DDP__MIN_TIMEOUT)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "desc.timeout_s=%g is shorter than %g s, less than a network round "
+                         "trip may take on a busy machine: give a few seconds at least (0: DDP_TIMEOUT, else 300)",
+                         from_desc, DDP__MIN_TIMEOUT);
     if (from_desc > 0 || !v || !*v) return DDP_OK;
     t = strtod(v, &end);
     if (*end != 0 || !(t > 0) || t > 1e7)
-        return ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is not a positive number of seconds: write it as a plain "
-                         "number, e.g. DDP_TIMEOUT=60, or unset it for the default 300", v);
-    *out = t;
-    return DDP_OK;
+        ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is not a positive number of seconds: write it as a plain number, "
+                  "e.g. DDP_TIMEOUT=60, or unset it for the default 300", v);
+    else if (t < DDP__MIN_TIMEOUT)
+        ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is shorter than %g s, less than a network round trip may take on a busy "
+                  "machine: set it to a few seconds at least, e.g. DDP_TIMEOUT=60, or unset it for the default 300",
+                  v, DDP__MIN_TIMEOUT);
+    else {
+        *out = t;
+        return DDP_OK;
+    }
+    ddp__err_fix = "set DDP_TIMEOUT to a number of seconds (the deadline of every wait), or unset it for 300";
+    return DDP_ERR_ENV;
 }
 
 /* ---- the server ------------------------------------------------------------------------------------ */
@@ -3297,6 +3371,11 @@ typedef struct ddp__server {
     int nkv, capkv;
     ddp__sconn* conns;
     int nconns, capconns;
+    /* accept failing for want of descriptors (EMFILE: `ulimit -n`): the listening socket stays
+       readable, so the server leaves it alone until `accept_pause_until` instead of spinning */
+    double accept_pause_until, accept_failing_since;
+    long accept_fails;    /* failed accepts since the first of this episode; 0: none */
+    int accept_episodes;  /* episodes so far: only the first is a warning, later ones are INFO */
 } ddp__server;
 
 DDP__PRIVATE ddp__kv* ddp__kv_find(ddp__server* s, const char* key, size_t klen) {
@@ -3577,7 +3656,9 @@ static void* ddp__server_main(void* arg) {
                 next = c->deadline;
             }
         }
-        pf[0].fd = s->listen_fd, pf[0].events = POLLIN, pf[0].revents = 0;
+        if (now < s->accept_pause_until && s->accept_pause_until < next) next = s->accept_pause_until;
+        /* a negative fd is skipped by poll: the listening socket rests while accept cannot succeed */
+        pf[0].fd = now < s->accept_pause_until ? -1 : s->listen_fd, pf[0].events = POLLIN, pf[0].revents = 0;
         pf[1].fd = s->wake[0], pf[1].events = POLLIN, pf[1].revents = 0;
         for (i = 0; i < s->nconns; i++) pf[i + 2].fd = s->conns[i].fd, pf[i + 2].events = POLLIN, pf[i + 2].revents = 0;
         n = s->nconns + 2;
@@ -3607,7 +3688,27 @@ static void* ddp__server_main(void* arg) {
             for (;;) {
                 int fd = accept(s->listen_fd, NULL, NULL);
                 ddp__sconn* c;
+                if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+                    int e = errno;
+                    if (s->accept_fails++ == 0) {
+                        struct rlimit rl;
+                        long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : -1;
+                        s->accept_failing_since = ddp__now();
+                        ddp_log(s->accept_episodes++ ? DDP_LOG_INFO : DDP_LOG_WARN,
+                                "store: cannot accept a connection: %s (this process may have %ld open "
+                                "files: ulimit -n). Serving the %d connections it has and retrying every 0.1 s; "
+                                "many connections that never say HELLO come from another program or an attack "
+                                "on MASTER_PORT", strerror(e), lim, s->nconns);
+                    }
+                    s->accept_pause_until = ddp__now() + 0.1;
+                    break;
+                }
                 if (fd < 0) break;
+                if (s->accept_fails) {
+                    ddp_log(s->accept_episodes > 1 ? DDP_LOG_INFO : DDP_LOG_WARN, "store: accepting connections again (accept failed %ld times over %.1f s "
+                            "for want of file descriptors)", s->accept_fails, ddp__now() - s->accept_failing_since);
+                    s->accept_fails = 0;
+                }
                 if (s->nconns == s->capconns) {
                     int capc = s->capconns ? 2 * s->capconns : 16;
                     ddp__sconn* grown = (ddp__sconn*)ddp__malloc((size_t)capc * sizeof *grown);
@@ -3632,6 +3733,10 @@ static void* ddp__server_main(void* arg) {
 
 DDP__PRIVATE void ddp__server_free(ddp__server* s) {
     int i;
+    /* The listening socket first: a client that sees its connection close may connect again at
+       once (ddp_destroy, then ddp_init), and must be refused, not queued on a socket about to go. */
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    s->listen_fd = -1;
     while (s->nconns) ddp__sconn_close(s, s->nconns - 1, NULL);
     for (i = 0; i < s->nkv; i++) {
         DDP_FREE(s->kv[i].key);
@@ -3639,14 +3744,15 @@ DDP__PRIVATE void ddp__server_free(ddp__server* s) {
     }
     if (s->kv) DDP_FREE(s->kv);
     if (s->conns) DDP_FREE(s->conns);
-    if (s->listen_fd >= 0) close(s->listen_fd);
     if (s->wake[0] >= 0) close(s->wake[0]);
     if (s->wake[1] >= 0) close(s->wake[1]);
     pthread_mutex_destroy(&s->lock);
     DDP_FREE(s);
 }
 
-DDP__PRIVATE ddp_status ddp__server_start(int port, const char* token, double timeout, ddp__server** out) {
+/* `local`: every client is on this machine (they reach the store at a loopback address), so it
+   listens on 127.0.0.1 only and no other machine can even connect; else on every interface. */
+DDP__PRIVATE ddp_status ddp__server_start(int port, int local, const char* token, double timeout, ddp__server** out) {
     ddp__server* s = (ddp__server*)ddp__calloc(sizeof *s);
     int e;
     *out = NULL;
@@ -3655,7 +3761,7 @@ DDP__PRIVATE ddp_status ddp__server_start(int port, const char* token, double ti
     s->idle_s = timeout < 10.0 ? timeout : 10.0;
     pthread_mutex_init(&s->lock, NULL);
     snprintf(s->token, sizeof s->token, "%s", token);
-    s->listen_fd = ddp__sock_listen(port < 0 ? 0 : port, &s->port);
+    s->listen_fd = ddp__sock_listen(local ? "127.0.0.1" : NULL, port < 0 ? 0 : port, &s->port);
     if (s->listen_fd < 0) {
         e = errno;
         ddp__server_free(s);
@@ -3756,13 +3862,15 @@ DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s) {
     /* A store answers HELLO at once, so no slack: a program on that port that accepts the
        connection but speaks another protocol (or nothing) is found out within the deadline. */
     double t = s->timeout < 5.0 ? s->timeout : 5.0;
-    if (ddp__store_call_x(s, DDP__OP_HELLO, NULL, s->token, strlen(s->token), t, 0.0, &st, &msg, &n) != DDP_OK)
+    if (ddp__store_call_x(s, DDP__OP_HELLO, NULL, s->token, strlen(s->token), t, 0.0, &st, &msg, &n) != DDP_OK) {
+        char why[96];
+        if (strstr(ddp_error_string(), "malformed")) snprintf(why, sizeof why, "answered the HELLO in another protocol");
+        else if (strstr(ddp_error_string(), "closed the")) snprintf(why, sizeof why, "closed the connection without answering the HELLO");
+        else snprintf(why, sizeof why, "did not answer the HELLO within %g s (a store answers at once)", t);
         return ddp__fail(DDP_ERR_STORE_REFUSED, "the program listening at %s:%d is not a ddp.h rendezvous store: it "
                          "%s. Another program holds MASTER_PORT (pick another port), or MASTER_ADDR/MASTER_PORT "
-                         "point to the wrong machine", s->host, s->port,
-                         strstr(ddp_error_string(), "malformed")     ? "answered the HELLO in another protocol"
-                         : strstr(ddp_error_string(), "closed the") ? "closed the connection without answering the HELLO"
-                                                                     : "did not answer the HELLO within the deadline");
+                         "point to the wrong machine", s->host, s->port, why);
+    }
     if (st != DDP__ST_OK) {
         char why[64] = "refused";
         if (msg) snprintf(why, sizeof why, "%.*s", (int)(n < 60 ? n : 60), (const char*)msg);
@@ -3806,7 +3914,7 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     env = getenv("DDP_JOB_TOKEN");
     snprintf(s->token, sizeof s->token, "%s", d.token ? d.token : (env ? env : ""));
     if (d.is_server) {
-        st = ddp__server_start(s->port, s->token, s->timeout, &s->server);
+        st = ddp__server_start(s->port, ddp__loopback_only(s->host), s->token, s->timeout, &s->server);
         if (st != DDP_OK) {
             ddp_store_destroy(s);
             return st;
@@ -3856,6 +3964,23 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     }
     *out = s;
     return DDP_OK;
+}
+
+/* Wait (until `deadline`) for the server to close this client's connection: the sign that the
+   process hosting it has stopped it. The server never writes unasked, so anything readable is
+   the end. Returns 1 when it closed, 0 at the deadline. */
+DDP__PRIVATE int ddp__store_wait_closed(ddp_store* s, double deadline) {
+    for (;;) {
+        struct pollfd pf;
+        char b;
+        pf.fd = s->fd, pf.events = POLLIN, pf.revents = 0;
+        if (poll(&pf, 1, ddp__ms_left(deadline)) > 0) {
+            ssize_t k = recv(s->fd, &b, 1, MSG_PEEK);
+            if (k <= 0 && !(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return 1;
+            if (k > 0) return 1; /* not a reply to anything: the connection is over for us too */
+        }
+        if (ddp__now() >= deadline) return 0;
+    }
 }
 
 DDP__DEF void ddp_store_destroy(ddp_store* s) {
@@ -4590,7 +4715,8 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
    block, so ranks that call different collectives fail with DDP_ERR_DESYNC as on the ring.
 
    The segment has a name only while the ranks open it: rank 0 removes the name once everyone has
-   mapped it, so the memory goes back to the system when the last rank exits, also after a crash.
+   mapped it, so the memory goes back to the system when the last rank exits, also after a crash;
+   a SIGTERM, SIGINT or SIGHUP that comes before that removes the name on its way (ddp__shm_guard).
 */
 #if (defined(__linux__) || defined(__APPLE__) || defined(__FreeBSD__)) && (defined(__GNUC__) || defined(__clang__))
 #define DDP__SHM 1
@@ -4987,23 +5113,85 @@ DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
 
 /* Where the segment's name lives while the ranks open it. Linux: a file under /dev/shm, which is
    what shm_open makes too, without needing -lrt on older C libraries; elsewhere shm_open. */
+DDP__PRIVATE void ddp__shm_path(char* out, size_t n, const char* name) {
+#if defined(__linux__)
+    snprintf(out, n, "/dev/shm%s", name);
+#else
+    snprintf(out, n, "%s", name);
+#endif
+}
 DDP__PRIVATE int ddp__shm_open(const char* name, int create) {
 #if defined(__linux__)
     char path[96];
-    snprintf(path, sizeof path, "/dev/shm%s", name);
+    ddp__shm_path(path, sizeof path, name);
     return open(path, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
 #else
     return shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
 #endif
 }
-DDP__PRIVATE void ddp__shm_unlink(const char* name) {
+/* While rank 0's segment has a name (until every rank has mapped it, which may take the whole
+   timeout when a rank is slow or failing), a SIGTERM, SIGINT or SIGHUP, as ddprun sends when it
+   stops a job, would end the process and leave the segment in /dev/shm (megabytes) until the
+   machine restarts. For that window these handlers remove the name first, then do what the signal
+   would have done: the previous handler, or the default action. One segment per process at a time
+   (a second group set up at the same moment in another thread goes unguarded). */
+static const int ddp__shm_sigs[3] = {SIGTERM, SIGINT, SIGHUP};
+static struct sigaction ddp__shm_old_sa[3];
+static char ddp__shm_guarded[96];                 /* what unlink (Linux) or shm_unlink takes */
+static volatile sig_atomic_t ddp__shm_guarding;
+static pthread_mutex_t ddp__shm_guard_lock = PTHREAD_MUTEX_INITIALIZER;
+
+DDP__PRIVATE void ddp__shm_on_signal(int sig, siginfo_t* info, void* ctx) {
+    int i, saved = errno;
+    if (ddp__shm_guarding) {
 #if defined(__linux__)
+        unlink(ddp__shm_guarded); /* both async-signal-safe system calls */
+#else
+        shm_unlink(ddp__shm_guarded);
+#endif
+    }
+    for (i = 0; i < 3 && ddp__shm_sigs[i] != sig; i++) {}
+    if (i < 3) {
+        struct sigaction old = ddp__shm_old_sa[i];
+        sigaction(sig, &old, NULL);
+        if (old.sa_flags & SA_SIGINFO) old.sa_sigaction(sig, info, ctx);
+        else if (old.sa_handler == SIG_DFL) raise(sig); /* blocked here: acted on when this returns */
+        else if (old.sa_handler != SIG_IGN) old.sa_handler(sig);
+    }
+    errno = saved;
+}
+
+DDP__PRIVATE void ddp__shm_guard(const char* name) {
+    struct sigaction sa;
+    int i;
+    pthread_mutex_lock(&ddp__shm_guard_lock);
+    if (!ddp__shm_guarding) {
+        ddp__shm_path(ddp__shm_guarded, sizeof ddp__shm_guarded, name);
+        ddp__shm_guarding = 1;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = ddp__shm_on_signal;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        for (i = 0; i < 3; i++) sigaction(ddp__shm_sigs[i], &sa, &ddp__shm_old_sa[i]);
+    }
+    pthread_mutex_unlock(&ddp__shm_guard_lock);
+}
+
+DDP__PRIVATE void ddp__shm_unlink(const char* name) {
     char path[96];
-    snprintf(path, sizeof path, "/dev/shm%s", name);
+    int i;
+    ddp__shm_path(path, sizeof path, name);
+#if defined(__linux__)
     unlink(path);
 #else
     shm_unlink(name);
 #endif
+    pthread_mutex_lock(&ddp__shm_guard_lock);
+    if (ddp__shm_guarding && !strcmp(path, ddp__shm_guarded)) { /* the name is gone: the usual handlers again */
+        ddp__shm_guarding = 0;
+        for (i = 0; i < 3; i++) sigaction(ddp__shm_sigs[i], &ddp__shm_old_sa[i], NULL);
+    }
+    pthread_mutex_unlock(&ddp__shm_guard_lock);
 }
 
 /* What makes two ranks "on one host" for shared memory: the host name, and on Linux the boot and
@@ -5043,6 +5231,7 @@ DDP__PRIVATE unsigned char* ddp__shm_create(ddp_pg* pg, size_t bytes, char* name
         fd = ddp__shm_open(name, 1);
         if (fd < 0 && errno != EEXIST) break;
     }
+    if (fd >= 0) ddp__shm_guard(name);
     if (fd < 0) {
         snprintf(why, whylen, "creating shared memory %s failed: %s", name, strerror(errno));
         return NULL;
@@ -5128,10 +5317,6 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
     }
 #if DDP__SHM
     {
-        const char* chunk_env = getenv("DDP_SHM_CHUNK_BYTES");
-        const char* stream_env = getenv("DDP_SHM_STREAM_BYTES");
-        const char* spin_env = getenv("DDP_SHM_SPIN_US");
-        const char* slot_env = getenv("DDP_SHM_SLOT_STREAM_BELOW");
         const int W = pg->world;
         char key_val[400], name[64] = "", me[300], theirs[300] = "";
         uint64_t nonce = 0;
@@ -5140,7 +5325,7 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
         int ok = 0;
         unsigned char* p = NULL;
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        chunk = chunk_env && atol(chunk_env) > 0 ? (size_t)atol(chunk_env) : (size_t)1 << 20;
+        chunk = (size_t)ddp__env_tuning("DDP_SHM_CHUNK_BYTES", 1 << 20, 1, 1, "bytes");
         if (chunk > ((size_t)32 << 20) / (size_t)W) chunk = ((size_t)32 << 20) / (size_t)W; /* 64 MiB at most */
         chunk = (chunk + 4095) & ~(size_t)4095;
         if (chunk < (size_t)W * 4) chunk = ((size_t)W * 4 + 4095) & ~(size_t)4095;
@@ -5185,9 +5370,9 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
         if (yes == W) {
             /* spin only when every local rank has a core: with more ranks than cores, a spinning
                rank takes the core the one it waits for needs */
-            pg->shm_spin_s = spin_env && atof(spin_env) >= 0 ? atof(spin_env) * 1e-6 : cores >= W ? 20e-6 : 0;
-            pg->shm_stream_bytes = stream_env && atol(stream_env) > 0 ? (size_t)atol(stream_env) : (size_t)32 << 20;
-            pg->shm_slot_stream = slot_env && atol(slot_env) >= 0 ? (size_t)atol(slot_env) : (size_t)512 << 10;
+            pg->shm_spin_s = ddp__env_tuning("DDP_SHM_SPIN_US", cores >= W ? 20 : 0, 0, 0, "microseconds") * 1e-6;
+            pg->shm_stream_bytes = (size_t)ddp__env_tuning("DDP_SHM_STREAM_BYTES", 32 << 20, 1, 1, "bytes");
+            pg->shm_slot_stream = (size_t)ddp__env_tuning("DDP_SHM_SLOT_STREAM_BELOW", 512 << 10, 0, 1, "bytes");
             ddp_log(DDP_LOG_INFO, "transport: shared memory (%d ranks on this host, %zu KiB chunks, %.1f MiB segment)",
                     W, chunk >> 10, (double)bytes / (1 << 20));
             return DDP_OK;
@@ -5323,7 +5508,13 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
                                    w->count * es));
     }
     /* A simulated slow network (for experiments with overlap): each collective takes at least as
-       long as its bytes would need at the given speed. */
+       long as its bytes would need at the given speed, but never past the deadline, which a real
+       network that slow would miss too. */
+    if (pg->sim_s_per_byte > 0 && (double)(total * es) * pg->sim_s_per_byte > pg->timeout)
+        return ddp__fail(DDP_ERR_ENV, "DDP_SIMULATE_NS_PER_BYTE=%s makes this %s of %zu bytes last %.1f s, longer than the "
+                         "timeout (%.0f s, DDP_TIMEOUT): lower DDP_SIMULATE_NS_PER_BYTE, or raise DDP_TIMEOUT",
+                         getenv("DDP_SIMULATE_NS_PER_BYTE") ? getenv("DDP_SIMULATE_NS_PER_BYTE") : "?",
+                         ddp__coll_name(w->kind), total * es, (double)(total * es) * pg->sim_s_per_byte, pg->timeout);
     if (pg->sim_s_per_byte > 0) ddp__sleep((double)(total * es) * pg->sim_s_per_byte);
 #if DDP__SHM
     if (W > 1 && pg->shm) return ddp__shm_run(pg, w, host) != DDP_OK ? ddp_last_status() : ddp__cpu_copy_out(pg, w, host);
@@ -5459,27 +5650,26 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     uint64_t tok = ddp__fnv1a((const unsigned char*)pg->store->token, strlen(pg->store->token));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
-    const char* piece_env = getenv("DDP_RING_PIECE_BYTES");
     /* 1 MiB, from a measurement on 2 cores over loopback: against 256 KiB pieces, the 256 MiB
        all-reduce took 147 ms instead of 177 on 2 ranks and 416 instead of 581 on 4; 4-64 MiB
        were the same on 2 ranks and up to 1.3x faster on 4; only 1 MiB on 4 ranks lost (1.9 ms
        against 1.7). Fewer pieces mean fewer system calls and wake-ups per byte. */
-    size_t piece_bytes = piece_env && atol(piece_env) > 0 ? (size_t)atol(piece_env) : (size_t)1 << 20;
-    const char* sim = getenv("DDP_SIMULATE_NS_PER_BYTE");
+    size_t piece_bytes = (size_t)ddp__env_tuning("DDP_RING_PIECE_BYTES", 1 << 20, 1, 1, "bytes");
     pg->left_fd = pg->right_fd = -1;
     pg->piece_elems = piece_bytes / 4 ? piece_bytes / 4 : 1;
-    pg->sim_s_per_byte = sim && atof(sim) > 0 ? atof(sim) * 1e-9 : 0;
+    pg->sim_s_per_byte = ddp__env_tuning("DDP_SIMULATE_NS_PER_BYTE", 0, 0, 0, "nanoseconds") * 1e-9;
 
     /* the scratch for one received piece, sized for the widest dtype (f32) */
     pg->piece = (unsigned char*)ddp__malloc(pg->piece_elems * 4);
     if (!pg->piece) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the ring's receive piece failed");
     if (W == 1) return DDP_OK;
-    lfd = ddp__sock_listen(0, &lport);
-    if (lfd < 0) return ddp__fail(DDP_ERR_IO, "rank %d cannot listen for its ring neighbour: %s", r, strerror(errno));
     /* The address peers reach us at: the one our store connection leaves from, since that
-       interface reaches the master and so, presumably, the other nodes too. */
+       interface reaches the master and so, presumably, the other nodes too. We listen there only
+       (127.0.0.1 when the whole job is on this machine), not on every interface. */
     if (getsockname(pg->store->fd, (struct sockaddr*)&ss, &sl) == 0)
         getnameinfo((struct sockaddr*)&ss, sl, host, sizeof host, NULL, 0, NI_NUMERICHOST);
+    lfd = ddp__sock_listen(host, 0, &lport);
+    if (lfd < 0) return ddp__fail(DDP_ERR_IO, "rank %d cannot listen for its ring neighbour: %s", r, strerror(errno));
     snprintf(addr, sizeof addr, "%s %d", host, lport);
     snprintf(key, sizeof key, "ddp/ring/%d", r);
     if (ddp_store_set(pg->store, key, addr, strlen(addr)) != DDP_OK) { close(lfd); return ddp_last_status(); }
@@ -6403,25 +6593,54 @@ static const ddp__backend_vt ddp__mpi_backend = {"mpi", ddp__mpi_connect, ddp__m
 
 /* ---- joining the job --------------------------------------------------------------------------- */
 
+/* The first caller for `key` stores `value` under it; a later one gets the first one's value in
+   `first` (n bytes) and *taken = 1. The store has no compare-and-set: a counter decides. */
+DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* value, char* first, size_t n, int* taken) {
+    char count[DDP_STORE_MAX_KEY + 8];
+    int64_t claims = 0;
+    size_t got = 0;
+    snprintf(count, sizeof count, "%s/claims", key);
+    DDP__TRY(ddp_store_add(pg->store, count, 1, &claims));
+    *taken = claims > 1;
+    if (!*taken) return ddp_store_set(pg->store, key, value, strlen(value));
+    memset(first, 0, n);
+    return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
+}
+
 /* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
    disagreement publishes it under ddp/abort so that the others fail at once with the same
-   explanation instead of waiting out the timeout. */
+   explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
+   for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
-    char key[64], mine[64], theirs[64];
+    char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
     const char* abort_key[1] = {"ddp/abort"};
-    int i, present;
-    int64_t claims = 0;
+    const char* launch = getenv("DDP_LAUNCH_ID");
+    int i, present, taken = 0;
     double deadline = ddp__now() + pg->timeout;
-    snprintf(mine, sizeof mine, "%d", pg->world);
-    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
-    DDP__TRY(ddp_store_add(pg->store, key, 1, &claims));
-    if (claims > 1) {
-        char why[256];
-        snprintf(why, sizeof why, "two processes were started with RANK=%d: give each process its own rank "
-                 "0..%d", pg->rank, pg->world - 1);
-        ddp_store_set(pg->store, "ddp/abort", why, strlen(why));
-        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "%s", why);
+    gethostname(host, sizeof host - 1);
+    /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
+       launch that started that node's first rank, or two launches given one MASTER_PORT and one
+       DDP_JOB_TOKEN would mix their ranks (the later one's rank 1 taking the free slot). */
+    if (launch && *launch) {
+        snprintf(me, sizeof me, "%.200s", launch);
+        snprintf(key, sizeof key, "ddp/launch/%d", pg->env.node_rank);
+        DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
+        if (taken && strcmp(holder, me) != 0)
+            return ddp__fail(DDP_ERR_STORE_REFUSED, "the store at %s:%d refused this rank: it belongs to another "
+                             "launch. Node %d of the job there was started by launch %s (host:launcher pid:start time), "
+                             "this rank by launch %s: two jobs share MASTER_PORT %d and DDP_JOB_TOKEN. Give each job its "
+                             "own MASTER_PORT (ddprun --standalone picks a free one) or its own DDP_JOB_TOKEN",
+                             pg->env.master_addr, pg->env.master_port, pg->env.node_rank, holder, me, pg->env.master_port);
     }
+    snprintf(me, sizeof me, "pid %ld on host %.250s", (long)getpid(), host);
+    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
+    DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
+    if (taken)
+        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "two processes were started with RANK=%d: %s holds rank %d (it "
+                         "came first), and this process, %s, came later. Give each process its own rank 0..%d; if "
+                         "another job uses this MASTER_PORT with the same DDP_JOB_TOKEN, give each job its own port",
+                         pg->rank, holder, pg->rank, me, pg->world - 1);
+    snprintf(mine, sizeof mine, "%d", pg->world);
     snprintf(key, sizeof key, "ddp/world/%d", pg->rank);
     DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
     for (i = 0; i < pg->world; i++) {
@@ -6545,6 +6764,10 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
     char list[256] = "";
     const char* env = getenv("DDP_BIND");
     DIR* dir;
+    if (env && *env && strcmp(env, "core") && strcmp(env, "none") && strcmp(env, "0")) {
+        ddp_log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
+        env = NULL;
+    }
     if ((env && (!strcmp(env, "none") || !strcmp(env, "0"))) || lws < 2 || lr < 0 || lr >= lws) return;
     memset(mask, 0, sizeof mask);
     if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) return;
@@ -6786,14 +7009,18 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
 fail:
     {
         char msg[sizeof ddp__err_msg];
+        const char* fix = ddp__err_fix;
         memcpy(msg, ddp__err_msg, sizeof msg);
         ddp_destroy(pg);
         ddp__fail(s, "%s", msg);
+        ddp__err_fix = fix;
     }
     return s;
 }
 
 DDP__DEF void ddp_destroy(ddp_pg* pg) {
+    int wait_store = 0;
+    double deadline = 0;
     if (!pg) return;
     pthread_mutex_lock(&ddp__usr1_lock);
     if (ddp__usr1_pg == pg) ddp__usr1_pg = NULL;
@@ -6802,18 +7029,27 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
         /* Rank 0 hosts the store: it stays until every rank has left, or a rank still on its way
            out of ddp_init, or reading a key, would find the store gone (torchrun's exit barrier). */
         int64_t left = 0;
-        double deadline = ddp__now() + pg->timeout;
         if (pg->vt == &ddp__cpu_backend) ddp__cpu_leave(pg);
-        if (ddp_store_add(pg->store, "ddp/left", 1, &left) == DDP_OK && pg->rank == 0) {
-            while (left < pg->world && ddp__now() < deadline && ddp_store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
+        deadline = ddp__now() + pg->timeout;
+        if (ddp_store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
+            if (pg->rank != 0) wait_store = 1;
+            while (pg->rank == 0 && left < pg->world && ddp__now() < deadline &&
+                   ddp_store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
                 ddp__sleep(0.002);
-            if (left < pg->world)
+            if (left < pg->world && pg->rank == 0)
                 ddp_log(DDP_LOG_WARN, "ddp_destroy: only %lld of %d ranks reached ddp_destroy within %.0f s; the others "
                         "are still inside a collective or have failed (see their output)", (long long)left, pg->world,
                         pg->timeout);
         }
     }
     if (pg->vt) pg->vt->destroy(pg);
+    /* The other ranks return only once rank 0 has stopped the store (it closes their connections
+       after its listening socket): a program that calls ddp_init again at once then reaches the
+       next job's store, never this one on its way out, where its rank would already be taken. */
+    if (wait_store && !ddp__store_wait_closed(pg->store, deadline))
+        ddp_log(DDP_LOG_WARN, "ddp_destroy: rank 0 has not closed the store within %.0f s of this rank leaving (it is "
+                "still busy, or waiting for a rank that never called ddp_destroy); a ddp_init now on the same port could "
+                "meet that store", pg->timeout);
     ddp__trace_write(); /* DDP_TRACE: this rank's file, while its rank is still known */
     ddp_free(pg->device, pg->one);
     ddp_store_destroy(pg->store);
@@ -7021,17 +7257,33 @@ DDP__DEF void ddp_dataset_free(ddp_dataset* d) {
 #define DDP_MAX_DATA_FILE ((size_t)1 << 30)
 #endif
 
-/* Read a whole file into a NUL-terminated buffer. */
+/* What a file that is not a regular one is, for "it is not a regular file (...)". */
+DDP__PRIVATE const char* ddp__file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a folder" : S_ISFIFO(m) ? "a named pipe (FIFO)" : S_ISSOCK(m) ? "a socket"
+         : (S_ISCHR(m) || S_ISBLK(m)) ? "a device" : "something else";
+}
+
+/* Read a whole file into a NUL-terminated buffer. The file is opened non-blocking and checked
+   before a byte is read: opening a named pipe for reading would otherwise wait for a writer that
+   never comes, with no deadline. */
 DDP__PRIVATE ddp_status ddp__read_file(const char* path, size_t limit, char** out, size_t* size) {
-    FILE* f = fopen(path, "rb");
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    FILE* f;
     long len;
     char* buf;
-    *out = NULL;
     struct stat st;
-    if (!f) return ddp__fail(DDP_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return ddp__fail(DDP_ERR_IO, "cannot read %s: it is not a regular file (a folder?)", path);
+    *out = NULL;
+    if (fd < 0) return ddp__fail(DDP_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return ddp__fail(DDP_ERR_IO, "cannot read %s: it is not a regular file but %s", path,
+                         ddp__file_kind(st.st_mode));
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    if (!(f = fdopen(fd, "rb"))) {
+        int e = errno;
+        close(fd);
+        return ddp__fail(DDP_ERR_IO, "cannot read %s: %s", path, strerror(e));
     }
     if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
@@ -7847,15 +8099,25 @@ DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) {
     ddp__put(b, tmp, (size_t)n);
 }
 
+/* This host's name as the temporary files carry it: up to its first dot, no slash. */
+DDP__PRIVATE void ddp__tmp_host(char* host, size_t n) {
+    snprintf(host, n, "host");
+    gethostname(host, n - 1);
+    host[n - 1] = 0;
+    host[strcspn(host, "/.")] = 0;
+}
+
 /* Remove the temporary files that writers on this host killed mid-write left beside `path`
    (`path`.tmp.<host>.<pid> whose pid no longer runs). */
-DDP__PRIVATE void ddp__remove_stale_tmp(const char* path, const char* host) {
-    char dir[1100], prefix[1400], full[2200];
+DDP__PRIVATE void ddp__remove_stale_tmp(const char* path) {
+    char dir[1100], prefix[1400], full[2200], host[64];
     const char* slash = strrchr(path, '/');
     DIR* d;
     struct dirent* e;
+    if (strlen(path) > 1000) return; /* no snapshot is saved there either */
     if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path + (slash == path)), path);
     else snprintf(dir, sizeof dir, ".");
+    ddp__tmp_host(host, sizeof host);
     snprintf(prefix, sizeof prefix, "%s.tmp.%s.", slash ? slash + 1 : path, host);
     if (!(d = opendir(dir))) return;
     while ((e = readdir(d)) != NULL) {
@@ -7871,14 +8133,14 @@ DDP__PRIVATE void ddp__remove_stale_tmp(const char* path, const char* host) {
 /* Write `n` bytes to `path` through a temporary file, fsync, then rename over `path`. The
    temporary file's name carries the host and pid, so two writers of one path (every rank saving,
    by mistake) never write into the same file: the last rename wins and the file is always whole.
-   Temporary files left by writers killed mid-write are removed after the next save. */
+   Temporary files left by writers killed mid-write are removed after the next save, and when a
+   job looks for its snapshot (ddp_snapshot_exists, ddp_snapshot_load). */
 DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char* data, size_t n) {
-    char tmp[1400], host[64] = "host";
+    char tmp[1400], host[64];
     FILE* f;
     int ok;
     if (strlen(path) > 1000) return ddp__fail(DDP_ERR_IO, "snapshot path is too long");
-    gethostname(host, sizeof host - 1);
-    host[strcspn(host, "/.")] = 0; /* a file name, and no dot inside the host part */
+    ddp__tmp_host(host, sizeof host);
     snprintf(tmp, sizeof tmp, "%s.tmp.%s.%ld", path, host, (long)getpid());
     f = fopen(tmp, "wb");
     if (!f) return ddp__fail(DDP_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
@@ -7888,11 +8150,19 @@ DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char*
     ok = fclose(f) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) {
         int e = errno;
+        ddp_status r;
         unlink(tmp);
-        return ddp__fail(DDP_ERR_IO, "writing %s failed: %s (the previous file, if any, is intact)", path,
-                         strerror(e));
+        r = ddp__fail(DDP_ERR_IO, "writing %s failed: %s (the previous file, if any, is intact)", path, strerror(e));
+        if (e == ENOSPC
+#ifdef EDQUOT
+            || e == EDQUOT
+#endif
+        )
+            ddp__err_fix = "free space on that file system (df -h shows how full it is; a quota also counts), or "
+                           "save the snapshot to another one";
+        return r;
     }
-    ddp__remove_stale_tmp(path, host);
+    ddp__remove_stale_tmp(path);
     return DDP_OK;
 }
 
@@ -7930,7 +8200,15 @@ DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name
 
 DDP__DEF int ddp_snapshot_exists(const char* path) {
     struct stat st;
-    return path && stat(path, &st) == 0;
+    if (!path) return 0;
+    ddp__remove_stale_tmp(path); /* a run is starting: a torn save of an earlier one is garbage */
+    if (stat(path, &st) == 0) return 1;
+    if (errno == ENOENT) return 0;
+    /* Only absence means "no snapshot": a symlink loop or a folder we may not search would
+       otherwise train from step 0 without a word, then fail (or replace the link) at the save. */
+    ddp__fail(DDP_ERR_IO, "cannot tell whether the snapshot %s exists: %s. Fix the path or its folder's "
+              "permissions (or remove it to start afresh)", path, strerror(errno));
+    return -1;
 }
 
 DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
@@ -8249,6 +8527,7 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     if (s->loader && !s->loader->data)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: initialise the loader (ddp_loader_init) first");
     m = s->model;
+    ddp__remove_stale_tmp(path);
     DDP__TRY(ddp__read_file(path, DDP_MAX_DATA_FILE * 4, (char**)&buf, &size));
     st = (ddp__st*)ddp__malloc(sizeof *st);
     if (!st) { DDP_FREE(buf); return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_snapshot_load: no memory"); }
@@ -8366,7 +8645,8 @@ done:
      3. ddp_launcher_main: the ddprun program (torchrun's analogue) that starts N copies of a
         program, prefixes their output with the rank, and stops all of them when one fails.
    2 and 3 share the supervision code: reap children without blocking, stop the others when one
-   fails (SIGTERM, then SIGKILL after a grace period), pass the launcher's own SIGINT/SIGTERM on.
+   fails (SIGTERM, then SIGKILL after a grace period), pass the launcher's own SIGINT/SIGTERM on,
+   and keep a guardian process that stops the ranks if the launcher itself is killed.
 */
 
 #include <fcntl.h>      /* open, fcntl(FD_CLOEXEC) */
@@ -8767,6 +9047,8 @@ typedef struct ddp__ln_job {
     double grace;    /* seconds between SIGTERM and SIGKILL */
     double kill_at;  /* when stopping: when survivors get SIGKILL; 0 while not stopping */
     int killed;      /* SIGKILL sent */
+    int guard_fd;    /* our end of the guardian's socket, -1 without one */
+    pid_t guard_pid;
 } ddp__ln_job;
 
 /* What the signal handler needs, in globals because a handler gets no argument. Only one launcher
@@ -8821,10 +9103,14 @@ DDP__PRIVATE void ddp__ln_signals_end(const ddp__ln_signals* sv) {
     sigprocmask(SIG_SETMASK, &sv->old_mask, NULL);
 }
 
-/* First steps of every child: default signals, own session, and (Linux) death with the
-   launcher, so that a launcher killed by SIGKILL leaves no rank running. */
+static int ddp__ln_guard_fd = -1; /* the running job's guardian socket: a rank must not hold it */
+
+/* First steps of every child: default signals, own session, no copy of the guardian's socket
+   (its end of file is what tells the guardian that the launcher died), and (Linux) SIGTERM at
+   once when the launcher dies; the guardian below covers what that signal cannot. */
 DDP__PRIVATE void ddp__ln_child_setup(const ddp__ln_signals* sv, pid_t launcher) {
     ddp__ln_signals_end(sv);
+    if (ddp__ln_guard_fd >= 0) close(ddp__ln_guard_fd);
     setsid();
 #if defined(__linux__)
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -8834,8 +9120,87 @@ DDP__PRIVATE void ddp__ln_child_setup(const ddp__ln_signals* sv, pid_t launcher)
 #endif
 }
 
+/* ---- the guardian: no rank outlives its launcher --------------------------------------------------- */
+/* A launcher killed by SIGKILL can pass nothing on. Linux's PR_SET_PDEATHSIG then sends each rank
+   SIGTERM, but a stopped rank (SIGSTOP, ^Z, a debugger) never acts on it, what a rank started
+   gets nothing, and other systems have no such signal. So each job has a guardian: a small process
+   in a session of its own (a kill of the launcher's process group spares it), told every rank's
+   pid over a socket. When the launcher dies, however it dies, the socket reaches end of file and
+   the guardian stops every rank's process group as the launcher would have: SIGTERM and SIGCONT,
+   then SIGKILL after the grace period. A launcher that ends normally says so first. Messages are
+   8 bytes: an operation ('A' add a pid, 'D' drop a reaped one, 'E' end quietly) and the pid. The
+   guardian only makes system calls that are safe after fork in a threaded process. */
+DDP__PRIVATE void ddp__ln_guard_main(int fd, double grace) {
+    pid_t pids[DDP__MAX_SPAWN];
+    int n = 0, i, alive;
+    unsigned char m[8];
+    double end;
+    sigset_t none;
+    int nul = open("/dev/null", O_RDWR);
+    if (nul >= 0) dup2(nul, 0), dup2(nul, 1), dup2(nul, 2); /* a pipe reading our launcher's output ends with it */
+    signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setsid();
+    for (;;) {
+        ssize_t k = recv(fd, m, 8, MSG_WAITALL);
+        pid_t p;
+        if (k < 0 && errno == EINTR) continue;
+        if (k != 8) break; /* end of file: the launcher is gone */
+        p = (pid_t)ddp__le32(m + 4);
+        if (m[0] == 'E') _exit(0);
+        if (m[0] == 'A' && n < DDP__MAX_SPAWN) pids[n++] = p;
+        for (i = 0; m[0] == 'D' && i < n; i++)
+            if (pids[i] == p) pids[i--] = pids[--n];
+    }
+    for (i = 0; i < n; i++) {
+        ddp__ln_kill(pids[i], SIGTERM);
+        ddp__ln_kill(pids[i], SIGCONT); /* a stopped rank acts on SIGTERM only once continued */
+    }
+    for (end = ddp__now() + grace, alive = n; alive > 0 && ddp__now() < end; ddp__sleep(0.01))
+        for (i = 0, alive = 0; i < n; i++) alive += kill(-pids[i], 0) == 0 || kill(pids[i], 0) == 0;
+    for (i = 0; i < n; i++) ddp__ln_kill(pids[i], SIGKILL);
+    _exit(0);
+}
+
+/* Tell the guardian op ('A', 'D', 'E') about pid. A guardian that is gone changes nothing. */
+DDP__PRIVATE void ddp__ln_guard_tell(ddp__ln_job* j, int op, pid_t pid) {
+    unsigned char m[8] = {0};
+    if (j->guard_fd < 0) return;
+    m[0] = (unsigned char)op;
+    ddp__put_le32(m + 4, (uint32_t)pid);
+    (void)ddp__send_all(j->guard_fd, m, 8, ddp__now() + 1.0);
+}
+
+/* Start the job's guardian. Without one (no socket, no fork) the job still runs, with a warning. */
+DDP__PRIVATE void ddp__ln_guard_start(ddp__ln_job* j) {
+    int sv[2];
+    j->guard_fd = -1;
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0 || (j->guard_pid = fork()) < 0) {
+        ddp_log(DDP_LOG_WARN, "launcher: cannot start the guardian that stops the ranks if this launcher is killed "
+                "(%s); a stopped rank could then outlive it", strerror(errno));
+        return;
+    }
+    if (j->guard_pid == 0) {
+        close(sv[0]);
+        ddp__ln_guard_main(sv[1], j->grace);
+    }
+    close(sv[1]);
+    fcntl(sv[0], F_SETFD, FD_CLOEXEC);
+    ddp__sock_setup(sv[0]); /* non-blocking, and a write to a dead guardian is an error, not SIGPIPE */
+    j->guard_fd = ddp__ln_guard_fd = sv[0];
+}
+
+/* A rank was started: record it, and tell the guardian. */
+DDP__PRIVATE void ddp__ln_started(ddp__ln_job* j, int i, pid_t pid) {
+    j->pid[i] = pid;
+    j->alive++;
+    ddp__ln_guard_tell(j, 'A', pid);
+}
+
 DDP__PRIVATE ddp_status ddp__ln_job_init(ddp__ln_job* j, int n) {
     memset(j, 0, sizeof *j);
+    j->guard_fd = -1;
     j->pid = (pid_t*)ddp__calloc((size_t)n * sizeof(pid_t));
     j->status = (int*)ddp__calloc((size_t)n * sizeof(int));
     if (!j->pid || !j->status) {
@@ -8846,9 +9211,17 @@ DDP__PRIVATE ddp_status ddp__ln_job_init(ddp__ln_job* j, int n) {
     j->n = n;
     j->first_fail = -1;
     j->grace = ddp__ln_grace();
+    ddp__ln_guard_start(j);
     return DDP_OK;
 }
 DDP__PRIVATE void ddp__ln_job_free(ddp__ln_job* j) {
+    if (j->guard_fd >= 0) {
+        ddp__ln_guard_tell(j, 'E', 0);
+        close(j->guard_fd);
+        ddp__ln_guard_fd = j->guard_fd = -1;
+        while (waitpid(j->guard_pid, NULL, 0) < 0 && errno == EINTR) {
+        }
+    }
     DDP_FREE(j->pid);
     DDP_FREE(j->status);
 }
@@ -8881,6 +9254,7 @@ DDP__PRIVATE void ddp__ln_tick(ddp__ln_job* j) {
         j->status[i] = r == j->pid[i] ? st : -1;
         /* The group may outlive its leader (a program the rank started); stop it too when failing. */
         if (j->kill_at > 0) kill(-j->pid[i], j->killed ? SIGKILL : SIGTERM);
+        ddp__ln_guard_tell(j, 'D', j->pid[i]);
         j->pid[i] = 0;
         j->alive--;
         if (j->first_fail < 0 && (j->status[i] == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
@@ -8900,7 +9274,7 @@ DDP__PRIVATE void ddp__ln_tick(ddp__ln_job* j) {
 /* A free TCP port: listen on port 0 and ask which port the kernel chose. Another program could
    take it before rank 0 binds it; torchrun --standalone accepts the same race. */
 DDP__PRIVATE int ddp__ln_free_port(void) {
-    int port = 0, fd = ddp__sock_listen(0, &port);
+    int port = 0, fd = ddp__sock_listen(NULL, 0, &port);
     if (fd < 0) return 0;
     close(fd);
     return port;
@@ -9000,8 +9374,7 @@ DDP__DEF ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg) {
             ddp__ln_job_free(&j);
             return ddp__fail(DDP_ERR_LAUNCH, "ddp_spawn: cannot start rank %d: fork failed: %s", i, strerror(e));
         }
-        j.pid[i] = pid;
-        j.alive++;
+        ddp__ln_started(&j, i, pid);
     }
     ddp__ln_signals_unblock(&sv);
     s = ddp__spawn_wait(&j);
@@ -9019,6 +9392,7 @@ typedef struct ddp__ln_opts {
     const char* addr;
     const char* backend; /* NULL: the program chooses */
     char** prog;         /* the program and its arguments, NULL-terminated (inside argv) */
+    char launch[128];    /* DDP_LAUNCH_ID: "host:pid:start time" of this ddprun */
 } ddp__ln_opts;
 
 static const char ddp__ln_usage[] =
@@ -9037,9 +9411,11 @@ static const char ddp__ln_usage[] =
     "Under srun, start one ddprun per node (srun --ntasks-per-node=1), with --nnodes and --node-rank.\n"
     "Flags may be written --a-b or --a_b, and --flag=value. \"--\" ends the flags.\n"
     "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
-    "MASTER_PORT and DDP_JOB_TOKEN (every node of a job must share DDP_JOB_TOKEN). Output lines are\n"
+    "MASTER_PORT and DDP_JOB_TOKEN (every node of a job must share DDP_JOB_TOKEN), and DDP_LAUNCH_ID,\n"
+    "which keeps the ranks of another ddprun on the same port and token out of this job. Output lines are\n"
     "prefixed \"[rank R]: \". When one rank fails the others are stopped (SIGTERM, then SIGKILL\n"
-    "after DDP_KILL_GRACE_S, default 5 s) and ddprun exits with that rank's status.\n";
+    "after DDP_KILL_GRACE_S, default 5 s) and ddprun exits with that rank's status. If ddprun itself\n"
+    "is killed, even by SIGKILL, a guardian process stops the ranks the same way.\n";
 
 /* Does `arg` (after its "--") name `flag`? '_' matches '-', so --nproc_per_node works too. The
    name ends at the end of arg or at '='; *value gets what follows '=' (NULL if none). */
@@ -9260,6 +9636,7 @@ DDP__PRIVATE void ddp__ln_exec(const ddp__ln_opts* o, const char* token, int loc
     setenv("MASTER_ADDR", o->addr, 1);
     ddp__ln_setenv_int("MASTER_PORT", o->port);
     setenv("DDP_JOB_TOKEN", token, 1);
+    setenv("DDP_LAUNCH_ID", o->launch, 1);
     ddp__ln_setenv_int("DDP_RESTART_COUNT", o->restart);
     ddp__ln_setenv_int("TORCHELASTIC_RESTART_COUNT", o->restart);
     if (o->backend) setenv("DDP_BACKEND", o->backend, 1);
@@ -9294,8 +9671,7 @@ DDP__PRIVATE int ddp__ln_start(const ddp__ln_opts* o, const char* token, int loc
     close(po[1]);
     close(pe[1]);
     if (pid < 0) { close(po[0]); close(pe[0]); return -1; }
-    j->pid[local] = pid;
-    j->alive++;
+    ddp__ln_started(j, local, pid);
     out->fd = po[0]; out->rank = err->rank = o->node_rank * o->nproc + local; out->to = stdout; out->n = 0;
     err->fd = pe[0]; err->to = stderr; err->n = 0;
     return 0;
@@ -9444,6 +9820,11 @@ DDP__DEF int ddp_launcher_main(int argc, char** argv) {
     if ((rc = ddp__ln_parse(argc, argv, &o)) >= 0) return rc;
     if ((rc = ddp__ln_validate(&o)) >= 0) return rc;
     ddp__ln_job_token(&o, token, sizeof token);
+    {
+        char host[64] = "?";
+        gethostname(host, sizeof host - 1);
+        snprintf(o.launch, sizeof o.launch, "%s:%ld:%ld", host, (long)getpid(), (long)time(NULL));
+    }
     st = (ddp__ln_stream*)ddp__calloc((size_t)o.nproc * 2 * sizeof(ddp__ln_stream));
     pf = (struct pollfd*)ddp__calloc((size_t)o.nproc * 2 * sizeof(struct pollfd));
     pids = (pid_t*)ddp__calloc((size_t)o.nproc * sizeof(pid_t)); /* for the summary: j.pid is zeroed */

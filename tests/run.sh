@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The test runner behind `make test` (and `make test-gpu` with --gpu). Runs every test program and
-# the shell-level checks below, and ends with one line: N passed, N failed, N skipped.
+# The test runner behind `make test` (`make test-gpu` with --gpu, `make test-faults` with --faults).
+# Runs every test program and the shell-level checks below, and ends with one line: N passed, N
+# failed, N skipped.
 # Each case reports one line, "ok   name", "FAIL name" or "skip name: reason"; a skip is never a pass.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-GPU_ONLY=0
+GPU_ONLY=0 FAULTS=0
 [ "${1:-}" = "--gpu" ] && GPU_ONLY=1
+[ "${1:-}" = "--faults" ] && FAULTS=1
 pass=0 fail=0 skip=0
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -40,8 +42,16 @@ if [ $GPU_ONLY = 1 ]; then
     [ $fail -eq 0 ]; exit
 fi
 
+# ---- the longer fault drills (make test-faults) ---------------------------------------------------
+if [ $FAULTS = 1 ]; then
+    run_prog test_restart bash tests/test_restart.sh "$BUILD" 20
+    run_prog "test_cycles (200 cycles)" env DDP_TEST_CYCLES=200 "$BUILD/tests/test_cycles"
+    echo "$pass passed, $fail failed, $skip skipped"
+    [ $fail -eq 0 ]; exit
+fi
+
 # ---- unit tests ------------------------------------------------------------------------------
-for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_sampler test_snapshot test_desync; do
+for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_sampler test_snapshot test_desync test_cycles; do
     run_prog "$t" "$BUILD/tests/$t"
 done
 # on one machine the CPU backend moves data through shared memory: the TCP ring's own run

@@ -49,11 +49,16 @@ rank_pid() {
     return 1
 }
 # The ddprun started by `timeout` (pid $1), once it has $2 ranks running (at most 10 s); prints its pid.
+# (Its children with RANK in their environment: ddprun also has a guardian process.)
 launcher_of() {
-    local i l
+    local i l p n
     for i in $(seq 200); do
         l=$(pgrep -P "$1" | head -n 1)
-        if [ -n "$l" ] && [ "$(pgrep -P "$l" | wc -l)" -ge "$2" ]; then echo "$l"; return 0; fi
+        n=0
+        for p in $(pgrep -P "${l:-0}"); do
+            tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q "^RANK=" && n=$((n + 1))
+        done
+        if [ -n "$l" ] && [ $n -ge "$2" ]; then echo "$l"; return 0; fi
         sleep 0.05
     done
     return 1
