@@ -168,6 +168,18 @@ if [ "$d_on" = 0 ] && [ "$d_off" -gt 0 ]; then
     ok "detail_syncs_after_cublas (DETAIL: every product done before the next operation; otherwise $d_off were not)"
 else bad detail_syncs_after_cublas "products overtaken by later work: $d_on under DETAIL (want 0), $d_off without (want > 0)"; fi
 
+# ---- events are made once, not once per collective ------------------------------------------------------------
+echo "== events per collective"
+events_made() {  # epochs: CUDA events rank 0 creates in a 2-rank NCCL run of the chapter-3 program
+    rm -f "$TMP/events.trace"
+    FAKEGPU_DEVICES=2 FAKEGPU_TRACE="$TMP/events.trace" "$FG/examples/02_multi_gpu" --nproc 2 --device cuda --epochs "$1" \
+        --save-every 0 >/dev/null 2>&1
+    awk '$3 == "event" && $4 == "create" { n[$1]++ } END { m = 0; for (p in n) if (n[p] > m) m = n[p]; print m + 0 }' "$TMP/events.trace"
+}
+e2=$(events_made 2); e6=$(events_made 6)
+if [ "$e2" -gt 0 ] && [ "$e2" = "$e6" ]; then ok "events_not_made_per_collective ($e2 events for 2 epochs and for 6)"
+else bad events_not_made_per_collective "a rank made $e2 events in 2 epochs and $e6 in 6: they grow with the collectives"; fi
+
 # ---- a failed call inside the hand-written ring's NCCL group closes the group ---------------------------------
 echo "== NCCL group after a failure"
 out=$(FAKEGPU_DEVICES=2 FAKEGPU_FAIL=ncclSend:3 DDP_NCCL_RING=1 DDP_TIMEOUT=20 timeout 120 "$FG/examples/02_multi_gpu" \
@@ -182,10 +194,10 @@ if ! command -v python3 >/dev/null 2>&1; then skp bench_gpu_code_path "python3 i
 else
     out=$(BENCH_FAKEGPU=1 BENCH_HAVE_CUDA=1 BENCH_STEPS=1 BENCH_WARMUP=1 BENCH_STEP_ROUNDS=1 timeout 600 \
           python3 bench/run.py --gpu "$BUILD" 2>&1); rc=$?
-    rows=$(grep -cE '^ddp\.h(, 1 process, GPU| DDP, 1 rank, NCCL| DDP, 2 ranks, CPU backend, GPU buffers) +[0-9.]+ ' <<<"$out")
-    if [ $rc -eq 0 ] && [ "$rows" = 3 ] && grep -q '^took [0-9]* s; CSV: ' <<<"$out"; then
-        ok "bench_gpu_code_path (ddp.h's three rows measured: 1 process, DDP over NCCL, the CPU backend with GPU buffers)"
-    else bad bench_gpu_code_path "exit status $rc, $rows of 3 ddp.h rows measured" "$(tail -n 12 <<<"$out")"; fi
+    rows=$(grep -cE '^ddp\.h(, 1 process, GPU| DDP, 1 rank, NCCL| DDP, 2 ranks, CPU backend, GPU buffers|, tutorial model, 1 process, GPU) +[0-9.]+ ' <<<"$out")
+    if [ $rc -eq 0 ] && [ "$rows" = 4 ] && grep -q '^took [0-9]* s; CSV: ' <<<"$out"; then
+        ok "bench_gpu_code_path (ddp.h's four rows measured: 1 process, DDP over NCCL, the CPU backend with GPU buffers, the tutorial model)"
+    else bad bench_gpu_code_path "exit status $rc, $rows of 4 ddp.h rows measured" "$(tail -n 14 <<<"$out")"; fi
 fi
 
 echo "GPU stand-in section: $pass passed, $fail failed, $skip skipped"

@@ -114,6 +114,20 @@ static int gpu_rank(int rank, void* arg) {
             if (host[i] != want) { bad++; printf("    rank %d reduce_scatter wrong\n", rank); break; }
         }
     }
+    /* a collective polled with ddp_work_test is reported done (within a generous bound), without a wait */
+    {
+        ddp_work* w = NULL;
+        int done = 0;
+        double t0 = ddp__now();
+        if (ddp_all_reduce(pg, dbuf, n, DDP_F32, DDP_SUM, &w) != DDP_OK) {
+            bad++;
+        } else {
+            while (!done && ddp__now() - t0 < 20 && ddp_work_test(w, &done) == DDP_OK)
+                if (!done) ddp__sleep(1e-3);
+            if (!done) printf("    rank %d: ddp_work_test never reported the all-reduce done\n", rank), bad++;
+            if (ddp_work_wait(w) != DDP_OK) bad++;
+        }
+    }
     if (ddp_barrier(pg) != DDP_OK) bad++;
     ddp_free(ddp_pg_device(pg), dbuf);
     ddp_free(ddp_pg_device(pg), dbuf2);
@@ -140,6 +154,41 @@ static void nccl_ranks(int ring) {
     unsetenv("DDP_NCCL_RING");
 }
 static void nccl_several_ranks_library(void) { nccl_ranks(0); }
+
+/* A peer that dies: rank 1 leaves at once; rank 0's all-reduce fails with NCCL's error, and its
+   ddp_destroy returns (after the group's short deadline for the leaver) instead of waiting for a
+   collective that can never finish. NCCL's rule: a communicator with an error is aborted, not
+   destroyed. */
+static int dead_peer_rank(int rank, void* arg) {
+    ddp_desc d;
+    ddp_pg* pg;
+    void* buf = NULL;
+    ddp_status s;
+    double t0;
+    (void)arg;
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CUDA;
+    d.backend = DDP_BACKEND_NCCL;
+    d.timeout_s = 5;
+    if (ddp_init(&d, &pg) != DDP_OK) return 1;
+    if (rank == 1) _exit(0); /* gone without a word, as a crashed process */
+    if (ddp_alloc(ddp_pg_device(pg), 1 << 20, &buf) != DDP_OK) return 2;
+    s = ddp_all_reduce(pg, buf, 1 << 18, DDP_F32, DDP_SUM, NULL);
+    if (s == DDP_OK) {
+        printf("    rank 0: the all-reduce succeeded without its peer\n");
+        return 3;
+    }
+    t0 = ddp__now();
+    ddp_free(ddp_pg_device(pg), buf);
+    ddp_destroy(pg);
+    printf("    rank 0: all_reduce failed with %s; ddp_destroy returned after %.1f s\n", ddp_status_name(s), ddp__now() - t0);
+    return 0;
+}
+static void nccl_dead_peer_then_destroy(void) {
+    NEED_GPU();
+    if (g_gpus < 2) SKIP("NCCL with two ranks needs two GPUs, and this machine has %d", g_gpus);
+    CHECK_OK(ddp_spawn(2, dead_peer_rank, NULL));
+}
 static void nccl_several_ranks_own_ring(void) { nccl_ranks(1); }
 static void cpu_backend_gpu_buffers_3_ranks(void) {
     ddp_backend b = DDP_BACKEND_CPU;
@@ -271,6 +320,7 @@ int main(void) {
     RUN(nccl_one_rank_library);
     RUN(nccl_several_ranks_library);
     RUN(nccl_several_ranks_own_ring);
+    RUN(nccl_dead_peer_then_destroy);
     RUN(cpu_backend_gpu_buffers_3_ranks);
     RUN(equivalence_on_gpu_buffers);
     return H_EXIT();

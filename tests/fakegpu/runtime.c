@@ -949,6 +949,7 @@ FG_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned int fl
     e->next = fg_events; /* kept, so a stale handle is recognised as destroyed */
     fg_events = e;
     pthread_mutex_unlock(&fg_lock);
+    fg_trace("event create");
     *out = (cudaEvent_t)e;
     return cudaSuccess;
 }
