@@ -128,7 +128,7 @@ ifeq ($(HAVE_CUDA),1)
   FAKE_PROGS := $(FAKE_DIR)/tests/fakegpu/selftest $(FAKE_DIR)/tests/test_gpu $(FAKE_DIR)/tests/test_gpu_pg \
                 $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/examples/01_single_gpu $(FAKE_DIR)/examples/02_multi_gpu \
                 $(FAKE_DIR)/examples/03_multi_node $(FAKE_DIR)/examples/04_fault_tolerance $(FAKE_DIR)/examples/05_large_mlp \
-                $(FAKE_DIR)/bench/large_mlp_launched $(FAKE_DIR)/tests/confusions/confusions
+                $(FAKE_DIR)/bench/large_mlp_launched $(FAKE_DIR)/tests/confusions/confusions $(FAKE_DIR)/allreduce_perf
   ifeq ($(HAVE_MPI),1)
     FAKE_PROGS += $(FAKE_DIR)/tests/test_mpi
   endif
@@ -196,6 +196,9 @@ $(FAKE_DIR)/tests/%: tests/%.c ddp.h tests/harness.h $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
 $(FAKE_DIR)/examples/%: examples/%.c ddp.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
+$(FAKE_DIR)/allreduce_perf: tools/allreduce_perf.c ddp.h $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
 $(FAKE_DIR)/tests/test_mpi: tests/test_mpi.c tests/test_pg.c ddp.h tests/harness.h $(FAKE_LIB)

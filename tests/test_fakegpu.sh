@@ -81,6 +81,17 @@ for n in 2 4; do
     fi
 done
 
+# ---- the all-reduce benchmark's own checks (nccl-tests' "Out of bounds values") on NCCL -----------------
+echo "== allreduce_perf on NCCL"
+for run in "4 float sum 0" "4 half avg 0" "3 bfloat16 max 0" "3 float avg 1"; do
+    set -- $run
+    out=$(FAKEGPU_DEVICES=$1 DDP_NCCL_RING=$4 timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node "$1" \
+          "$FG/allreduce_perf" -b 4K -e 4M -f 8 -n 3 -w 1 -d "$2" -o "$3" 2>&1)
+    name="allreduce_perf_nccl_$1_ranks_$2_$3$([ "$4" = 1 ] && echo _own_ring)"
+    if grep -q 'Out of bounds values : 0 OK' <<<"$out" && [ "$(grep -c 'backend nccl' <<<"$out")" = "$1" ]; then ok "$name"
+    else bad "$name" "$(grep -E 'Out of bounds|wrong|DDP_ERR' <<<"$out" | tail -n 4)"; fi
+done
+
 # ---- the mpi backend with GPU buffers (staged through host memory) -------------------------------------
 echo "== mpi backend on fake GPUs"
 if [ ! -x "$FG/tests/test_mpi" ]; then skp mpi_backend_gpu_buffers "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
