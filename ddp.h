@@ -4238,6 +4238,18 @@ DDP__PRIVATE void ddp__fingerprint(const ddp_work* w, char* out, size_t n) {
                  ddp_dtype_name(w->dtype), w->op == DDP_SUM ? "sum" : w->op == DDP_AVG ? "avg" : "max");
 }
 
+/* A failed or timed-out collective breaks the group: later calls fail at once with its message
+   (the first failure's, kept under the lock that the communication thread also takes). Returns s. */
+DDP__PRIVATE ddp_status ddp__pg_break(ddp_pg* pg, ddp_status s) {
+    pthread_mutex_lock(&pg->lock);
+    if (!pg->broken) {
+        pg->broken = s;
+        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+    }
+    pthread_mutex_unlock(&pg->lock);
+    return s;
+}
+
 /* Record that collective w reached `state`. */
 DDP__PRIVATE void ddp__flight_note(ddp_pg* pg, const ddp_work* w, int state) {
     ddp__flight* f = &pg->flight[w->seq % DDP__FLIGHT_N];
@@ -5839,13 +5851,7 @@ DDP__PRIVATE ddp_status ddp__nccl_break(ddp_pg* pg, ddp_status s) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
     if (n->comm) ncclCommAbort(n->comm);
     n->comm = NULL;
-    pthread_mutex_lock(&pg->lock);
-    if (!pg->broken) {
-        pg->broken = s;
-        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
-    }
-    pthread_mutex_unlock(&pg->lock);
-    return s;
+    return ddp__pg_break(pg, s);
 }
 
 /* Poll without burning a core for long: freely for the first millisecond, then sleeping a
@@ -6386,17 +6392,6 @@ DDP__PRIVATE ddp_status ddp__mpi_connect(ddp_pg* pg) {
     return DDP_OK;
 }
 
-/* A failed or timed-out collective breaks the group, as on the other backends. */
-DDP__PRIVATE ddp_status ddp__mpi_break(ddp_pg* pg, ddp_status s) {
-    pthread_mutex_lock(&pg->lock);
-    if (!pg->broken) {
-        pg->broken = s;
-        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
-    }
-    pthread_mutex_unlock(&pg->lock);
-    return s;
-}
-
 /* GPU buffers: wait for the kernels writing the input (an event on the producer's stream), then
    copy it into host memory, where MPI will work. */
 DDP__PRIVATE ddp_status ddp__mpi_stage_in(ddp_pg* pg, ddp__mpi_op* o, const void* src, size_t in_bytes,
@@ -6457,7 +6452,7 @@ DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
     if (err != MPI_SUCCESS) {
         DDP_FREE(o->host);
         DDP_FREE(o);
-        return ddp__mpi_break(pg, ddp__fail_mpi(err, calls[w->kind], __LINE__));
+        return ddp__pg_break(pg, ddp__fail_mpi(err, calls[w->kind], __LINE__));
     }
     if (m->tail) m->tail->next = o;
     else m->head = o;
@@ -6479,7 +6474,7 @@ DDP__PRIVATE ddp_status ddp__mpi_complete(ddp_pg* pg, ddp__mpi_op* o) {
     o->host = NULL;
     o->done = 1;
     ddp__flight_note(pg, w, s == DDP_OK ? DDP__FL_DONE : DDP__FL_FAILED);
-    return s == DDP_OK ? DDP_OK : ddp__mpi_break(pg, s);
+    return s == DDP_OK ? DDP_OK : ddp__pg_break(pg, s);
 }
 
 /* Complete the collectives in flight in issue order, up to and including `until` (NULL: all), so
@@ -6503,7 +6498,7 @@ DDP__PRIVATE ddp_status ddp__mpi_progress(ddp_pg* pg, ddp__mpi_op* until, double
             if (s != DDP_OK) {
                 ddp__flight_note(pg, o->w, DDP__FL_FAILED);
                 if (s == DDP_ERR_TIMEOUT) ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
-                return ddp__mpi_break(pg, s);
+                return ddp__pg_break(pg, s);
             }
             DDP__TRY(ddp__mpi_complete(pg, o));
         }
@@ -7144,14 +7139,8 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
     ddp__flight_note(pg, w, DDP__FL_QUEUED);
     if (ddp_log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
         ddp__flight_note(pg, w, DDP__FL_FAILED);
-        pthread_mutex_lock(&pg->lock);
-        if (!pg->broken) {
-            pg->broken = s;
-            snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
-        }
-        pthread_mutex_unlock(&pg->lock);
         DDP_FREE(w);
-        return s;
+        return ddp__pg_break(pg, s);
     }
     if (pg->device.type == DDP_DEVICE_CUDA && pg->vt == &ddp__cpu_backend) {
         /* the host thread must not read GPU memory before the kernels writing it are done */

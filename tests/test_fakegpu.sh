@@ -30,6 +30,10 @@ if [ ! -e "$FG/libfakegpu.so" ]; then
     skp fakegpu_section "the stand-in is built only with the CUDA toolkit's headers (make found none: see its first line)"
     exit 0
 fi
+if ! command -v "${FAKEGPU_CXX:-c++}" >/dev/null 2>&1; then
+    skp fakegpu_section "the stand-in's NVRTC compiles kernels with the host C++ compiler (${FAKEGPU_CXX:-c++}), which is not installed (apt-get install g++)"
+    exit 0
+fi
 
 # A test program: its own ok/FAIL/skip lines pass through; a crash without a FAIL line is one.
 prog() {
