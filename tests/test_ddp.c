@@ -550,9 +550,13 @@ static void overlap_on_the_gpu(void) {
     snprintf(path, sizeof path, "%s/trace", g_dir);
     setenv("FAKEGPU_TRACE", path, 1);
     setenv("FAKEGPU_NCCL_DELAY_MS", "250", 1);
+    /* work runs as soon as it may: only a real dependency (a stream waiting for the collective)
+       can then hold backward's last kernel until the all-reduce's 250 ms are over */
+    setenv("FAKEGPU_HOLD_MS", "0", 1);
     CHECK_OK(ddp_spawn(2, overlap_gpu_rank, NULL));
     unsetenv("FAKEGPU_TRACE");
     unsetenv("FAKEGPU_NCCL_DELAY_MS");
+    unsetenv("FAKEGPU_HOLD_MS");
     if (!(f = fopen(path, "r"))) SKIP("no operation trace: only the GPU stand-in (make test) writes one");
     while (fgets(line, sizeof line, f)) { /* the two ranks' pids, in order of appearance */
         long pid = atol(line);
