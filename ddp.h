@@ -1214,6 +1214,14 @@ DDP__PRIVATE ddp_status ddp__fail_cublas(cublasStatus_t e, const char* call, int
 
 DDP__DEF const char* ddp_build_info(void) {
     static char info[256];
+    /* Chosen before the calls, not inside their arguments: with _FORTIFY_SOURCE (macOS's default,
+       or -D_FORTIFY_SOURCE=2 with clang) snprintf is a macro, and a directive inside a macro's
+       arguments is undefined behaviour, which compilers warn about. */
+#if defined(DDP_CBLAS)
+    const char* linear = "CPU Linear through CBLAS";
+#else
+    const char* linear = "CPU Linear through the built-in blocked loop";
+#endif
     if (!info[0]) {
 #if DDP__CUDA
         int rt = 0, nv_major = 0, nv_minor = 0;
@@ -1221,22 +1229,10 @@ DDP__DEF const char* ddp_build_info(void) {
         nvrtcVersion(&nv_major, &nv_minor);
         snprintf(info, sizeof info, "ddp.h %d.%d.%d: CUDA runtime %d.%d, NVRTC %d.%d, cuBLAS; %s",
                  DDP_VERSION_MAJOR, DDP_VERSION_MINOR, DDP_VERSION_PATCH, rt / 1000,
-                 (rt % 1000) / 10, nv_major, nv_minor,
-#if defined(DDP_CBLAS)
-                 "CPU Linear through CBLAS"
-#else
-                 "CPU Linear through the built-in blocked loop"
-#endif
-        );
+                 (rt % 1000) / 10, nv_major, nv_minor, linear);
 #else
         snprintf(info, sizeof info, "ddp.h %d.%d.%d: CPU only (DDP_NO_CUDA); %s", DDP_VERSION_MAJOR,
-                 DDP_VERSION_MINOR, DDP_VERSION_PATCH,
-#if defined(DDP_CBLAS)
-                 "CPU Linear through CBLAS"
-#else
-                 "CPU Linear through the built-in blocked loop"
-#endif
-        );
+                 DDP_VERSION_MINOR, DDP_VERSION_PATCH, linear);
 #endif
 #if defined(DDP_MPI)
         strncat(info, "; mpi backend (DDP_MPI)", sizeof info - strlen(info) - 1);

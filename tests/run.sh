@@ -235,6 +235,10 @@ else
     skp compile_c99_cuda "this build is CPU-only (see the make line above)"
     skp compile_cxx_cuda "this build is CPU-only (see the make line above)"
 fi
+# clang with _FORTIFY_SOURCE=2, as macOS compiles by default: printf-like calls are macros there
+if command -v clang >/dev/null 2>&1; then
+    compile_mode clang_fortify clang "-std=c99 -O2 -D_FORTIFY_SOURCE=2 $WFLAGS -DDDP_NO_CUDA" ""
+else skp compile_clang_fortify "clang is not installed (apt-get install clang)"; fi
 if [ "${HAVE_MPI:-0}" = 1 ]; then
     compile_mode c99_mpi "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_MPI ${MPI_CFLAGS:-}" "${MPI_LIBS:-}"
     if [ $HAVE_GXX = 1 ]; then compile_mode cxx_mpi g++ "-x c++ $WFLAGS -DDDP_NO_CUDA -DDDP_MPI ${MPI_CFLAGS:-}" "-x none ${MPI_LIBS:-}"
