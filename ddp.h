@@ -80,6 +80,9 @@
     DDP_CBLAS            Linear layers on the CPU call cblas_sgemm (link a CBLAS such as
                          OpenBLAS: -lopenblas); otherwise a cache-blocked loop of our own.
     DDP_STATIC           make every function static (for a private copy in one file).
+    DDP_PORTABLE         leave out the Linux-only code on Linux too (futexes, /dev/shm, /proc, core
+                         binding, PR_SET_PDEATHSIG): the plain POSIX paths that macOS and the BSDs
+                         take, so that Linux can run and test them (make test-portable).
     DDP_MALLOC(n), DDP_FREE(p)
                          host allocator; define both or neither.
     DDP_ASSERT(c)        internal consistency checks (default: assert from <assert.h>).
@@ -963,6 +966,26 @@ DDP_API int ddp_launcher_main(int argc, char** argv);
 #error "ddp.h: POSIX declarations are hidden. Include ddp.h (with DDP_IMPLEMENTATION) before any other header, or compile with -D_POSIX_C_SOURCE=200809L."
 #endif
 
+/* Linux-only code (futexes, /dev/shm, /proc, core binding, PR_SET_PDEATHSIG) sits under DDP__LINUX.
+   DDP_PORTABLE turns it off on Linux as well, so that a Linux machine runs and tests the plain
+   POSIX paths that macOS and the BSDs take (make test-portable). */
+#if defined(__linux__) && !defined(DDP_PORTABLE)
+#define DDP__LINUX 1
+#else
+#define DDP__LINUX 0
+#endif
+/* The commands that error messages suggest exist on the system that prints them. */
+#if DDP__LINUX
+#define DDP__HINT_WHO_LISTENS "`ss -ltnp | grep :%d` shows which"
+#define DDP__HINT_INSTALL_MPI "apt-get install libopenmpi-dev"
+#elif defined(__APPLE__)
+#define DDP__HINT_WHO_LISTENS "`lsof -nP -iTCP:%d -sTCP:LISTEN` shows which"
+#define DDP__HINT_INSTALL_MPI "brew install open-mpi"
+#else
+#define DDP__HINT_WHO_LISTENS "`lsof -nP -iTCP:%d -sTCP:LISTEN` shows which"
+#define DDP__HINT_INSTALL_MPI "install Open MPI or MPICH with the system's package manager"
+#endif
+
 #if defined(DDP_CBLAS)
 #include <cblas.h>   /* cblas_sgemm for Linear on the CPU */
 #endif
@@ -1079,6 +1102,22 @@ DDP__DEF void ddp_set_log(ddp_log_fn fn, void* user) {
     ddp__g.log_user = user;
 }
 
+/* One line to stderr in one write. stderr is unbuffered, and musl's fprintf then writes 80 bytes at
+   a time, so the lines of ranks that share a terminal would interleave mid-line. */
+DDP__PRIVATE void ddp__eprint_line(const char* fmt, ...) DDP__PRINTF(1, 2);
+DDP__PRIVATE void ddp__eprint_line(const char* fmt, ...) {
+    char line[2200];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    fwrite(line, 1, (size_t)n, stderr);
+}
+
 DDP__PRIVATE void ddp__vlog(ddp_log_level level, const char* fmt, va_list ap) {
     char line[2048];
     int n;
@@ -1088,7 +1127,7 @@ DDP__PRIVATE void ddp__vlog(ddp_log_level level, const char* fmt, va_list ap) {
     if (n < 0 || n >= (int)sizeof line) n = 0;
     vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     if (ddp__g.log_fn) ddp__g.log_fn(level, line, ddp__g.log_user);
-    else fprintf(stderr, "%s\n", line);
+    else ddp__eprint_line("%s", line);
 }
 
 DDP__DEF void ddp_log(ddp_log_level level, const char* fmt, ...) {
@@ -1138,11 +1177,10 @@ DDP__DEF void ddp_clear_error(void) {
 }
 
 DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* file, int line) {
-    fprintf(stderr, "[rank %d/%d] error: %s failed (%s:%d)\n", ddp__g.rank, ddp__g.world,
-            call_text, file, line);
-    fprintf(stderr, "[rank %d/%d]   %s: %s\n", ddp__g.rank, ddp__g.world, ddp_status_name(s),
-            ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
-    fprintf(stderr, "[rank %d/%d]   fix: %s\n", ddp__g.rank, ddp__g.world, ddp_status_fix(s));
+    ddp__eprint_line("[rank %d/%d] error: %s failed (%s:%d)", ddp__g.rank, ddp__g.world, call_text, file, line);
+    ddp__eprint_line("[rank %d/%d]   %s: %s", ddp__g.rank, ddp__g.world, ddp_status_name(s),
+                     ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
+    ddp__eprint_line("[rank %d/%d]   fix: %s", ddp__g.rank, ddp__g.world, ddp_status_fix(s));
     exit(1);
 }
 
@@ -3571,7 +3609,7 @@ DDP__PRIVATE ddp_status ddp__server_start(int port, const char* token, double ti
         if (e == EADDRINUSE)
             return ddp__fail(DDP_ERR_PORT_IN_USE,
                              "the rendezvous store cannot listen on port %d: it is already in use (another "
-                             "job or program holds it; `ss -ltnp | grep :%d` shows which). Pick another "
+                             "job or program holds it; " DDP__HINT_WHO_LISTENS "). Pick another "
                              "MASTER_PORT, or let ddprun --standalone choose a free one", port, port);
         return ddp__fail(DDP_ERR_IO, "the rendezvous store cannot listen on port %d: %s", port, strerror(e));
     }
@@ -4502,9 +4540,24 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
 #if (defined(__linux__) || defined(__APPLE__) || defined(__FreeBSD__)) && (defined(__GNUC__) || defined(__clang__))
 #define DDP__SHM 1
 #include <sys/mman.h>
-#if defined(__linux__)
-#include <linux/futex.h>
+#if DDP__LINUX
 #include <sys/syscall.h>
+/* FUTEX_WAIT and FUTEX_WAKE are numbers of the kernel's ABI. <linux/futex.h> comes with the
+   kernel's headers, which a musl toolchain (Debian's musl-gcc) does not search: then ours. */
+#if defined(__has_include)
+#if __has_include(<linux/futex.h>)
+#include <linux/futex.h>
+#endif
+#endif
+#ifndef FUTEX_WAIT
+#define FUTEX_WAIT 0
+#define FUTEX_WAKE 1
+#endif
+#endif
+#if DDP__LINUX && defined(SYS_futex)
+#define DDP__FUTEX 1 /* sleep on a counter until its writer wakes us */
+#else
+#define DDP__FUTEX 0 /* short sleeps, woken by nobody */
 #endif
 #else
 #define DDP__SHM 0 /* no POSIX shared memory or no atomics we know: the TCP ring everywhere */
@@ -4563,7 +4616,7 @@ DDP__PRIVATE void ddp__shm_publish(ddp_pg* pg) {
     ddp__shm_rank* me = ddp__shm_rank_of(pg, pg->rank);
     __atomic_store_n(&me->phase, ++pg->shm_phase, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&me->waiters, __ATOMIC_SEQ_CST) > 0) {
-#if defined(__linux__)
+#if DDP__FUTEX
         syscall(SYS_futex, &me->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #endif
     }
@@ -4574,7 +4627,7 @@ DDP__PRIVATE void ddp__shm_publish(ddp_pg* pg) {
 DDP__PRIVATE void ddp__shm_sleep(ddp__shm_rank* o, uint32_t target, double s) {
     __atomic_add_fetch(&o->waiters, 1, __ATOMIC_SEQ_CST);
     if (!ddp__shm_reached(o, target)) {
-#if defined(__linux__)
+#if DDP__FUTEX
         struct timespec ts;
         uint32_t seen = __atomic_load_n(&o->phase, __ATOMIC_SEQ_CST);
         ts.tv_sec = 0, ts.tv_nsec = (long)(s * 1e9);
@@ -4602,7 +4655,7 @@ DDP__PRIVATE void ddp__shm_abort(ddp_pg* pg, ddp_status s) {
         h->status = (uint32_t)s;
         __atomic_store_n(&h->who, (uint32_t)pg->rank + 1, __ATOMIC_RELEASE);
     }
-#if defined(__linux__)
+#if DDP__FUTEX
     /* the others sleep on the counters of the ranks they wait for: wake them all to look */
     for (q = 0; q < pg->world; q++) syscall(SYS_futex, &ddp__shm_rank_of(pg, q)->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #else
@@ -4901,7 +4954,7 @@ DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
     ddp__shm_rank* me = ddp__shm_rank_of(pg, pg->rank);
     me->made = pg->seq;
     __atomic_store_n(&me->left, 1u, __ATOMIC_RELEASE);
-#if defined(__linux__)
+#if DDP__FUTEX
     syscall(SYS_futex, &me->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #endif
 }
@@ -4909,7 +4962,7 @@ DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
 /* Where the segment's name lives while the ranks open it. Linux: a file under /dev/shm, which is
    what shm_open makes too, without needing -lrt on older C libraries; elsewhere shm_open. */
 DDP__PRIVATE int ddp__shm_open(const char* name, int create) {
-#if defined(__linux__)
+#if DDP__LINUX
     char path[96];
     snprintf(path, sizeof path, "/dev/shm%s", name);
     return open(path, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
@@ -4918,7 +4971,7 @@ DDP__PRIVATE int ddp__shm_open(const char* name, int create) {
 #endif
 }
 DDP__PRIVATE void ddp__shm_unlink(const char* name) {
-#if defined(__linux__)
+#if DDP__LINUX
     char path[96];
     snprintf(path, sizeof path, "/dev/shm%s", name);
     unlink(path);
@@ -4932,7 +4985,7 @@ DDP__PRIVATE void ddp__shm_unlink(const char* name) {
 DDP__PRIVATE void ddp__host_id(char* out, size_t n) {
     char host[128] = "?", boot[64] = "", net[64] = "";
     gethostname(host, sizeof host - 1);
-#if defined(__linux__)
+#if DDP__LINUX
     {
         FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
         ssize_t k;
@@ -4968,7 +5021,7 @@ DDP__PRIVATE unsigned char* ddp__shm_create(ddp_pg* pg, size_t bytes, char* name
         snprintf(why, whylen, "creating shared memory %s failed: %s", name, strerror(errno));
         return NULL;
     }
-#if defined(__linux__)
+#if DDP__LINUX
     {
         int e = posix_fallocate(fd, 0, (off_t)bytes);
         if (e != 0) {
@@ -6280,7 +6333,7 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
    to the system. The raw system call needs no _GNU_SOURCE. Threads already running (a BLAS
    library's) are moved too; threads started later inherit the mask. */
 DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
-#if defined(__linux__) && defined(SYS_sched_setaffinity)
+#if DDP__LINUX && defined(SYS_sched_setaffinity)
     unsigned long mask[16], mine[16];
     const int bits = (int)(8 * sizeof mask[0]);
     int cpus[1024], n = 0, i, k, lr = pg->env.local_rank, lws = pg->env.local_world_size;
@@ -6323,7 +6376,7 @@ DDP__PRIVATE ddp_status ddp__named_backend(const ddp_desc* d, ddp_backend* out) 
     if (*out == DDP_BACKEND_MPI && !DDP__MPI)
         return ddp__fail(DDP_ERR_NOT_BUILT, "the mpi backend was asked for (%s), but this program was built without "
                          "it: compile with -DDDP_MPI and mpicc's flags (make builds the _mpi programs when it finds "
-                         "mpicc; apt-get install libopenmpi-dev), or use the cpu backend",
+                         "mpicc; " DDP__HINT_INSTALL_MPI "), or use the cpu backend",
                          d->backend == DDP_BACKEND_MPI ? "desc.backend" : "DDP_BACKEND=mpi");
     return DDP_OK;
 }
@@ -8036,7 +8089,7 @@ done:
 #include <arpa/inet.h>
 #include <sys/wait.h>   /* waitpid and the W* macros */
 #include <time.h>       /* clock_gettime, nanosleep */
-#if defined(__linux__)
+#if DDP__LINUX
 #include <sys/prctl.h>  /* PR_SET_PDEATHSIG: a rank dies with its launcher */
 #endif
 
@@ -8483,7 +8536,7 @@ DDP__PRIVATE void ddp__ln_signals_end(const ddp__ln_signals* sv) {
 DDP__PRIVATE void ddp__ln_child_setup(const ddp__ln_signals* sv, pid_t launcher) {
     ddp__ln_signals_end(sv);
     setsid();
-#if defined(__linux__)
+#if DDP__LINUX
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != launcher) _exit(1); /* the launcher died before prctl took effect */
 #else

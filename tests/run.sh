@@ -235,6 +235,10 @@ else
     skp compile_c99_cuda "this build is CPU-only (see the make line above)"
     skp compile_cxx_cuda "this build is CPU-only (see the make line above)"
 fi
+# DDP_PORTABLE: the header without its Linux-only code, as macOS and the BSDs compile it
+compile_mode c99_portable "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_PORTABLE" ""
+if [ $HAVE_GXX = 1 ]; then compile_mode cxx_portable g++ "-x c++ $WFLAGS -DDDP_NO_CUDA -DDDP_PORTABLE" "-x none"
+else skp compile_cxx_portable "no g++ on this machine"; fi
 # clang with _FORTIFY_SOURCE=2, as macOS compiles by default: printf-like calls are macros there
 if command -v clang >/dev/null 2>&1; then
     compile_mode clang_fortify clang "-std=c99 -O2 -D_FORTIFY_SOURCE=2 $WFLAGS -DDDP_NO_CUDA" ""
