@@ -4607,6 +4607,15 @@ DDP__PRIVATE unsigned char* ddp__shm_slot(ddp_pg* pg, int set, int q) {
 }
 
 #if DDP__SHM
+/* Inside a spin: tell the core that this thread only waits, so that it yields the pipeline to a
+   sibling hardware thread and eases off the memory bus (x86 pause, Arm yield). */
+#if defined(__x86_64__) || defined(__i386__)
+#define DDP__SPIN_HINT() __builtin_ia32_pause()
+#elif defined(__aarch64__) || defined(__arm__)
+#define DDP__SPIN_HINT() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define DDP__SPIN_HINT() ((void)0)
+#endif
 DDP__PRIVATE int ddp__shm_reached(const ddp__shm_rank* o, uint32_t target) {
     return (int32_t)(__atomic_load_n(&o->phase, __ATOMIC_ACQUIRE) - target) >= 0;
 }
@@ -4696,9 +4705,7 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
         uint32_t who;
         int dead;
         if ((i & 63) != 63) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
+            DDP__SPIN_HINT();
             continue;
         }
         t = ddp__now();
@@ -7579,6 +7586,16 @@ DDP__PRIVATE void ddp__remove_stale_tmp(const char* path, const char* host) {
     closedir(d);
 }
 
+/* Put a file's data on the disk. On Apple systems fsync only hands it to the drive, whose cache can
+   still lose it when the power fails; F_FULLFSYNC asks the drive to write it out (Apple's fsync(2)
+   says so). A file system that refuses F_FULLFSYNC (some network ones) still gets the fsync. */
+DDP__PRIVATE int ddp__sync_file(int fd) {
+#if defined(F_FULLFSYNC)
+    if (fcntl(fd, F_FULLFSYNC) == 0) return 0;
+#endif
+    return fsync(fd);
+}
+
 /* Write `n` bytes to `path` through a temporary file, fsync, then rename over `path`. The
    temporary file's name carries the host and pid, so two writers of one path (every rank saving,
    by mistake) never write into the same file: the last rename wins and the file is always whole.
@@ -7595,7 +7612,7 @@ DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char*
     if (!f) return ddp__fail(DDP_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     ok = fwrite(data, 1, n, f) == n;
     ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok; /* on disk before the rename makes it visible */
+    ok = ddp__sync_file(fileno(f)) == 0 && ok; /* on disk before the rename makes it visible */
     ok = fclose(f) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) {
         int e = errno;
