@@ -62,7 +62,7 @@ ifneq ($(CBLAS),0)
     BLAS_LIBS   := $(shell pkg-config --libs openblas)
     BLAS_LINE   := CPU Linear through OpenBLAS (cblas_sgemm)
   else
-    BLAS_TRY := $(shell printf '\#include <cblas.h>\nint main(void){float a=1,c=0;cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,1,1,1,1.f,&a,1,&a,1,0.f,&c,1);return (int)c-1;}\n' \
+    BLAS_TRY := $(shell printf '\043include <cblas.h>\nint main(void){float a=1,c=0;cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,1,1,1,1.f,&a,1,&a,1,0.f,&c,1);return (int)c-1;}\n' \
                  | $(CC) -x c - -o /dev/null -lopenblas 2>/dev/null && echo -lopenblas)
     ifneq ($(BLAS_TRY),)
       BLAS_CFLAGS := -DDDP_CBLAS

@@ -252,6 +252,33 @@ else
     skp compile_cxx_mpi "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
 fi
 
+# ---- a student's laptop: what a Windows-side clone and a Mac's OpenBLAS need -----------------
+echo "== laptops"
+# Scripts, sources and the Makefile keep LF endings in every checkout, also a Windows-side clone
+# with core.autocrlf=true, where CRLF would break bash ("$'\r': command not found") and make.
+if ! command -v git >/dev/null 2>&1 || ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    skp gitattributes_keep_lf "not a git checkout: .gitattributes acts on clones"
+else
+    n=$(git ls-files -- '*.sh' '*.c' '*.h' '*.py' '*.md' '*.mk' Makefile .ci/run | wc -l | tr -d ' ')
+    not_lf=$(git ls-files -- '*.sh' '*.c' '*.h' '*.py' '*.md' '*.mk' Makefile .ci/run | git check-attr --stdin eol |
+             grep -v ': eol: lf$' | head -n 5)
+    if [ "$n" -gt 0 ] && [ -z "$not_lf" ]; then ok "gitattributes_keep_lf ($n text files are checked out with LF)"
+    else bad gitattributes_keep_lf "files a core.autocrlf=true clone would turn to CRLF:" "$not_lf"; fi
+fi
+# The Makefile's OpenBLAS probe (used where pkg-config does not know OpenBLAS, as on a Mac with
+# Homebrew's) must write a real "#include" line, whatever GNU make's version
+if ! printf '#include <cblas.h>\nint main(void){return 0;}\n' | ${CC:-cc} -x c - -o /dev/null -lopenblas >/dev/null 2>&1; then
+    skp makefile_openblas_probe_without_pkg_config "OpenBLAS is not installed (apt-get install libopenblas-dev)"
+else
+    mkdir -p "$TMP/no-pkg-config"
+    printf '#!/bin/sh\nexit 1\n' >"$TMP/no-pkg-config/pkg-config"
+    chmod +x "$TMP/no-pkg-config/pkg-config"
+    line=$(PATH="$TMP/no-pkg-config:$PATH" make -n --no-print-directory BUILD="$TMP/probe" CBLAS=auto CUDA=0 MPI=0 \
+           "$TMP/probe/ddprun" 2>&1 | grep -m1 '^ddp.h build:')
+    if grep -q 'CPU Linear through OpenBLAS' <<<"$line"; then ok makefile_openblas_probe_without_pkg_config
+    else bad makefile_openblas_probe_without_pkg_config "without pkg-config, make says: ${line:-nothing}"; fi
+fi
+
 # ---- make install: the pkg-config line a student uses builds and runs chapter 1 --------------
 echo "== install"
 if command -v pkg-config >/dev/null 2>&1; then
