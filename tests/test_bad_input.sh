@@ -46,14 +46,14 @@ verdict() {
     el=$(awk "BEGIN{printf \"%.1f\", $T1 - $T0}")
     [ "$RC" -eq 0 ] && why+=("exit status 0, want non-zero")
     if [ "$RC" -eq 124 ] || [ "$RC" -eq 137 ]; then why+=("killed by timeout after $el s: it hung"); fi
-    awk "BEGIN{exit !($el < $lo)}" && why+=("ended after $el s, before $lo s")
-    awk "BEGIN{exit !($el > $hi)}" && why+=("took $el s, over the bound of $hi s")
+    awk "BEGIN{exit !($el < $lo - $COMPAT_SLACK)}" && why+=("ended after $el s, before $lo s")
+    awk "BEGIN{exit !($el > $hi + $COMPAT_SLACK)}" && why+=("took $el s, over the bound of $hi s")
     grep -qE -- "$want" "$TMP/$tag.err" || why+=("stderr does not match /$want/")
     for l in "$@"; do [ -n "$l" ] && why+=("$l"); done
     if [ ${#why[@]} -eq 0 ]; then
         ok "$name"
     else
-        mapfile -t tail_lines < <(tail -n 4 "$TMP/$tag.err" | cut -c1-400)
+        read_lines tail_lines < <(tail -n 4 "$TMP/$tag.err" | cut -c1-400)
         bad "$name" "${why[@]}" "(status $RC after $el s; the end of its stderr:)" ${tail_lines[@]+"${tail_lines[@]}"}
     fi
     echo "    first line: $(first_line "$TMP/$tag.err")"
