@@ -5071,8 +5071,11 @@ DDP__PRIVATE unsigned char* ddp__shm_attach(ddp_pg* pg, const char* name, size_t
         snprintf(why, whylen, "opening rank 0's shared memory %s failed: %s", name, strerror(errno));
         return NULL;
     }
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
-        snprintf(why, whylen, "rank 0's shared memory %s has the wrong size", name);
+    /* At least `bytes`, not exactly: macOS rounds a shared-memory object up to its page size
+       (16 KiB on Apple silicon), so an exact check would refuse every segment there. */
+    if (fstat(fd, &st) != 0 || st.st_size < 0 || (size_t)st.st_size < bytes) {
+        snprintf(why, whylen, "rank 0's shared memory %s has %lld bytes, fewer than the %zu this job needs", name,
+                 (long long)st.st_size, bytes);
         close(fd);
         return NULL;
     }
@@ -5098,7 +5101,7 @@ DDP__PRIVATE unsigned char* ddp__shm_attach(ddp_pg* pg, const char* name, size_t
 DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
     const char* env = getenv("DDP_TRANSPORT");
     int want_shm = 0; /* 0: either, 1: shm or fail */
-    char why[300] = "";
+    char why[400] = "";
     if (env && *env && strcmp(env, "auto") != 0) {
         if (!strcmp(env, "tcp")) {
             ddp_log(DDP_LOG_INFO, "transport: tcp ring (DDP_TRANSPORT=tcp)");
@@ -5157,6 +5160,11 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
             memset(ddp__shm_slot(pg, 1, pg->rank), 0, chunk);
             mine->pid = (uint32_t)getpid();
         }
+        if (!ok) { /* every rank's message then names the cause, not only this rank's */
+            char told[300];
+            snprintf(told, sizeof told, "rank %d: %.280s", pg->rank, why);
+            DDP__TRY(ddp_store_set(pg->store, "ddp/shm/why", told, strlen(told)));
+        }
         if (ddp_store_add(pg->store, "ddp/shm/yes", ok, &yes) != DDP_OK ||
             ddp_store_barrier(pg->store, "shm", W) != DDP_OK || ddp_store_add(pg->store, "ddp/shm/yes", 0, &yes) != DDP_OK) {
             if (pg->rank == 0 && name[0] == '/') ddp__shm_unlink(name);
@@ -5175,8 +5183,15 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
         }
         if (p) munmap(p, bytes);
         pg->shm = NULL, pg->shm_bytes = 0;
-        if (!why[0]) snprintf(why, sizeof why, "%lld of %d ranks could not map the segment (another host?)",
-                              (long long)(W - yes), W);
+        if (!why[0]) {
+            const char* key = "ddp/shm/why";
+            char told[300];
+            memset(told, 0, sizeof told);
+            if (ddp_store_wait(pg->store, &key, 1, 5.0) != DDP_OK ||
+                ddp_store_get(pg->store, key, told, sizeof told - 1, &n) != DDP_OK)
+                snprintf(told, sizeof told, "see their logs");
+            snprintf(why, sizeof why, "%lld of %d ranks could not map the segment (%s)", (long long)(W - yes), W, told);
+        }
     }
 #else
     snprintf(why, sizeof why, "this build has no shared memory transport (needs POSIX shared memory and GCC/Clang atomics)");

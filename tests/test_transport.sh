@@ -48,6 +48,32 @@ DDP_SHM_CHUNK_BYTES=4096 run_perf "$TMP/chunks2.txt" 3 -b 12 -e 3M -f 64 -n 2 -w
 if checked "$TMP/chunks.txt" && checked "$TMP/chunks2.txt"; then ok shm_small_chunks_3_ranks_exact
 else bad shm_small_chunks_3_ranks_exact "$(grep -E 'wrong|ERR' "$TMP/chunks.txt" "$TMP/chunks2.txt" | head -n 4)"; fi
 
+# ---- macOS rounds a shared-memory object up to its 16 KiB page (fstat then says so): shared memory
+# must still be used. tests/macos_shim.c rounds the segment here as XNU would, and logs each time.
+shim=$TMP/macos_shim.so
+if ! out=$(${CC:-cc} -shared -fPIC -O2 tests/macos_shim.c -o "$shim" -ldl 2>&1); then
+    skp shm_macos_16k_pages_still_shared "cannot build tests/macos_shim.c with ${CC:-cc}: $(head -n 2 <<<"$out")"
+else
+    # (under make sanitize: the shim comes before GCC's ASan runtime in the library list, harmlessly)
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" LD_PRELOAD="$shim" \
+        MACOS_SHIM_LOG=$TMP/shim.log DDP_TRANSPORT=shm DDP_DEBUG=INFO run_perf "$TMP/shim.txt" 2 -b 4K -e 4M -f 16 -n 3 -w 1
+    rounded=$(grep -c 'bytes rounded up to' "$TMP/shim.log" 2>/dev/null)
+    used=$(grep -c 'transport: shared memory (2 ranks on this host' "$TMP/shim.txt")
+    if checked "$TMP/shim.txt" && [ "$used" -eq 2 ] && [ "${rounded:-0}" -ge 1 ]; then
+        ok "shm_macos_16k_pages_still_shared ($(head -n 1 "$TMP/shim.log" | sed 's/^[a-z_]* //'); both ranks on shared memory)"
+    else bad shm_macos_16k_pages_still_shared "segments rounded: ${rounded:-0} (want >= 1); ranks on shared memory: $used (want 2)" \
+             "$(grep -E 'transport|wrong|ERR' "$TMP/shim.txt" | head -n 4)"; fi
+fi
+
+# A rank that cannot map the segment says why, and every rank's fallback line repeats that reason
+# (rank 0's used to guess "another host?"). Here rank 1 wants 2 MiB chunks, rank 0 made 1 MiB ones.
+DDP_DEBUG=INFO with_timeout 60 "$DDPRUN" --standalone --nproc-per-node 2 sh -c \
+    '[ "$RANK" = 1 ] && export DDP_SHM_CHUNK_BYTES=2097152; exec "$0" "$@"' "$PERF" -b 4K -e 64K -n 2 -w 0 >"$TMP/why.txt" 2>&1
+if checked "$TMP/why.txt" && grep -q "^\[rank 0\]: .*transport: tcp ring (1 of 2 ranks could not map the segment (rank 1: rank 0's shared memory .* fewer than the .* this job needs))" "$TMP/why.txt" &&
+   ! grep -q "another host" "$TMP/why.txt"; then
+    ok shm_fallback_names_the_cause_on_every_rank
+else bad shm_fallback_names_the_cause_on_every_rank "$(grep -E 'transport|wrong|ERR' "$TMP/why.txt" | head -n 4)"; fi
+
 # ---- the segment does not outlive the job ----
 if [ ! -d /dev/shm ]; then
     skp shm_nothing_left_after_kill "no /dev/shm on this system (the segment is made by shm_open there)"
