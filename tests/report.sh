@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tests/report.sh: the counters and case lines of tests/run.sh, tests/test_portable.sh and
 # tests/test_compat.sh, sourced by them. Each case prints one line, "ok   name", "FAIL name" (its
 # details indented below) or "skip name: reason"; a skip is never a pass. Written for bash 3.2.
