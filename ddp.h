@@ -4611,8 +4611,8 @@ DDP__PRIVATE unsigned char* ddp__shm_slot(ddp_pg* pg, int set, int q) {
    sibling hardware thread and eases off the memory bus (x86 pause, Arm yield). */
 #if defined(__x86_64__) || defined(__i386__)
 #define DDP__SPIN_HINT() __builtin_ia32_pause()
-#elif defined(__aarch64__) || defined(__arm__)
-#define DDP__SPIN_HINT() __asm__ __volatile__("yield" ::: "memory")
+#elif defined(__aarch64__) || (defined(__arm__) && defined(__ARM_ARCH) && __ARM_ARCH >= 7)
+#define DDP__SPIN_HINT() __asm__ __volatile__("yield" ::: "memory") /* (Armv6 assemblers lack it) */
 #else
 #define DDP__SPIN_HINT() ((void)0)
 #endif

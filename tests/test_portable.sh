@@ -129,9 +129,14 @@ part_portable() {
     kill -TERM $holder 2>/dev/null
     wait $holder 2>/dev/null
     first=$(grep -m1 'DDP_ERR_PORT_IN_USE' <<<"$out")
-    if grep -qF "\`lsof -nP -iTCP:$port -sTCP:LISTEN\` shows which" <<<"$first" && ! grep -q 'ss -ltnp' <<<"$out"; then
+    # and the mpi backend asked of a build without it names no Debian command
+    out=$(DDP_BACKEND=mpi RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port with_timeout 30 \
+          "$B/examples/03_multi_node" --device cpu 2>&1)
+    if grep -qF "\`lsof -nP -iTCP:$port -sTCP:LISTEN\` shows which" <<<"$first" && ! grep -q 'ss -ltnp' <<<"$first" &&
+       grep -q 'DDP_ERR_NOT_BUILT: the mpi backend .*install Open MPI or MPICH' <<<"$out" && ! grep -q apt-get <<<"$out"; then
         ok portable_hints_name_commands_of_the_system
-    else bad portable_hints_name_commands_of_the_system "want the lsof hint in the port-in-use error; got:" "${first:-$(tail -n 2 <<<"$out")}"; fi
+    else bad portable_hints_name_commands_of_the_system "want the lsof hint for a busy port and no apt-get for a missing mpi backend; got:" \
+             "${first:-no DDP_ERR_PORT_IN_USE line}" "$(grep -m1 DDP_ERR_NOT_BUILT <<<"$out")"; fi
     unset LD_PRELOAD MACOS_SHIM_LOG
     took portable "$start"
 }
