@@ -176,7 +176,7 @@ test: all
 # the header with its Linux-only code off (-DDDP_PORTABLE) under a preload library that gives shared
 # memory macOS's 16 KiB pages, and the shell scripts with a macOS-like shell; musl (musl-gcc); aarch64
 # under qemu-user, with TUTORIAL.md's chapters 1-7. Builds its own folders under $(BUILD)/; each part
-# is skipped, with the reason, where its tools are missing. About 4 minutes on 2 cores.
+# is skipped, with the reason, where its tools are missing. About 4-5 minutes on 2 cores.
 test-portable:
 	@bash tests/test_portable.sh $(BUILD)
 

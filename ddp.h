@@ -4536,6 +4536,18 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
 
    The segment has a name only while the ranks open it: rank 0 removes the name once everyone has
    mapped it, so the memory goes back to the system when the last rank exits, also after a crash.
+
+   Memory order (C11 atomics; what a weakly ordered CPU such as arm64 relies on, which x86 and qemu
+   on x86 would forgive): a rank writes its slot and header with plain stores, then raises its phase
+   counter (sequentially consistent, so at least a release); a reader loads the counter with
+   acquire before it reads the slot, so it sees the data. A rank reads the others' slots before it
+   raises its next counter, so a writer that acquires that counter overwrites nothing still being
+   read. Streaming stores are fenced (sfence) before the counter. `left` and the abort line's rank
+   are stored with release after the fields they publish (the counter, `made`, the message) and
+   loaded with acquire. A sleeper's increment of `waiters` and its look at the counter, and a
+   waker's store of the counter and its look at `waiters`, are all sequentially consistent, so at
+   least one of the two sees the other and no wake-up is lost. ThreadSanitizer cannot check this:
+   it sees one process's threads, not two processes sharing a segment.
 */
 #if (defined(__linux__) || defined(__APPLE__) || defined(__FreeBSD__)) && (defined(__GNUC__) || defined(__clang__))
 #define DDP__SHM 1

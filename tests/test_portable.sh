@@ -15,7 +15,7 @@
 #             and mpirun start aarch64 programs through a binfmt_misc entry that lives only in a
 #             user namespace of this run). qemu runs them with the x86 host's memory ordering, so
 #             it cannot show a weak-memory bug of real arm64 hardware.
-#   bash tests/test_portable.sh BUILD [PART...]     (all three parts: about 4 minutes on 2 cores)
+#   bash tests/test_portable.sh BUILD [PART...]     (all three parts: about 4-5 minutes on 2 cores)
 # Each case prints "ok   name", "FAIL name" (then details) or "skip name: reason"; the last line is
 # "N passed, N failed, N skipped".
 set -u
