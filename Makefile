@@ -115,6 +115,25 @@ ifeq ($(filter clean help,$(MAKECMDGOALS)),)
   $(info $(MPI_LINE))
 endif
 
+# ---- the GPU stand-in (tests/fakegpu): CUDA, cuBLAS, NVRTC and NCCL on the CPU, for make test ------
+# Built whenever the CUDA toolkit is found. The programs under $(BUILD)/fakegpu/ are the same sources
+# as everywhere else, compiled against NVIDIA's headers and linked with the stand-in instead of the
+# real libraries; tests/run.sh runs them on fake GPUs (FAKEGPU_DEVICES=N).
+FAKE_DIR := $(BUILD)/fakegpu
+FAKE_LIB := $(FAKE_DIR)/libfakegpu.so
+FAKE_SRC := tests/fakegpu/runtime.c tests/fakegpu/nvrtc.c tests/fakegpu/cublas.c tests/fakegpu/nccl.c
+FAKE_PROGS :=
+ifeq ($(HAVE_CUDA),1)
+  FAKE_LIBS  := -L$(FAKE_DIR) -Wl,-rpath,$(abspath $(FAKE_DIR)) -lfakegpu
+  FAKE_PROGS := $(FAKE_DIR)/tests/fakegpu/selftest $(FAKE_DIR)/tests/test_gpu $(FAKE_DIR)/tests/test_gpu_pg \
+                $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/examples/01_single_gpu $(FAKE_DIR)/examples/02_multi_gpu \
+                $(FAKE_DIR)/examples/03_multi_node $(FAKE_DIR)/examples/04_fault_tolerance $(FAKE_DIR)/examples/05_large_mlp \
+                $(FAKE_DIR)/bench/large_mlp_launched $(FAKE_DIR)/tests/confusions/confusions
+  ifeq ($(HAVE_MPI),1)
+    FAKE_PROGS += $(FAKE_DIR)/tests/test_mpi
+  endif
+endif
+
 DDP_CFLAGS := -I. $(CUDA_CFLAGS) $(BLAS_CFLAGS)
 DDP_LIBS   := $(CUDA_LIBS) $(BLAS_LIBS) -lpthread -lm
 export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS HAVE_MPI MPI_CFLAGS MPI_LIBS
@@ -128,7 +147,7 @@ TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/tes
             $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_sampler \
             $(BUILD)/tests/test_snapshot $(BUILD)/tests/snapshot_dump
 
-TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync
+TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync $(BUILD)/tests/test_cycles
 TESTS    += $(BUILD)/tests/sampler_dump
 # learners' mistakes as small programs, run by tests/test_confusions.sh (built by the tests/% rule)
 TESTS    += $(BUILD)/tests/confusions/confusions
@@ -139,7 +158,7 @@ ifneq ($(HAVE_MPI),1)
 endif
 
 .PHONY: all demo test test-portable test-faults test-gpu diffs sanitize tsan fuzz install uninstall clean help
-all: $(EXAMPLES) $(TOOLS) $(TESTS) $(MPI_PROGS)
+all: $(EXAMPLES) $(TOOLS) $(TESTS) $(MPI_PROGS) $(FAKE_PROGS)
 
 $(BUILD)/%: tools/%.c ddp.h
 	@mkdir -p $(@D)
@@ -164,6 +183,28 @@ $(BUILD)/tests/test_mpi: tests/test_mpi.c tests/test_pg.c ddp.h tests/harness.h
 	@mkdir -p $(@D)
 	$(MPI_BUILD)
 
+# The stand-in library (C, warning-free; visibility hidden but for the API calls it implements), and
+# programs linked with it in place of cudart, cuBLAS, NVRTC and NCCL.
+$(FAKE_LIB): $(FAKE_SRC) tests/fakegpu/fakegpu.h tests/fakegpu/kernel_shim.h
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) -fPIC -shared -fvisibility=hidden $(CUDA_CFLAGS) \
+	  -DFAKEGPU_SHIM='"$(abspath tests/fakegpu/kernel_shim.h)"' $(FAKE_SRC) -o $@ $(LDFLAGS) -lpthread -ldl -lrt
+$(FAKE_DIR)/tests/fakegpu/selftest: tests/fakegpu/selftest.c tests/harness.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) $(CUDA_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) -lpthread
+$(FAKE_DIR)/tests/%: tests/%.c ddp.h tests/harness.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
+$(FAKE_DIR)/examples/%: examples/%.c ddp.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
+$(FAKE_DIR)/tests/test_mpi: tests/test_mpi.c tests/test_pg.c ddp.h tests/harness.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) -DDDP_MPI $(MPI_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -lpthread -lm
+$(FAKE_DIR)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/05_large_mlp.c ddp.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
+
 # The main job: the chapter-3 program (examples/02_multi_gpu.c) on 4 ranks (CPU backend) on the bundled wine data.
 demo: all
 	@$(BUILD)/examples/02_multi_gpu --nproc 4 --device cpu --save-every 0
@@ -180,9 +221,10 @@ test: all
 test-portable:
 	@bash tests/test_portable.sh $(BUILD)
 
-# The kill-and-resume drill over 20 random kills (make test runs 5), plus the other fault cases.
+# The kill-and-resume drill over 20 random kills (make test runs 5), plus the other fault cases,
+# and 200 init/destroy cycles on one port (make test runs 20); last line: N passed, N failed, N skipped.
 test-faults: all
-	@bash tests/test_restart.sh $(BUILD) 20
+	@BUILD=$(BUILD) bash tests/run.sh --faults
 
 # The GPU tests; on a machine without a GPU they fail (make test skips them instead).
 test-gpu: all
@@ -253,8 +295,25 @@ $(BUILD)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/05_large_
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
 
-bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/05_large_mlp $(BUILD)/bench/large_mlp_launched
+bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/05_large_mlp $(BUILD)/bench/large_mlp_launched $(BUILD)/examples/01_single_gpu
 	@BENCH_HAVE_CUDA=$(HAVE_CUDA) python3 bench/run.py --gpu $(BUILD)
+
+# make gpu-check: on a machine with a GPU, everything a first real run must show, in one report
+# (BUILD/gpu-check/report.txt; tools/gpu_check.sh says what it runs). It rebuilds nothing, so a
+# build made elsewhere can be carried to a GPU machine that has no compiler or toolkit:
+#   make BUILD=build-gpu gpu-check-build      (here: the programs gpu-check runs, about 8 MB)
+#   make BUILD=build-gpu gpu-check            (there)
+# make gpu-check-standin runs the same flow on the GPU stand-in, so that the first real run can
+# only fail on the GPU itself.
+GPU_CHECK_PROGS := $(BUILD)/tests/test_gpu $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp \
+                   $(BUILD)/examples/01_single_gpu $(BUILD)/examples/02_multi_gpu $(BUILD)/examples/05_large_mlp \
+                   $(BUILD)/bench/large_mlp_launched $(BUILD)/ddprun
+.PHONY: gpu-check gpu-check-build gpu-check-standin
+gpu-check-build: $(GPU_CHECK_PROGS)
+gpu-check:
+	@bash tools/gpu_check.sh $(BUILD)
+gpu-check-standin: all
+	@GPU_CHECK_STANDIN=1 bash tools/gpu_check.sh $(BUILD)
 
 -include labs/labs.mk
 -include docs/figures/figures.mk
@@ -285,7 +344,9 @@ help:
 	@echo "make figures   measure and draw the tutorial's figures (gnuplot); figures-render: draw only"
 	@echo "make bench      ddp.h beside Open MPI, gloo and PyTorch DDP (~9 min; BENCH_QUICK=1: ~3), CSV in $(BUILD)/bench/"
 	@echo "make bench-gpu  the large model on one GPU: ddp.h vs PyTorch, NCCL with one rank (skips without a GPU)"
-	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks"
+	@echo "make gpu-check  on a GPU machine: versions, test-gpu, chapters 1 and 3, equivalence, bench-gpu, one report"
+	@echo "make gpu-check-standin  the same flow on the GPU stand-in (no GPU needed)"
+	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks, 200 init/destroy cycles"
 	@echo "make test-gpu   run the GPU tests (needs a GPU)"
 	@echo "make sanitize   run the CPU suite under ASan and UBSan"
 	@echo "make tsan       run the CPU suite under ThreadSanitizer (CPU-only build)"

@@ -88,7 +88,8 @@
     DDP_ASSERT(c)        internal consistency checks (default: assert from <assert.h>).
     DDP_MAX_LAYERS       layers in one model (default 64); DDP_MAX_HOOKS hooks per parameter (4).
 
-    Environment, read at run time:
+    Environment, read at run time (a tuning value that cannot be used is named in a warning, and
+    its default is used instead):
     DDP_DEBUG=INFO|DETAIL   more log lines; DETAIL also synchronises after every GPU launch
                             so an error is reported at the call that caused it, prints every
                             step of the ring, and checks before each collective that every rank
@@ -96,7 +97,8 @@
     SIGUSR1                 kill -USR1 <pid> prints that rank's last 16 collectives (also
                             printed when one times out), unless the program handles SIGUSR1.
     DDP_RESTART_COUNT       set by ddprun --max-restarts: 0 on the first start, then 1, 2, ...
-    DDP_TIMEOUT=seconds     deadline of every store operation, connection and collective (300).
+    DDP_TIMEOUT=seconds     deadline of every store operation, connection and collective (300;
+                            at least 0.1).
     DDP_BACKEND=cpu|nccl|mpi  the backend when ddp_desc.backend is not set (mpi: built with
                             -DDDP_MPI and started by mpirun; see >>mpi).
     DDP_TRANSPORT=auto|shm|tcp  how the CPU backend moves data: shared memory when every rank
@@ -119,6 +121,9 @@
                             backward, each collective, the wait and the optimizer step, for
                             ui.perfetto.dev or chrome://tracing.
     DDP_KILL_GRACE_S        seconds a stopped rank gets between SIGTERM and SIGKILL (5).
+    DDP_LAUNCH_ID           set by ddprun for its ranks ("host:pid:start time"): the ranks of one
+                            node must all come from one launch, so a second ddprun given the same
+                            MASTER_PORT and DDP_JOB_TOKEN cannot slip its ranks into this job.
 
     BACKENDS AND FEATURES
     =====================
@@ -346,7 +351,8 @@ DDP_API int ddp_cuda_device_count(void);
 DDP_API const char* ddp_cuda_unavailable_reason(void);
 /* Parse "cpu", "cuda", "cuda:N" or "auto" into *out. DDP_ERR_INVALID_ARGUMENT on anything else. */
 DDP_API ddp_status ddp_device_parse(const char* text, ddp_device* out);
-/* Turn DDP_DEVICE_AUTO into a concrete device and check that a CUDA device exists.
+/* Turn DDP_DEVICE_AUTO into a concrete device and check that a CUDA device exists (a CPU device
+   never starts CUDA, so a program may still fork GPU ranks afterwards).
    DDP_ERR_NO_GPU or DDP_ERR_NOT_BUILT when CUDA was asked for but cannot be used. */
 DDP_API ddp_status ddp_device_resolve(ddp_device want, ddp_device* out);
 /* "cpu" or "cuda:N" into buf (at least 16 bytes); returns buf. */
@@ -389,11 +395,12 @@ DDP_API ddp_status ddp_event_sync(ddp_event* e);
 /* *done = 1 if `e` has happened, else 0, without blocking. DDP_ERR_CUDA on failure. */
 DDP_API ddp_status ddp_event_query(ddp_event* e, int* done);
 
-/* Copy nbytes from src on src_dev to dst on dst_dev, in order on `s` (NULL: now, blocking).
-   Any pair of CPU and CUDA devices. DDP_ERR_CUDA on failure. */
+/* Copy nbytes from src on src_dev to dst on dst_dev, in order on `s`; with s NULL, now: after all
+   work queued on the GPU, and landed when it returns. Any pair of CPU and CUDA devices.
+   DDP_ERR_CUDA on failure. */
 DDP_API ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
                             size_t nbytes, ddp_stream* s);
-/* Set nbytes at p on `d` to zero, in order on `s` (NULL: now). DDP_ERR_CUDA on failure. */
+/* Set nbytes at p on `d` to zero, in order on `s` (NULL: now, as ddp_copy). DDP_ERR_CUDA on failure. */
 DDP_API ddp_status ddp_zero(ddp_device d, void* p, size_t nbytes, ddp_stream* s);
 
 typedef enum ddp_dtype {
@@ -586,7 +593,9 @@ typedef struct ddp_store ddp_store;
 typedef struct ddp_store_desc {
     const char* host;  /* where the server is; default MASTER_ADDR, else 127.0.0.1 */
     int port;          /* default MASTER_PORT, else 29500; a server given port -1 picks a free one */
-    int is_server;     /* host the server in this process (on `port`, all interfaces) */
+    int is_server;     /* host the server in this process, on `port`: on 127.0.0.1 only when `host`
+                          is a loopback address (every client is on this machine), else on all
+                          interfaces */
     double timeout_s;  /* connect and every operation; default DDP_TIMEOUT, else 300 s (TCPStore's) */
     const char* token; /* default DDP_JOB_TOKEN, else "" */
 } ddp_store_desc;
@@ -676,9 +685,10 @@ typedef struct ddp_work ddp_work; /* a collective in flight */
    the store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT, DDP_ERR_NCCL. */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
 /* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
-   timeout for every rank to call it). On the CPU backend a neighbour still inside a collective
-   this rank never called is told at once (DDP_ERR_DESYNC: "rank R has left the job"). NULL is
-   ignored. */
+   timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
+   a ddp_init right after it, on the same address, starts the next job). On the CPU backend a
+   neighbour still inside a collective this rank never called is told at once (DDP_ERR_DESYNC:
+   "rank R has left the job"). NULL is ignored. */
 DDP_API void ddp_destroy(ddp_pg* pg);
 /* This process's rank, the world size, the local rank and local world size, the backend in use,
    and the device collective buffers live on. */
@@ -849,7 +859,8 @@ typedef struct ddp_wrap_stats {
     long all_reduces;             /* all-reduce calls issued */
     uint64_t bytes_reduced;       /* bytes handed to all-reduce */
     double wait_s;                /* time backward spent waiting for communication after its
-                                     last layer: the communication overlap did not hide */
+                                     last layer: the communication overlap did not hide (on a
+                                     GPU, counted from when backward's kernels have finished) */
     double backward_s;            /* time from each synchronised backward's first ready gradient to
                                      its end, for comparison */
 } ddp_wrap_stats;
@@ -908,7 +919,10 @@ DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
    unless all of it matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated
    or foreign file, DDP_ERR_IO when it cannot be read (DDP_ERR_IO with errno ENOENT: no file). */
 DDP_API ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path);
-/* 1 if `path` exists (a snapshot to resume from), else 0. */
+/* 1 if `path` exists (a snapshot to resume from), 0 if nothing is there (or path is NULL); -1
+   when it cannot be checked (a symlink loop, a folder this user may not search): ddp_error_string()
+   names the path and the reason, and a load would fail the same way. Also removes the temporary
+   files that writers on this host killed mid-save left beside it. */
 DDP_API int ddp_snapshot_exists(const char* path);
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -921,7 +935,8 @@ typedef int (*ddp_spawn_fn)(int rank, void* arg);
    with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT
    a fresh DDP_JOB_TOKEN and GROUP_RANK=0 set, each in its own session. Returns when all have
    ended: DDP_OK if every one returned 0, else DDP_ERR_LAUNCH naming the first rank that failed,
-   after stopping the others (SIGTERM, then SIGKILL after DDP_KILL_GRACE_S, default 5 s). Call
+   after stopping the others (SIGTERM, then SIGKILL after DDP_KILL_GRACE_S, default 5 s); a
+   guardian process stops them the same way if this process is killed, even by SIGKILL. Call
    it early, before starting threads or any CUDA work: it forks, and a forked child can use
    neither its parent's other threads nor its GPU context. */
 DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
@@ -1005,6 +1020,7 @@ DDP_API int ddp_launcher_main(int argc, char** argv);
 #include <cuda_runtime.h> /* memory, streams, events, kernel launch (cudaLibrary*) */
 #include <cublas_v2.h>    /* cublasSgemm for Linear on the GPU */
 #include <nvrtc.h>        /* compiles the kernel source below to PTX at run time */
+#include <nccl.h>         /* the nccl backend's collectives (>>nccl) */
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -1150,12 +1166,32 @@ DDP__PRIVATE int ddp__first_time(int* flag) {
 }
 static int ddp__warned_set_epoch, ddp__warned_no_sync; /* one warning each per process */
 
+/* A tuning variable from the environment: `def` when it is unset or empty. A value that is not a
+   number of at least `min` (or, with `whole`, not a plain whole number: "1MB" would read as 1) is
+   named in a warning and replaced by def, as DDP_DEBUG's is: a typo must not quietly mean
+   something else. */
+DDP__PRIVATE double ddp__env_tuning(const char* name, double def, double min, int whole, const char* unit) {
+    const char* v = getenv(name);
+    char* end = NULL;
+    double x;
+    if (!v || !*v) return def;
+    errno = 0;
+    x = whole ? (strspn(v, "0123456789") == strlen(v) ? (double)strtoull(v, &end, 10) : -1) : strtod(v, &end);
+    if (errno == 0 && end && *end == 0 && x >= min && x < 1e15) return x;
+    ddp_log(DDP_LOG_WARN, "%s=%s is not a %snumber of %s (at least %.15g); using %.15g", name, v, whole ? "whole " : "",
+            unit, min, def);
+    return def;
+}
+
 /* ---- errors ------------------------------------------------------------------------------------- */
 
 /* Per thread, as stb's failure reason: a communication thread's error must not overwrite the
    message the training thread is about to print. */
 static DDP__TLS char ddp__err_msg[1536];
 static DDP__TLS ddp_status ddp__err_status;
+/* The fix for this one error when the status's own fix line would mislead (a full disk is a
+   DDP_ERR_IO, but checking the path's permissions will not help); NULL: the status's. */
+static DDP__TLS const char* ddp__err_fix;
 
 /* Record a failure with a printf-style message and return its status: `return ddp__fail(...)`. */
 DDP__PRIVATE ddp_status ddp__fail(ddp_status s, const char* fmt, ...) DDP__PRINTF(2, 3);
@@ -1165,6 +1201,7 @@ DDP__PRIVATE ddp_status ddp__fail(ddp_status s, const char* fmt, ...) {
     vsnprintf(ddp__err_msg, sizeof ddp__err_msg, fmt, ap);
     va_end(ap);
     ddp__err_status = s;
+    ddp__err_fix = NULL;
     ddp_log(DDP_LOG_INFO, "%s: %s", ddp_status_name(s), ddp__err_msg);
     return s;
 }
@@ -1174,13 +1211,15 @@ DDP__DEF ddp_status ddp_last_status(void) { return ddp__err_status; }
 DDP__DEF void ddp_clear_error(void) {
     ddp__err_msg[0] = 0;
     ddp__err_status = DDP_OK;
+    ddp__err_fix = NULL;
 }
 
 DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* file, int line) {
     ddp__eprint_line("[rank %d/%d] error: %s failed (%s:%d)", ddp__g.rank, ddp__g.world, call_text, file, line);
     ddp__eprint_line("[rank %d/%d]   %s: %s", ddp__g.rank, ddp__g.world, ddp_status_name(s),
                      ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
-    ddp__eprint_line("[rank %d/%d]   fix: %s", ddp__g.rank, ddp__g.world, ddp_status_fix(s));
+    ddp__eprint_line("[rank %d/%d]   fix: %s", ddp__g.rank, ddp__g.world,
+                     ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
     exit(1);
 }
 
@@ -1262,12 +1301,16 @@ DDP__DEF const char* ddp_build_info(void) {
 #endif
     if (!info[0]) {
 #if DDP__CUDA
-        int rt = 0, nv_major = 0, nv_minor = 0;
+        int rt = 0, drv = 0, nv_major = 0, nv_minor = 0, nccl = 0;
+        char driver[32] = "no driver";
         cudaRuntimeGetVersion(&rt);
+        if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0)
+            snprintf(driver, sizeof driver, "driver for CUDA %d.%d", drv / 1000, (drv % 1000) / 10);
         nvrtcVersion(&nv_major, &nv_minor);
-        snprintf(info, sizeof info, "ddp.h %d.%d.%d: CUDA runtime %d.%d, NVRTC %d.%d, cuBLAS; %s",
+        ncclGetVersion(&nccl); /* 22809: 2.28.9 (from NCCL 2.9 on, 10000 * major + 100 * minor + patch) */
+        snprintf(info, sizeof info, "ddp.h %d.%d.%d: CUDA runtime %d.%d (%s), NVRTC %d.%d, NCCL %d.%d.%d, cuBLAS; %s",
                  DDP_VERSION_MAJOR, DDP_VERSION_MINOR, DDP_VERSION_PATCH, rt / 1000,
-                 (rt % 1000) / 10, nv_major, nv_minor, linear);
+                 (rt % 1000) / 10, driver, nv_major, nv_minor, nccl / 10000, nccl % 10000 / 100, nccl % 100, linear);
 #else
         snprintf(info, sizeof info, "ddp.h %d.%d.%d: CPU only (DDP_NO_CUDA); %s", DDP_VERSION_MAJOR,
                  DDP_VERSION_MINOR, DDP_VERSION_PATCH, linear);
@@ -1452,16 +1495,26 @@ DDP__PRIVATE ddp_device ddp__cpu(void) {
 static struct {
     pthread_once_t once;
     int count;
-    char reason[256];
-} ddp__cuda_probe_state = {PTHREAD_ONCE_INIT, 0, {0}};
+    int driver_too_old; /* a driver is there, but older than this program's CUDA runtime */
+    char reason[320];
+} ddp__cuda_probe_state = {PTHREAD_ONCE_INIT, 0, 0, {0}};
 
 static void ddp__cuda_probe(void) {
 #if DDP__CUDA
-    int n = 0;
+    int n = 0, drv = 0, rt = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        if (e == cudaErrorInsufficientDriver)
+        if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0 &&
+            cudaRuntimeGetVersion(&rt) == cudaSuccess) {
+            /* CUDA versions are 1000 * major + 10 * minor */
+            ddp__cuda_probe_state.driver_too_old = 1;
+            snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
+                     "the NVIDIA driver here supports CUDA %d.%d, older than the CUDA %d.%d this program was built "
+                     "with: update the driver (CUDA 13 needs driver R580 or later; nvidia-smi shows the version), or "
+                     "build with a CUDA toolkit no newer than %d.%d (make CUDA_HOME=...)", drv / 1000, drv % 1000 / 10,
+                     rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
+        } else if (e == cudaErrorInsufficientDriver)
             snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
                      "no NVIDIA driver is installed on this machine (CUDA reports %s)",
                      cudaGetErrorName(e));
@@ -1524,8 +1577,11 @@ DDP__PRIVATE ddp_status ddp__fail_gpu_index(int index, int ngpus) {
 }
 
 DDP__DEF ddp_status ddp_device_resolve(ddp_device want, ddp_device* out) {
-    int n = ddp_cuda_device_count();
+    int n;
     *out = want;
+    /* asking CUDA starts it, and a process that forks after that cannot give its children a GPU */
+    if (want.type == DDP_DEVICE_CPU) { out->index = 0; return DDP_OK; }
+    n = ddp_cuda_device_count();
     if (want.type == DDP_DEVICE_AUTO) {
         if (n > 0) {
             out->type = DDP_DEVICE_CUDA;
@@ -1533,11 +1589,12 @@ DDP__DEF ddp_status ddp_device_resolve(ddp_device want, ddp_device* out) {
         } else {
             out->type = DDP_DEVICE_CPU;
             out->index = 0;
-            ddp_log(DDP_LOG_INFO, "no GPU: using the CPU (%s)", ddp_cuda_unavailable_reason());
+            /* a laptop without a GPU is normal; a GPU machine whose driver is too old is a surprise */
+            ddp_log(ddp__cuda_probe_state.driver_too_old ? DDP_LOG_WARN : DDP_LOG_INFO, "no GPU: using the CPU (%s)",
+                    ddp_cuda_unavailable_reason());
         }
         return DDP_OK;
     }
-    if (want.type == DDP_DEVICE_CPU) { out->index = 0; return DDP_OK; }
 #if !DDP__CUDA
     return ddp__fail(DDP_ERR_NOT_BUILT, "device cuda:%d was asked for, but %s", want.index,
                      ddp_cuda_unavailable_reason());
@@ -1570,12 +1627,17 @@ DDP__DEF ddp_status ddp_alloc(ddp_device d, size_t nbytes, void** out) {
     if (nbytes == 0) return DDP_OK;
     if (d.type == DDP_DEVICE_CUDA) {
 #if DDP__CUDA
+        cudaError_t e;
         DDP__TRY(ddp_device_activate(d));
         DDP__CU(cudaMalloc(out, nbytes));
-        if (cudaMemset(*out, 0, nbytes) != cudaSuccess) {
+        /* cudaMemset returns before it is done, on the legacy stream, which the library's own
+           streams do not wait for: the zeros must have landed before anyone uses the buffer */
+        e = cudaMemset(*out, 0, nbytes);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+        if (e != cudaSuccess) {
             cudaFree(*out);
             *out = NULL;
-            return ddp__fail_cuda(cudaGetLastError(), "cudaMemset(new buffer)", __LINE__);
+            return ddp__fail_cuda(e, "cudaMemset(new buffer)", __LINE__);
         }
         return DDP_OK;
 #else
@@ -1769,8 +1831,12 @@ DDP__DEF ddp_status ddp_event_query(ddp_event* e, int* done) {
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
-                             size_t nbytes, ddp_stream* s) {
+/* A copy that the caller has already ordered after the work producing src (an event waited for):
+   on the legacy stream, and landed when it returns (cudaMemcpy from pageable memory returns once
+   the source is staged, before the bytes are on the device). Waits for no other stream, so the
+   CPU backend's thread can stage a bucket while backward goes on. */
+DDP__PRIVATE ddp_status ddp__copy_now(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
+                                      size_t nbytes) {
     if (nbytes == 0) return DDP_OK;
     if (dst_dev.type != DDP_DEVICE_CUDA && src_dev.type != DDP_DEVICE_CUDA) {
         memcpy(dst, src, nbytes);
@@ -1779,11 +1845,32 @@ DDP__DEF ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, 
 #if DDP__CUDA
     /* cudaMemcpyDefault: unified addressing tells the runtime which side each pointer is on */
     DDP__TRY(ddp_device_activate(dst_dev.type == DDP_DEVICE_CUDA ? dst_dev : src_dev));
-    if (s && s->dev.type == DDP_DEVICE_CUDA)
-        DDP__CU(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, s->s));
-    else
-        DDP__CU(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
+    DDP__CU(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
+    DDP__CU(cudaStreamSynchronize(cudaStreamLegacy));
     return DDP_OK;
+#else
+    return ddp__fail(DDP_ERR_NOT_BUILT, "cannot copy to or from a GPU: %s", ddp_cuda_unavailable_reason());
+#endif
+}
+
+DDP__DEF ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
+                             size_t nbytes, ddp_stream* s) {
+    if (nbytes == 0) return DDP_OK;
+    if (dst_dev.type != DDP_DEVICE_CUDA && src_dev.type != DDP_DEVICE_CUDA) {
+        memcpy(dst, src, nbytes);
+        return DDP_OK;
+    }
+#if DDP__CUDA
+    if (s && s->dev.type == DDP_DEVICE_CUDA) {
+        DDP__TRY(ddp_device_activate(s->dev));
+        DDP__CU(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, s->s));
+        return DDP_OK;
+    }
+    /* "now": after everything queued on the GPU (the model's own stream included: the legacy
+       stream that cudaMemcpy uses does not wait for the library's non-blocking streams) */
+    DDP__TRY(ddp_device_activate(dst_dev.type == DDP_DEVICE_CUDA ? dst_dev : src_dev));
+    DDP__CU(cudaDeviceSynchronize());
+    return ddp__copy_now(dst_dev, dst, src_dev, src, nbytes);
 #else
     (void)s;
     return ddp__fail(DDP_ERR_NOT_BUILT, "cannot copy to or from a GPU: %s",
@@ -1799,8 +1886,14 @@ DDP__DEF ddp_status ddp_zero(ddp_device d, void* p, size_t nbytes, ddp_stream* s
     }
 #if DDP__CUDA
     DDP__TRY(ddp_device_activate(d));
-    if (s && s->dev.type == DDP_DEVICE_CUDA) DDP__CU(cudaMemsetAsync(p, 0, nbytes, s->s));
-    else DDP__CU(cudaMemset(p, 0, nbytes));
+    if (s && s->dev.type == DDP_DEVICE_CUDA) {
+        DDP__CU(cudaMemsetAsync(p, 0, nbytes, s->s));
+        return DDP_OK;
+    }
+    /* now, as ddp_copy: after the queued work, and done when it returns */
+    DDP__CU(cudaDeviceSynchronize());
+    DDP__CU(cudaMemset(p, 0, nbytes));
+    DDP__CU(cudaStreamSynchronize(cudaStreamLegacy));
     return DDP_OK;
 #else
     (void)s;
@@ -2024,13 +2117,14 @@ DDP__DEF const char* ddp_kernel_name(int i) {
 }
 
 #if DDP__CUDA
-/* Compile the kernel source for one virtual architecture; *ptx is host memory from DDP_MALLOC. */
-DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, char** ptx, size_t* nbytes) {
+/* Compile the kernel source for one architecture: "compute_XY" gives PTX, "sm_XY" the GPU's own
+   binary code (CUBIN) when cubin is 1. *img is host memory from DDP_MALLOC. */
+DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, int cubin, char** img, size_t* nbytes) {
     nvrtcProgram prog;
     char opt_arch[64];
     const char* opts[2];
     nvrtcResult r;
-    *ptx = NULL;
+    *img = NULL;
     *nbytes = 0;
     snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
     opts[0] = opt_arch;
@@ -2065,20 +2159,21 @@ DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, char** ptx, size_t*
         return ddp__fail(DDP_ERR_NVRTC, "nvrtcCompileProgram(%s) failed: %s; compiler log: %s",
                          arch, nvrtcGetErrorString(r), log);
     }
-    r = nvrtcGetPTXSize(prog, nbytes);
+    r = cubin ? nvrtcGetCUBINSize(prog, nbytes) : nvrtcGetPTXSize(prog, nbytes);
+    if (r == NVRTC_SUCCESS && *nbytes == 0) r = NVRTC_ERROR_INVALID_INPUT; /* no CUBIN for a compute_XY */
     if (r == NVRTC_SUCCESS) {
-        *ptx = (char*)ddp__malloc(*nbytes);
-        if (!*ptx) {
+        *img = (char*)ddp__malloc(*nbytes);
+        if (!*img) {
             nvrtcDestroyProgram(&prog);
-            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes for PTX failed", *nbytes);
+            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes for the compiled kernels failed", *nbytes);
         }
-        r = nvrtcGetPTX(prog, *ptx);
+        r = cubin ? nvrtcGetCUBIN(prog, *img) : nvrtcGetPTX(prog, *img);
     }
     nvrtcDestroyProgram(&prog);
     if (r != NVRTC_SUCCESS) {
-        if (*ptx) DDP_FREE(*ptx);
-        *ptx = NULL;
-        return ddp__fail(DDP_ERR_NVRTC, "reading the PTX for %s failed: %s", arch,
+        if (*img) DDP_FREE(*img);
+        *img = NULL;
+        return ddp__fail(DDP_ERR_NVRTC, "reading the %s for %s failed: %s", cubin ? "CUBIN" : "PTX", arch,
                          nvrtcGetErrorString(r));
     }
     return DDP_OK;
@@ -2087,7 +2182,7 @@ DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, char** ptx, size_t*
 
 DDP__DEF ddp_status ddp_kernels_compile_ptx(const char* arch, char** ptx, size_t* nbytes) {
 #if DDP__CUDA
-    return ddp__nvrtc_compile(arch ? arch : "compute_80", ptx, nbytes);
+    return ddp__nvrtc_compile(arch ? arch : "compute_80", 0, ptx, nbytes);
 #else
     (void)arch;
     *ptx = NULL;
@@ -2106,16 +2201,14 @@ static struct {
 } ddp__kern = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, {{0}}};
 
 DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
-    int major = 0, minor = 0, narch = 0, best = 0, i, want;
+    int major = 0, minor = 0, narch = 0, best = 0, i, want, nv_major = 0, nv_minor = 0, drv = 0;
     int archs[128];
-    char arch[32], *ptx = NULL;
+    char arch[32], *img = NULL;
     size_t nbytes = 0;
-    cudaError_t e;
+    cudaError_t e = cudaErrorInvalidValue;
     DDP__CU(cudaSetDevice(dev));
     DDP__CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     DDP__CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    /* The newest virtual architecture both NVRTC and this GPU know; the driver finishes the
-       compile from PTX for the exact chip. */
     want = major * 10 + minor;
     DDP__NVRTC(nvrtcGetNumSupportedArchs(&narch));
     if (narch > 128) narch = 128;
@@ -2125,11 +2218,34 @@ DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
     if (best == 0)
         return ddp__fail(DDP_ERR_NVRTC, "GPU %d has compute capability %d.%d, older than any "
                          "architecture this NVRTC supports", dev, major, minor);
-    snprintf(arch, sizeof arch, "compute_%d", best);
-    DDP__TRY(ddp__nvrtc_compile(arch, &ptx, &nbytes));
-    e = cudaLibraryLoadData(&ddp__kern.lib[dev], ptx, NULL, NULL, 0, NULL, NULL, 0);
-    DDP_FREE(ptx);
-    if (e != cudaSuccess) return ddp__fail_cuda(e, "cudaLibraryLoadData(kernels PTX)", __LINE__);
+    /* Binary code (CUBIN) for this GPU's own architecture when NVRTC knows one of its family: it
+       needs no compile by the driver, so a driver older than this NVRTC still runs it. Else PTX for
+       the newest architecture both know, which the driver compiles for the exact chip. */
+    if (best / 10 == major) {
+        snprintf(arch, sizeof arch, "sm_%d", best);
+        if (ddp__nvrtc_compile(arch, 1, &img, &nbytes) == DDP_OK) {
+            e = cudaLibraryLoadData(&ddp__kern.lib[dev], img, NULL, NULL, 0, NULL, NULL, 0);
+            DDP_FREE(img);
+            if (e != cudaSuccess) (void)cudaGetLastError();
+        }
+    }
+    if (e != cudaSuccess) {
+        snprintf(arch, sizeof arch, "compute_%d", best);
+        DDP__TRY(ddp__nvrtc_compile(arch, 0, &img, &nbytes));
+        e = cudaLibraryLoadData(&ddp__kern.lib[dev], img, NULL, NULL, 0, NULL, NULL, 0);
+        DDP_FREE(img);
+        if (e == cudaErrorUnsupportedPtxVersion) {
+            (void)cudaGetLastError();
+            nvrtcVersion(&nv_major, &nv_minor);
+            cudaDriverGetVersion(&drv);
+            return ddp__fail(DDP_ERR_CUDA, "GPU %d (compute capability %d.%d) needs its kernels compiled by the driver "
+                             "from PTX, and this PTX comes from NVRTC %d.%d, newer than the driver (CUDA %d.%d) can "
+                             "read (cudaErrorUnsupportedPtxVersion): update the NVIDIA driver, or build with the CUDA "
+                             "toolkit that matches it (make CUDA_HOME=...)", dev, major, minor, nv_major, nv_minor,
+                             drv / 1000, drv % 1000 / 10);
+        }
+        if (e != cudaSuccess) return ddp__fail_cuda(e, "cudaLibraryLoadData(kernels PTX)", __LINE__);
+    }
     for (i = 0; i < DDP__K_COUNT; i++)
         DDP__CU(cudaLibraryGetKernel(&ddp__kern.k[dev][i], ddp__kern.lib[dev], ddp__kernel_names[i]));
     ddp__kern.loaded[dev] = 1;
@@ -2549,6 +2665,12 @@ DDP__PRIVATE ddp_status ddp__gemm(ddp_model* m, int ta, int tb, int M, int N, in
            computing C^T = op(B)^T op(A)^T column-major writes C row-major: swap the operands. */
         DDP__BLAS(cublasSgemm(m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                               N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+        /* DETAIL mode waits for each product, as for each kernel (ddp__launch), so that an error
+           is reported at the call that caused it */
+        if (ddp_log_level_enabled() >= DDP_LOG_DETAIL) {
+            cudaError_t e = cudaStreamSynchronize(m->stream->s);
+            if (e != cudaSuccess) return ddp__fail_cuda(e, "cublasSgemm (synchronised under DDP_DEBUG=DETAIL)", __LINE__);
+        }
         return DDP_OK;
     }
 #endif
@@ -3017,7 +3139,10 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
 
    The server is one thread running poll() over every connection: a slow, silent or half-sent
    client never blocks the others. GET and WAIT park the connection until the keys exist or the
-   request's own deadline passes, so a client's timeout is enforced by the server too.
+   request's own deadline passes, so a client's timeout is enforced by the server too. When the
+   process runs out of file descriptors (many strangers on the port, a low `ulimit -n`), the
+   listening socket rests for 0.1 s at a time, with one warning, while the connections already
+   accepted are served.
 */
 
 #include <fcntl.h>
@@ -3026,6 +3151,7 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h> /* getrlimit: the descriptor limit, named when accept runs out */
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h> /* struct iovec: a header and its data in one system call */
@@ -3149,8 +3275,30 @@ DDP__PRIVATE int ddp__sock_connect(const char* host, int port, double deadline) 
     return fd;
 }
 
-/* Listen on all interfaces at `port` (0: any free port). Returns the socket or -1 with errno. */
-DDP__PRIVATE int ddp__sock_listen(int port, int* bound_port) {
+/* 1 when every address `host` resolves to is a loopback one (127.0.0.0/8, ::1): whoever connects
+   there runs on this machine. */
+DDP__PRIVATE int ddp__loopback_only(const char* host) {
+    struct addrinfo hints, *res = NULL, *ai;
+    int all = 1;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (!host || getaddrinfo(host, NULL, &hints, &res) != 0 || !res) return 0;
+    for (ai = res; ai; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET)
+            all &= (ntohl(((struct sockaddr_in*)ai->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        else if (ai->ai_family == AF_INET6)
+            all &= IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6*)ai->ai_addr)->sin6_addr) != 0;
+        else
+            all = 0;
+    }
+    freeaddrinfo(res);
+    return all;
+}
+
+/* Listen at `port` (0: any free port) on the IPv4 address `ip` ("127.0.0.1": this machine only),
+   or on all interfaces when ip is NULL or not an IPv4 address. Returns the socket or -1 with errno. */
+DDP__PRIVATE int ddp__sock_listen(const char* ip, int port, int* bound_port) {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
     int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -3160,7 +3308,7 @@ DDP__PRIVATE int ddp__sock_listen(int port, int* bound_port) {
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (!ip || inet_pton(AF_INET, ip, &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
     a.sin_port = htons((uint16_t)port);
     if (bind(fd, (struct sockaddr*)&a, sizeof a) != 0 || listen(fd, 128) != 0) {
         int e = errno;
@@ -3202,18 +3350,31 @@ DDP__PRIVATE uint64_t ddp__le64(const unsigned char* p) {
 /* The timeout every blocking operation uses, into *out: the desc's value, else DDP_TIMEOUT
    (seconds), else 300. DDP_ERR_ENV when DDP_TIMEOUT is used and is not a positive number: "30s"
    or "abc" would otherwise quietly mean the default. */
+#define DDP__MIN_TIMEOUT 0.1 /* seconds: a shorter deadline would fail even a busy machine's round trip */
 DDP__PRIVATE ddp_status ddp__timeout(double from_desc, double* out) {
     const char* v = getenv("DDP_TIMEOUT");
     char* end;
     double t;
     *out = from_desc > 0 ? from_desc : 300.0;
+    if (from_desc > 0 && from_desc < DDP__MIN_TIMEOUT)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "desc.timeout_s=%g is shorter than %g s, less than a network round "
+                         "trip may take on a busy machine: give a few seconds at least (0: DDP_TIMEOUT, else 300)",
+                         from_desc, DDP__MIN_TIMEOUT);
     if (from_desc > 0 || !v || !*v) return DDP_OK;
     t = strtod(v, &end);
     if (*end != 0 || !(t > 0) || t > 1e7)
-        return ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is not a positive number of seconds: write it as a plain "
-                         "number, e.g. DDP_TIMEOUT=60, or unset it for the default 300", v);
-    *out = t;
-    return DDP_OK;
+        ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is not a positive number of seconds: write it as a plain number, "
+                  "e.g. DDP_TIMEOUT=60, or unset it for the default 300", v);
+    else if (t < DDP__MIN_TIMEOUT)
+        ddp__fail(DDP_ERR_ENV, "DDP_TIMEOUT=%s is shorter than %g s, less than a network round trip may take on a busy "
+                  "machine: set it to a few seconds at least, e.g. DDP_TIMEOUT=60, or unset it for the default 300",
+                  v, DDP__MIN_TIMEOUT);
+    else {
+        *out = t;
+        return DDP_OK;
+    }
+    ddp__err_fix = "set DDP_TIMEOUT to a number of seconds (the deadline of every wait), or unset it for 300";
+    return DDP_ERR_ENV;
 }
 
 /* ---- the server ------------------------------------------------------------------------------------ */
@@ -3244,6 +3405,11 @@ typedef struct ddp__server {
     int nkv, capkv;
     ddp__sconn* conns;
     int nconns, capconns;
+    /* accept failing for want of descriptors (EMFILE: `ulimit -n`): the listening socket stays
+       readable, so the server leaves it alone until `accept_pause_until` instead of spinning */
+    double accept_pause_until, accept_failing_since;
+    long accept_fails;    /* failed accepts since the first of this episode; 0: none */
+    int accept_episodes;  /* episodes so far: only the first is a warning, later ones are INFO */
 } ddp__server;
 
 DDP__PRIVATE ddp__kv* ddp__kv_find(ddp__server* s, const char* key, size_t klen) {
@@ -3524,7 +3690,9 @@ static void* ddp__server_main(void* arg) {
                 next = c->deadline;
             }
         }
-        pf[0].fd = s->listen_fd, pf[0].events = POLLIN, pf[0].revents = 0;
+        if (now < s->accept_pause_until && s->accept_pause_until < next) next = s->accept_pause_until;
+        /* a negative fd is skipped by poll: the listening socket rests while accept cannot succeed */
+        pf[0].fd = now < s->accept_pause_until ? -1 : s->listen_fd, pf[0].events = POLLIN, pf[0].revents = 0;
         pf[1].fd = s->wake[0], pf[1].events = POLLIN, pf[1].revents = 0;
         for (i = 0; i < s->nconns; i++) pf[i + 2].fd = s->conns[i].fd, pf[i + 2].events = POLLIN, pf[i + 2].revents = 0;
         n = s->nconns + 2;
@@ -3554,7 +3722,27 @@ static void* ddp__server_main(void* arg) {
             for (;;) {
                 int fd = accept(s->listen_fd, NULL, NULL);
                 ddp__sconn* c;
+                if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+                    int e = errno;
+                    if (s->accept_fails++ == 0) {
+                        struct rlimit rl;
+                        long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : -1;
+                        s->accept_failing_since = ddp__now();
+                        ddp_log(s->accept_episodes++ ? DDP_LOG_INFO : DDP_LOG_WARN,
+                                "store: cannot accept a connection: %s (this process may have %ld open "
+                                "files: ulimit -n). Serving the %d connections it has and retrying every 0.1 s; "
+                                "many connections that never say HELLO come from another program or an attack "
+                                "on MASTER_PORT", strerror(e), lim, s->nconns);
+                    }
+                    s->accept_pause_until = ddp__now() + 0.1;
+                    break;
+                }
                 if (fd < 0) break;
+                if (s->accept_fails) {
+                    ddp_log(s->accept_episodes > 1 ? DDP_LOG_INFO : DDP_LOG_WARN, "store: accepting connections again (accept failed %ld times over %.1f s "
+                            "for want of file descriptors)", s->accept_fails, ddp__now() - s->accept_failing_since);
+                    s->accept_fails = 0;
+                }
                 if (s->nconns == s->capconns) {
                     int capc = s->capconns ? 2 * s->capconns : 16;
                     ddp__sconn* grown = (ddp__sconn*)ddp__malloc((size_t)capc * sizeof *grown);
@@ -3579,6 +3767,10 @@ static void* ddp__server_main(void* arg) {
 
 DDP__PRIVATE void ddp__server_free(ddp__server* s) {
     int i;
+    /* The listening socket first: a client that sees its connection close may connect again at
+       once (ddp_destroy, then ddp_init), and must be refused, not queued on a socket about to go. */
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    s->listen_fd = -1;
     while (s->nconns) ddp__sconn_close(s, s->nconns - 1, NULL);
     for (i = 0; i < s->nkv; i++) {
         DDP_FREE(s->kv[i].key);
@@ -3586,14 +3778,15 @@ DDP__PRIVATE void ddp__server_free(ddp__server* s) {
     }
     if (s->kv) DDP_FREE(s->kv);
     if (s->conns) DDP_FREE(s->conns);
-    if (s->listen_fd >= 0) close(s->listen_fd);
     if (s->wake[0] >= 0) close(s->wake[0]);
     if (s->wake[1] >= 0) close(s->wake[1]);
     pthread_mutex_destroy(&s->lock);
     DDP_FREE(s);
 }
 
-DDP__PRIVATE ddp_status ddp__server_start(int port, const char* token, double timeout, ddp__server** out) {
+/* `local`: every client is on this machine (they reach the store at a loopback address), so it
+   listens on 127.0.0.1 only and no other machine can even connect; else on every interface. */
+DDP__PRIVATE ddp_status ddp__server_start(int port, int local, const char* token, double timeout, ddp__server** out) {
     ddp__server* s = (ddp__server*)ddp__calloc(sizeof *s);
     int e;
     *out = NULL;
@@ -3602,7 +3795,7 @@ DDP__PRIVATE ddp_status ddp__server_start(int port, const char* token, double ti
     s->idle_s = timeout < 10.0 ? timeout : 10.0;
     pthread_mutex_init(&s->lock, NULL);
     snprintf(s->token, sizeof s->token, "%s", token);
-    s->listen_fd = ddp__sock_listen(port < 0 ? 0 : port, &s->port);
+    s->listen_fd = ddp__sock_listen(local ? "127.0.0.1" : NULL, port < 0 ? 0 : port, &s->port);
     if (s->listen_fd < 0) {
         e = errno;
         ddp__server_free(s);
@@ -3703,13 +3896,15 @@ DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s) {
     /* A store answers HELLO at once, so no slack: a program on that port that accepts the
        connection but speaks another protocol (or nothing) is found out within the deadline. */
     double t = s->timeout < 5.0 ? s->timeout : 5.0;
-    if (ddp__store_call_x(s, DDP__OP_HELLO, NULL, s->token, strlen(s->token), t, 0.0, &st, &msg, &n) != DDP_OK)
+    if (ddp__store_call_x(s, DDP__OP_HELLO, NULL, s->token, strlen(s->token), t, 0.0, &st, &msg, &n) != DDP_OK) {
+        char why[96];
+        if (strstr(ddp_error_string(), "malformed")) snprintf(why, sizeof why, "answered the HELLO in another protocol");
+        else if (strstr(ddp_error_string(), "closed the")) snprintf(why, sizeof why, "closed the connection without answering the HELLO");
+        else snprintf(why, sizeof why, "did not answer the HELLO within %g s (a store answers at once)", t);
         return ddp__fail(DDP_ERR_STORE_REFUSED, "the program listening at %s:%d is not a ddp.h rendezvous store: it "
                          "%s. Another program holds MASTER_PORT (pick another port), or MASTER_ADDR/MASTER_PORT "
-                         "point to the wrong machine", s->host, s->port,
-                         strstr(ddp_error_string(), "malformed")     ? "answered the HELLO in another protocol"
-                         : strstr(ddp_error_string(), "closed the") ? "closed the connection without answering the HELLO"
-                                                                     : "did not answer the HELLO within the deadline");
+                         "point to the wrong machine", s->host, s->port, why);
+    }
     if (st != DDP__ST_OK) {
         char why[64] = "refused";
         if (msg) snprintf(why, sizeof why, "%.*s", (int)(n < 60 ? n : 60), (const char*)msg);
@@ -3753,7 +3948,7 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     env = getenv("DDP_JOB_TOKEN");
     snprintf(s->token, sizeof s->token, "%s", d.token ? d.token : (env ? env : ""));
     if (d.is_server) {
-        st = ddp__server_start(s->port, s->token, s->timeout, &s->server);
+        st = ddp__server_start(s->port, ddp__loopback_only(s->host), s->token, s->timeout, &s->server);
         if (st != DDP_OK) {
             ddp_store_destroy(s);
             return st;
@@ -3803,6 +3998,23 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     }
     *out = s;
     return DDP_OK;
+}
+
+/* Wait (until `deadline`) for the server to close this client's connection: the sign that the
+   process hosting it has stopped it. The server never writes unasked, so anything readable is
+   the end. Returns 1 when it closed, 0 at the deadline. */
+DDP__PRIVATE int ddp__store_wait_closed(ddp_store* s, double deadline) {
+    for (;;) {
+        struct pollfd pf;
+        char b;
+        pf.fd = s->fd, pf.events = POLLIN, pf.revents = 0;
+        if (poll(&pf, 1, ddp__ms_left(deadline)) > 0) {
+            ssize_t k = recv(s->fd, &b, 1, MSG_PEEK);
+            if (k <= 0 && !(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return 1;
+            if (k > 0) return 1; /* not a reply to anything: the connection is over for us too */
+        }
+        if (ddp__now() >= deadline) return 0;
+    }
 }
 
 DDP__DEF void ddp_store_destroy(ddp_store* s) {
@@ -3936,6 +4148,7 @@ DDP__DEF ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count)
      connect  set up connections once the store is up (collective);
      submit   start one collective (must not block on peers);
      wait     block until that collective is done or its deadline passes;
+     test     whether it is done, without blocking;
      destroy  close everything.
 */
 
@@ -3979,6 +4192,7 @@ typedef struct ddp__backend_vt {
     ddp_status (*connect)(ddp_pg* pg);
     ddp_status (*submit)(ddp_pg* pg, ddp_work* w);
     ddp_status (*wait)(ddp_pg* pg, ddp_work* w);
+    ddp_status (*test)(ddp_pg* pg, ddp_work* w, int* done);
     void (*destroy)(ddp_pg* pg);
 } ddp__backend_vt;
 
@@ -4535,7 +4749,8 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
    block, so ranks that call different collectives fail with DDP_ERR_DESYNC as on the ring.
 
    The segment has a name only while the ranks open it: rank 0 removes the name once everyone has
-   mapped it, so the memory goes back to the system when the last rank exits, also after a crash.
+   mapped it, so the memory goes back to the system when the last rank exits, also after a crash;
+   a SIGTERM, SIGINT or SIGHUP that comes before that removes the name on its way (ddp__shm_guard).
 
    Memory order (C11 atomics; what a weakly ordered CPU such as arm64 relies on, which x86 and qemu
    on x86 would forgive): a rank writes its slot and header with plain stores, then raises its phase
@@ -4980,23 +5195,85 @@ DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
 
 /* Where the segment's name lives while the ranks open it. Linux: a file under /dev/shm, which is
    what shm_open makes too, without needing -lrt on older C libraries; elsewhere shm_open. */
+DDP__PRIVATE void ddp__shm_path(char* out, size_t n, const char* name) {
+#if DDP__LINUX
+    snprintf(out, n, "/dev/shm%s", name);
+#else
+    snprintf(out, n, "%s", name);
+#endif
+}
 DDP__PRIVATE int ddp__shm_open(const char* name, int create) {
 #if DDP__LINUX
     char path[96];
-    snprintf(path, sizeof path, "/dev/shm%s", name);
+    ddp__shm_path(path, sizeof path, name);
     return open(path, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
 #else
     return shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
 #endif
 }
-DDP__PRIVATE void ddp__shm_unlink(const char* name) {
+/* While rank 0's segment has a name (until every rank has mapped it, which may take the whole
+   timeout when a rank is slow or failing), a SIGTERM, SIGINT or SIGHUP, as ddprun sends when it
+   stops a job, would end the process and leave the segment in /dev/shm (megabytes) until the
+   machine restarts. For that window these handlers remove the name first, then do what the signal
+   would have done: the previous handler, or the default action. One segment per process at a time
+   (a second group set up at the same moment in another thread goes unguarded). */
+static const int ddp__shm_sigs[3] = {SIGTERM, SIGINT, SIGHUP};
+static struct sigaction ddp__shm_old_sa[3];
+static char ddp__shm_guarded[96];                 /* what unlink (Linux) or shm_unlink takes */
+static volatile sig_atomic_t ddp__shm_guarding;
+static pthread_mutex_t ddp__shm_guard_lock = PTHREAD_MUTEX_INITIALIZER;
+
+DDP__PRIVATE void ddp__shm_on_signal(int sig, siginfo_t* info, void* ctx) {
+    int i, saved = errno;
+    if (ddp__shm_guarding) {
 #if DDP__LINUX
+        unlink(ddp__shm_guarded); /* both async-signal-safe system calls */
+#else
+        shm_unlink(ddp__shm_guarded);
+#endif
+    }
+    for (i = 0; i < 3 && ddp__shm_sigs[i] != sig; i++) {}
+    if (i < 3) {
+        struct sigaction old = ddp__shm_old_sa[i];
+        sigaction(sig, &old, NULL);
+        if (old.sa_flags & SA_SIGINFO) old.sa_sigaction(sig, info, ctx);
+        else if (old.sa_handler == SIG_DFL) raise(sig); /* blocked here: acted on when this returns */
+        else if (old.sa_handler != SIG_IGN) old.sa_handler(sig);
+    }
+    errno = saved;
+}
+
+DDP__PRIVATE void ddp__shm_guard(const char* name) {
+    struct sigaction sa;
+    int i;
+    pthread_mutex_lock(&ddp__shm_guard_lock);
+    if (!ddp__shm_guarding) {
+        ddp__shm_path(ddp__shm_guarded, sizeof ddp__shm_guarded, name);
+        ddp__shm_guarding = 1;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = ddp__shm_on_signal;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        for (i = 0; i < 3; i++) sigaction(ddp__shm_sigs[i], &sa, &ddp__shm_old_sa[i]);
+    }
+    pthread_mutex_unlock(&ddp__shm_guard_lock);
+}
+
+DDP__PRIVATE void ddp__shm_unlink(const char* name) {
     char path[96];
-    snprintf(path, sizeof path, "/dev/shm%s", name);
+    int i;
+    ddp__shm_path(path, sizeof path, name);
+#if DDP__LINUX
     unlink(path);
 #else
     shm_unlink(name);
 #endif
+    pthread_mutex_lock(&ddp__shm_guard_lock);
+    if (ddp__shm_guarding && !strcmp(path, ddp__shm_guarded)) { /* the name is gone: the usual handlers again */
+        ddp__shm_guarding = 0;
+        for (i = 0; i < 3; i++) sigaction(ddp__shm_sigs[i], &ddp__shm_old_sa[i], NULL);
+    }
+    pthread_mutex_unlock(&ddp__shm_guard_lock);
 }
 
 /* What makes two ranks "on one host" for shared memory: the host name, and on Linux the boot and
@@ -5036,6 +5313,7 @@ DDP__PRIVATE unsigned char* ddp__shm_create(ddp_pg* pg, size_t bytes, char* name
         fd = ddp__shm_open(name, 1);
         if (fd < 0 && errno != EEXIST) break;
     }
+    if (fd >= 0) ddp__shm_guard(name);
     if (fd < 0) {
         snprintf(why, whylen, "creating shared memory %s failed: %s", name, strerror(errno));
         return NULL;
@@ -5124,10 +5402,6 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
     }
 #if DDP__SHM
     {
-        const char* chunk_env = getenv("DDP_SHM_CHUNK_BYTES");
-        const char* stream_env = getenv("DDP_SHM_STREAM_BYTES");
-        const char* spin_env = getenv("DDP_SHM_SPIN_US");
-        const char* slot_env = getenv("DDP_SHM_SLOT_STREAM_BELOW");
         const int W = pg->world;
         char key_val[400], name[64] = "", me[300], theirs[300] = "";
         uint64_t nonce = 0;
@@ -5136,7 +5410,7 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
         int ok = 0;
         unsigned char* p = NULL;
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        chunk = chunk_env && atol(chunk_env) > 0 ? (size_t)atol(chunk_env) : (size_t)1 << 20;
+        chunk = (size_t)ddp__env_tuning("DDP_SHM_CHUNK_BYTES", 1 << 20, 1, 1, "bytes");
         if (chunk > ((size_t)32 << 20) / (size_t)W) chunk = ((size_t)32 << 20) / (size_t)W; /* 64 MiB at most */
         chunk = (chunk + 4095) & ~(size_t)4095;
         if (chunk < (size_t)W * 4) chunk = ((size_t)W * 4 + 4095) & ~(size_t)4095;
@@ -5186,9 +5460,9 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
         if (yes == W) {
             /* spin only when every local rank has a core: with more ranks than cores, a spinning
                rank takes the core the one it waits for needs */
-            pg->shm_spin_s = spin_env && atof(spin_env) >= 0 ? atof(spin_env) * 1e-6 : cores >= W ? 20e-6 : 0;
-            pg->shm_stream_bytes = stream_env && atol(stream_env) > 0 ? (size_t)atol(stream_env) : (size_t)32 << 20;
-            pg->shm_slot_stream = slot_env && atol(slot_env) >= 0 ? (size_t)atol(slot_env) : (size_t)512 << 10;
+            pg->shm_spin_s = ddp__env_tuning("DDP_SHM_SPIN_US", cores >= W ? 20 : 0, 0, 0, "microseconds") * 1e-6;
+            pg->shm_stream_bytes = (size_t)ddp__env_tuning("DDP_SHM_STREAM_BYTES", 32 << 20, 1, 1, "bytes");
+            pg->shm_slot_stream = (size_t)ddp__env_tuning("DDP_SHM_SLOT_STREAM_BELOW", 512 << 10, 0, 1, "bytes");
             ddp_log(DDP_LOG_INFO, "transport: shared memory (%d ranks on this host, %zu KiB chunks, %.1f MiB segment)",
                     W, chunk >> 10, (double)bytes / (1 << 20));
             return DDP_OK;
@@ -5303,8 +5577,8 @@ DDP__PRIVATE ddp_status ddp__cpu_copy_out(ddp_pg* pg, ddp_work* w, unsigned char
     const size_t es = ddp_dtype_size(w->dtype);
     size_t total = w->kind == DDP__ALL_GATHER ? w->count * (size_t)pg->world : w->count;
     if (w->kind == DDP__REDUCE_SCATTER)
-        return ddp_copy(pg->device, w->buf, ddp__cpu(), host + (size_t)pg->rank * w->count * es, w->count * es, NULL);
-    if (host != (unsigned char*)w->buf) return ddp_copy(pg->device, w->buf, ddp__cpu(), host, total * es, NULL);
+        return ddp__copy_now(pg->device, w->buf, ddp__cpu(), host + (size_t)pg->rank * w->count * es, w->count * es);
+    if (host != (unsigned char*)w->buf) return ddp__copy_now(pg->device, w->buf, ddp__cpu(), host, total * es);
     return DDP_OK;
 }
 
@@ -5323,15 +5597,21 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
         DDP__TRY(ddp__staging(pg, total * es));
         host = pg->staging;
         if (w->kind == DDP__ALL_REDUCE || w->kind == DDP__BROADCAST)
-            DDP__TRY(ddp_copy(ddp__cpu(), host, pg->device, w->buf, total * es, NULL));
+            DDP__TRY(ddp__copy_now(ddp__cpu(), host, pg->device, w->buf, total * es));
         else if (w->kind == DDP__REDUCE_SCATTER)
-            DDP__TRY(ddp_copy(ddp__cpu(), host, pg->device, w->send, total * es, NULL));
+            DDP__TRY(ddp__copy_now(ddp__cpu(), host, pg->device, w->send, total * es));
         else /* all-gather: our part goes to its place */
-            DDP__TRY(ddp_copy(ddp__cpu(), host + (size_t)pg->rank * w->count * es, pg->device, w->send,
-                              w->count * es, NULL));
+            DDP__TRY(ddp__copy_now(ddp__cpu(), host + (size_t)pg->rank * w->count * es, pg->device, w->send,
+                                   w->count * es));
     }
     /* A simulated slow network (for experiments with overlap): each collective takes at least as
-       long as its bytes would need at the given speed. */
+       long as its bytes would need at the given speed, but never past the deadline, which a real
+       network that slow would miss too. */
+    if (pg->sim_s_per_byte > 0 && (double)(total * es) * pg->sim_s_per_byte > pg->timeout)
+        return ddp__fail(DDP_ERR_ENV, "DDP_SIMULATE_NS_PER_BYTE=%s makes this %s of %zu bytes last %.1f s, longer than the "
+                         "timeout (%.0f s, DDP_TIMEOUT): lower DDP_SIMULATE_NS_PER_BYTE, or raise DDP_TIMEOUT",
+                         getenv("DDP_SIMULATE_NS_PER_BYTE") ? getenv("DDP_SIMULATE_NS_PER_BYTE") : "?",
+                         ddp__coll_name(w->kind), total * es, (double)(total * es) * pg->sim_s_per_byte, pg->timeout);
     if (pg->sim_s_per_byte > 0) ddp__sleep((double)(total * es) * pg->sim_s_per_byte);
 #if DDP__SHM
     if (W > 1 && pg->shm) return ddp__shm_run(pg, w, host) != DDP_OK ? ddp_last_status() : ddp__cpu_copy_out(pg, w, host);
@@ -5467,27 +5747,26 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     uint64_t tok = ddp__fnv1a((const unsigned char*)pg->store->token, strlen(pg->store->token));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
-    const char* piece_env = getenv("DDP_RING_PIECE_BYTES");
     /* 1 MiB, from a measurement on 2 cores over loopback: against 256 KiB pieces, the 256 MiB
        all-reduce took 147 ms instead of 177 on 2 ranks and 416 instead of 581 on 4; 4-64 MiB
        were the same on 2 ranks and up to 1.3x faster on 4; only 1 MiB on 4 ranks lost (1.9 ms
        against 1.7). Fewer pieces mean fewer system calls and wake-ups per byte. */
-    size_t piece_bytes = piece_env && atol(piece_env) > 0 ? (size_t)atol(piece_env) : (size_t)1 << 20;
-    const char* sim = getenv("DDP_SIMULATE_NS_PER_BYTE");
+    size_t piece_bytes = (size_t)ddp__env_tuning("DDP_RING_PIECE_BYTES", 1 << 20, 1, 1, "bytes");
     pg->left_fd = pg->right_fd = -1;
     pg->piece_elems = piece_bytes / 4 ? piece_bytes / 4 : 1;
-    pg->sim_s_per_byte = sim && atof(sim) > 0 ? atof(sim) * 1e-9 : 0;
+    pg->sim_s_per_byte = ddp__env_tuning("DDP_SIMULATE_NS_PER_BYTE", 0, 0, 0, "nanoseconds") * 1e-9;
 
     /* the scratch for one received piece, sized for the widest dtype (f32) */
     pg->piece = (unsigned char*)ddp__malloc(pg->piece_elems * 4);
     if (!pg->piece) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the ring's receive piece failed");
     if (W == 1) return DDP_OK;
-    lfd = ddp__sock_listen(0, &lport);
-    if (lfd < 0) return ddp__fail(DDP_ERR_IO, "rank %d cannot listen for its ring neighbour: %s", r, strerror(errno));
     /* The address peers reach us at: the one our store connection leaves from, since that
-       interface reaches the master and so, presumably, the other nodes too. */
+       interface reaches the master and so, presumably, the other nodes too. We listen there only
+       (127.0.0.1 when the whole job is on this machine), not on every interface. */
     if (getsockname(pg->store->fd, (struct sockaddr*)&ss, &sl) == 0)
         getnameinfo((struct sockaddr*)&ss, sl, host, sizeof host, NULL, 0, NI_NUMERICHOST);
+    lfd = ddp__sock_listen(host, 0, &lport);
+    if (lfd < 0) return ddp__fail(DDP_ERR_IO, "rank %d cannot listen for its ring neighbour: %s", r, strerror(errno));
     snprintf(addr, sizeof addr, "%s %d", host, lport);
     snprintf(key, sizeof key, "ddp/ring/%d", r);
     if (ddp_store_set(pg->store, key, addr, strlen(addr)) != DDP_OK) { close(lfd); return ddp_last_status(); }
@@ -5596,40 +5875,52 @@ DDP__PRIVATE void ddp__cpu_destroy(ddp_pg* pg) {
     pg->staging = pg->piece = NULL;
 }
 
+/* ddp_work_test: the communication thread marks a collective done under the group's lock. */
+DDP__PRIVATE ddp_status ddp__cpu_test(ddp_pg* pg, ddp_work* w, int* done) {
+    pthread_mutex_lock(&pg->lock);
+    *done = w->done;
+    pthread_mutex_unlock(&pg->lock);
+    return DDP_OK;
+}
+
 static const ddp__backend_vt ddp__cpu_backend = {"cpu", ddp__cpu_connect, ddp__cpu_submit, ddp__cpu_wait,
-                                                 ddp__cpu_destroy};
+                                                 ddp__cpu_test, ddp__cpu_destroy};
 
 /* ---- the NCCL backend (>>nccl) ------------------------------------------------------------------ */
 /*
    One communicator per process group, made from an id that rank 0 draws and shares through the
-   store, created non-blocking so that every wait can keep a deadline. Collectives run on the
-   group's own stream, which first waits (by an event, not a host sync) for the work queued on the
-   producer's stream. ddp_work_wait polls the collective's end event and NCCL's asynchronous error
-   until the deadline; on a timeout the communicator is aborted so that no rank hangs.
+   store, created non-blocking so that every wait can keep a deadline. Non-blocking means that
+   NCCL may answer a call with ncclInProgress and put the work on its stream later: until
+   ncclCommGetAsyncError says ncclSuccess, the collective is not yet on the stream (an event
+   recorded there would mark a point before it) and the communicator refuses every other call. So
+   each call is followed by ddp__nccl_settle, which polls until NCCL has taken the work.
+
+   Collectives run on the group's own stream, which first waits (by an event, not a host sync) for
+   the work queued on the producer's stream, so that the model's stream goes on with backward while
+   a bucket is reduced (overlap). ddp_work_wait polls the collective's end event and NCCL's
+   asynchronous error until the deadline, then makes the producer's stream wait for the result, as
+   PyTorch's Work.wait() does. An error or a timeout aborts the communicator (ncclCommAbort), the
+   one call NCCL promises will not hang when a peer has died, and breaks the group.
 
    DDP_NCCL_RING=1 swaps ncclAllReduce for the ring of >>ring written with ncclSend/ncclRecv and a
    reduction kernel, so the tutorial can put the library call and the algorithm side by side.
 */
 #if DDP__CUDA
-#if defined(__GNUC__) || defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpedantic"
-#endif
-#include <nccl.h>
-#if defined(__GNUC__) || defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
+#define DDP__NCCL_EVENTS 16
 typedef struct ddp__nccl {
-    ncclComm_t comm;
+    ncclComm_t comm;        /* NULL once aborted */
     ddp_stream* stream;
+    ddp_event* produced;    /* where the producer's stream was at the last submit */
+    ddp_event* spare[DDP__NCCL_EVENTS]; /* end events of finished collectives, for the next ones */
+    int nspare;
     int own_ring;
     void* scratch;          /* one received segment, for the hand-written ring */
     size_t scratch_bytes;
 } ddp__nccl;
 
 DDP__PRIVATE ddp_status ddp__fail_nccl(ddp_pg* pg, ncclResult_t r, const char* call, int line) {
-    const char* last = (pg && pg->nccl) ? ncclGetLastError(((ddp__nccl*)pg->nccl)->comm) : "";
+    ddp__nccl* n = pg ? (ddp__nccl*)pg->nccl : NULL;
+    const char* last = n && n->comm ? ncclGetLastError(n->comm) : "";
     return ddp__fail(DDP_ERR_NCCL, "%s failed (ddp.h:%d): %s%s%s; likely cause: %s", call, line, ncclGetErrorString(r),
                      last && *last ? " - " : "", last ? last : "",
                      r == ncclSystemError ? "a network or system problem (NCCL_DEBUG=INFO shows which; on several "
@@ -5638,30 +5929,56 @@ DDP__PRIVATE ddp_status ddp__fail_nccl(ddp_pg* pg, ncclResult_t r, const char* c
                      : r == ncclRemoteError ? "another rank failed or died"
                                             : "see the NCCL documentation");
 }
-#define DDP__NCCL_TRY(call)                                                                              \
-    do {                                                                                           \
-        ncclResult_t nc_r_ = (call);                                                               \
-        if (nc_r_ != ncclSuccess && nc_r_ != ncclInProgress)                                       \
-            return ddp__fail_nccl(pg, nc_r_, #call, __LINE__);                                     \
-    } while (0)
 
-/* Wait until the non-blocking communicator has no operation in progress, or the deadline. */
+/* Abort the communicator (never hangs, unlike ncclCommDestroy after a failure) and break the
+   group with the error just set, so that every later call says why. Returns that status. */
+DDP__PRIVATE ddp_status ddp__nccl_break(ddp_pg* pg, ddp_status s) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    if (n->comm) ncclCommAbort(n->comm);
+    n->comm = NULL;
+    pthread_mutex_lock(&pg->lock);
+    if (!pg->broken) {
+        pg->broken = s;
+        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+    }
+    pthread_mutex_unlock(&pg->lock);
+    return s;
+}
+
+/* Poll without burning a core for long: freely for the first millisecond, then sleeping a
+   sixteenth of the time waited so far (10 us to 1 ms), so a wait ends at most about 6% late. */
+DDP__PRIVATE void ddp__nccl_pause(double started) {
+    double waited = ddp__now() - started;
+    if (waited < 1e-3) return;
+    ddp__sleep(waited / 16 < 1e-5 ? 1e-5 : waited / 16 > 1e-3 ? 1e-3 : waited / 16);
+}
+
+/* Wait until the non-blocking communicator has taken the last call (ncclCommGetAsyncError says
+   ncclSuccess), or it reports an error, or the deadline passes: both break the group. */
 DDP__PRIVATE ddp_status ddp__nccl_settle(ddp_pg* pg, double deadline, const char* what) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    double start = ddp__now();
     for (;;) {
-        ncclResult_t st = ncclSuccess;
-        DDP__NCCL_TRY(ncclCommGetAsyncError(n->comm, &st));
+        ncclResult_t st = ncclSuccess, r = ncclCommGetAsyncError(n->comm, &st);
+        if (r != ncclSuccess) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, "ncclCommGetAsyncError", __LINE__));
         if (st == ncclSuccess) return DDP_OK;
-        if (st != ncclInProgress) return ddp__fail_nccl(pg, st, what, __LINE__);
-        if (ddp__now() >= deadline) {
-            ncclCommAbort(n->comm);
-            n->comm = NULL;
-            return ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the communicator was aborted "
-                             "(a rank is missing, stuck or on another collective)", what, pg->timeout);
-        }
-        ddp__sleep(0.0005);
+        if (st != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, st, what, __LINE__));
+        if (ddp__now() >= deadline)
+            return ddp__nccl_break(pg, ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the communicator "
+                                                 "was aborted (a rank is missing, stuck or on another collective)",
+                                                 what, pg->timeout));
+        ddp__nccl_pause(start);
     }
 }
+
+/* One NCCL call's result: ncclInProgress waits until NCCL has taken the call; an error breaks
+   the group (its peers are now out of step with it). */
+DDP__PRIVATE ddp_status ddp__nccl_done(ddp_pg* pg, ncclResult_t r, const char* call, int line) {
+    if (r == ncclInProgress) return ddp__nccl_settle(pg, ddp__now() + pg->timeout, call);
+    if (r != ncclSuccess) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, call, line));
+    return DDP_OK;
+}
+#define DDP__NCCL(call) DDP__TRY(ddp__nccl_done(pg, (call), #call, __LINE__))
 
 DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
     ddp__nccl* n;
@@ -5675,7 +5992,8 @@ DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
     n->own_ring = ring && *ring == '1';
     DDP__TRY(ddp_device_activate(pg->device));
     if (pg->rank == 0) {
-        DDP__NCCL_TRY(ncclGetUniqueId(&id));
+        ncclResult_t r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess) return ddp__fail_nccl(pg, r, "ncclGetUniqueId", __LINE__);
         DDP__TRY(ddp_store_set(pg->store, "ddp/nccl/id", &id, sizeof id));
     } else {
         DDP__TRY(ddp_store_get(pg->store, "ddp/nccl/id", &id, sizeof id, &got));
@@ -5683,18 +6001,40 @@ DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
             return ddp__fail(DDP_ERR_NCCL, "the NCCL id in the store has %zu bytes, not %zu", got, sizeof id);
     }
     cfg.blocking = 0; /* so that creating the communicator, too, can time out */
-    DDP__NCCL_TRY(ncclCommInitRankConfig(&n->comm, pg->world, id, pg->rank, &cfg));
+    {
+        ncclResult_t r = ncclCommInitRankConfig(&n->comm, pg->world, id, pg->rank, &cfg);
+        if (r != ncclSuccess && r != ncclInProgress) {
+            ddp_status s = ddp__fail_nccl(pg, r, "ncclCommInitRankConfig", __LINE__);
+            if (n->comm) ncclCommAbort(n->comm);
+            n->comm = NULL;
+            return s;
+        }
+    }
     DDP__TRY(ddp__nccl_settle(pg, ddp__now() + pg->timeout, "ncclCommInitRankConfig"));
     DDP__TRY(ddp_stream_create(pg->device, &n->stream));
-    return DDP_OK;
+    return ddp_event_create(pg->device, &n->produced);
 }
 
 DDP__PRIVATE ncclDataType_t ddp__nccl_type(ddp_dtype t) {
     return t == DDP_F16 ? ncclFloat16 : t == DDP_BF16 ? ncclBfloat16 : ncclFloat32;
 }
 
+/* One step of the hand-written ring: a send and a receive in one NCCL group. A call that fails
+   inside the group still closes it, or every later NCCL call of this thread would join it. */
+DDP__PRIVATE ddp_status ddp__nccl_step(ddp_pg* pg, const void* sbuf, size_t slen, void* rbuf, size_t rlen,
+                                       ncclDataType_t t, int right, int left) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    ncclResult_t r = ncclGroupStart(), e;
+    if (r == ncclSuccess && slen) r = ncclSend(sbuf, slen, t, right, n->comm, n->stream->s);
+    if ((r == ncclSuccess || r == ncclInProgress) && rlen) r = ncclRecv(rbuf, rlen, t, left, n->comm, n->stream->s);
+    e = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, "ncclSend/ncclRecv", __LINE__));
+    return ddp__nccl_done(pg, e, "ncclGroupEnd (a ring step)", __LINE__);
+}
+
 /* The >>ring algorithm over NCCL point-to-point calls: the same segments and steps as the CPU
-   ring, each step one send to rank+1 and one receive from rank-1, then a reduction kernel. */
+   ring, each step one send to rank+1 and one receive from rank-1, then a reduction kernel, all
+   in order on the group's stream. */
 DDP__PRIVATE ddp_status ddp__nccl_ring(ddp_pg* pg, ddp_work* w) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
     const int W = pg->world, r = pg->rank, left = (r - 1 + W) % W, right = (r + 1) % W;
@@ -5715,11 +6055,8 @@ DDP__PRIVATE ddp_status ddp__nccl_ring(ddp_pg* pg, ddp_work* w) {
         size_t r0 = ddp__seg_start(w->count, W, rseg), rlen = ddp__seg_start(w->count, W, rseg + 1) - r0;
         int reducing = t < W - 1;
         void* dst = reducing ? n->scratch : (void*)(buf + r0 * es);
-        DDP__NCCL_TRY(ncclGroupStart());
-        if (slen) DDP__NCCL_TRY(ncclSend(buf + s0 * es, slen, ddp__nccl_type(w->dtype), right, n->comm, n->stream->s));
-        if (rlen) DDP__NCCL_TRY(ncclRecv(dst, rlen, ddp__nccl_type(w->dtype), left, n->comm, n->stream->s));
-        DDP__NCCL_TRY(ncclGroupEnd());
-        if (reducing && rlen) {
+        DDP__TRY(ddp__nccl_step(pg, buf + s0 * es, slen, dst, rlen, ddp__nccl_type(w->dtype), right, left));
+        if (reducing && rlen) { /* queued after the receive, on the same stream */
             void* mine = buf + r0 * es;
             long long cnt = (long long)rlen;
             int dt = (int)w->dtype, op = w->op == DDP_MAX ? 1 : 0;
@@ -5734,81 +6071,127 @@ DDP__PRIVATE ddp_status ddp__nccl_ring(ddp_pg* pg, ddp_work* w) {
 
 DDP__PRIVATE ddp_status ddp__nccl_submit(ddp_pg* pg, ddp_work* w) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    ddp_event* produced = NULL;
     ncclDataType_t t = ddp__nccl_type(w->dtype);
     ncclRedOp_t op = w->op == DDP_MAX ? ncclMax : w->op == DDP_AVG ? ncclAvg : ncclSum;
-    ddp_status s;
     DDP__TRY(ddp_device_activate(pg->device));
     /* order after the producer's stream without blocking the host */
-    DDP__TRY(ddp_event_create(pg->device, &produced));
-    s = ddp_event_record(produced, pg->user_stream);
-    if (s == DDP_OK) s = ddp_stream_wait_event(n->stream, produced);
-    ddp_event_destroy(produced);
-    DDP__TRY(s);
+    DDP__TRY(ddp_event_record(n->produced, pg->user_stream));
+    DDP__TRY(ddp_stream_wait_event(n->stream, n->produced));
     switch (w->kind) {
     case DDP__ALL_REDUCE:
         if (n->own_ring && pg->world > 1) DDP__TRY(ddp__nccl_ring(pg, w));
-        else DDP__NCCL_TRY(ncclAllReduce(w->buf, w->buf, w->count, t, op, n->comm, n->stream->s));
+        else DDP__NCCL(ncclAllReduce(w->buf, w->buf, w->count, t, op, n->comm, n->stream->s));
         break;
     case DDP__BROADCAST:
-        DDP__NCCL_TRY(ncclBroadcast(w->buf, w->buf, w->count, t, w->root, n->comm, n->stream->s));
+        DDP__NCCL(ncclBroadcast(w->buf, w->buf, w->count, t, w->root, n->comm, n->stream->s));
         break;
     case DDP__ALL_GATHER:
-        DDP__NCCL_TRY(ncclAllGather(w->send, w->buf, w->count, t, n->comm, n->stream->s));
+        DDP__NCCL(ncclAllGather(w->send, w->buf, w->count, t, n->comm, n->stream->s));
         break;
     default:
-        DDP__NCCL_TRY(ncclReduceScatter(w->send, w->buf, w->count, t, op, n->comm, n->stream->s));
+        DDP__NCCL(ncclReduceScatter(w->send, w->buf, w->count, t, op, n->comm, n->stream->s));
         break;
     }
-    /* w->ready marks the collective's end on the group's stream */
-    DDP__TRY(ddp_event_create(pg->device, &w->ready));
+    /* w->ready marks the collective's end on the group's stream (NCCL has put it there: settled) */
+    if (n->nspare > 0) w->ready = n->spare[--n->nspare];
+    else DDP__TRY(ddp_event_create(pg->device, &w->ready));
     DDP__TRY(ddp_event_record(w->ready, n->stream));
-    /* later work on the producer's stream waits for the result, as PyTorch's Work.wait() does */
-    if (pg->user_stream) DDP__TRY(ddp_stream_wait_event(pg->user_stream, w->ready));
+    ddp__flight_note(pg, w, DDP__FL_RUNNING);
     return DDP_OK;
+}
+
+/* Poll event e (the end of a collective, or of everything on the group's stream) and NCCL's
+   asynchronous error until e has happened; an error or the deadline breaks the group. */
+DDP__PRIVATE ddp_status ddp__nccl_poll(ddp_pg* pg, ddp_event* e, double deadline, const char* what) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    double start = ddp__now();
+    for (;;) {
+        int done = 0;
+        ncclResult_t st = ncclSuccess, r;
+        DDP__TRY(ddp_event_query(e, &done));
+        if (done) return DDP_OK;
+        if (!n->comm) return ddp__fail(DDP_ERR_STATE, "%s: the NCCL communicator was aborted", what);
+        r = ncclCommGetAsyncError(n->comm, &st);
+        if (r != ncclSuccess) st = r;
+        if (st != ncclSuccess && st != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, st, what, __LINE__));
+        if (ddp__now() >= deadline)
+            return ddp__nccl_break(pg, ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the NCCL "
+                                                 "communicator was aborted: a rank is stuck, stopped, or calling a "
+                                                 "different collective", what, pg->timeout));
+        ddp__nccl_pause(start);
+    }
+}
+
+/* The end event of a finished collective goes back to the spares. */
+DDP__PRIVATE void ddp__nccl_recycle(ddp__nccl* n, ddp_work* w) {
+    if (w->ready && n->nspare < DDP__NCCL_EVENTS) {
+        n->spare[n->nspare++] = w->ready;
+        w->ready = NULL;
+    }
 }
 
 DDP__PRIVATE ddp_status ddp__nccl_wait(ddp_pg* pg, ddp_work* w) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    double deadline = ddp__now() + pg->timeout;
-    for (;;) {
-        int done = 0;
-        ncclResult_t st = ncclSuccess;
-        DDP__TRY(ddp_event_query(w->ready, &done));
-        if (done) break;
-        if (n->comm) DDP__NCCL_TRY(ncclCommGetAsyncError(n->comm, &st));
-        if (st != ncclSuccess && st != ncclInProgress) return ddp__fail_nccl(pg, st, ddp__coll_name(w->kind), __LINE__);
-        if (ddp__now() >= deadline) {
-            if (n->comm) ncclCommAbort(n->comm);
-            n->comm = NULL;
-            pg->broken = DDP_ERR_TIMEOUT;
-            ddp__flight_note(pg, w, DDP__FL_FAILED);
-            ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
-            return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) did not finish within %.0f s; the NCCL "
-                             "communicator was aborted: a rank is stuck, stopped, or calling a different "
-                             "collective", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
-                             ddp_dtype_name(w->dtype), pg->timeout);
-        }
-        /* a small collective finishes in microseconds: poll freely for the first millisecond */
-        if (ddp__now() > deadline - pg->timeout + 1e-3) ddp__sleep(0.0001);
+    char what[128];
+    ddp_status s;
+    ddp__fingerprint(w, what, sizeof what);
+    s = ddp__nccl_poll(pg, w->ready, ddp__now() + pg->timeout, what);
+    if (s != DDP_OK) {
+        ddp__flight_note(pg, w, DDP__FL_FAILED);
+        if (s == DDP_ERR_TIMEOUT) ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
+        return s;
     }
+    /* later work on the producer's stream waits for the result, as PyTorch's Work.wait() does */
+    if (pg->user_stream) DDP__TRY(ddp_stream_wait_event(pg->user_stream, w->ready));
     ddp__flight_note(pg, w, DDP__FL_DONE);
+    ddp__nccl_recycle(n, w);
+    return DDP_OK;
+}
+
+/* ddp_work_test: the end event, without blocking. A failure reports *done = 1 (ddp_work_wait
+   then returns the error). */
+DDP__PRIVATE ddp_status ddp__nccl_test(ddp_pg* pg, ddp_work* w, int* done) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    ncclResult_t st = ncclSuccess;
+    DDP__TRY(ddp_event_query(w->ready, done));
+    if (!*done && (!n->comm || ncclCommGetAsyncError(n->comm, &st) != ncclSuccess ||
+                   (st != ncclSuccess && st != ncclInProgress)))
+        *done = 1;
     return DDP_OK;
 }
 
 DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    int i;
     if (!n) return;
-    if (n->stream) ddp_stream_sync(n->stream);
-    if (n->comm) ncclCommDestroy(n->comm);
+    if (n->comm) {
+        /* A healthy communicator is destroyed once its work has drained (within the deadline);
+           one with an error, or whose work never ends, is aborted: ncclCommDestroy would wait for
+           a collective that cannot finish. */
+        ddp_event* end = NULL;
+        ddp_status s = pg->broken ? pg->broken : ddp_event_create(pg->device, &end);
+        if (s == DDP_OK) s = ddp_event_record(end, n->stream);
+        if (s == DDP_OK) s = ddp__nccl_poll(pg, end, ddp__now() + pg->timeout, "the collectives still queued at ddp_destroy");
+        ddp_event_destroy(end);
+        if (s == DDP_OK && n->comm) {
+            ncclResult_t st = ncclSuccess;
+            if (ncclCommGetAsyncError(n->comm, &st) == ncclSuccess && st == ncclSuccess) ncclCommDestroy(n->comm);
+            else ncclCommAbort(n->comm);
+        } else if (n->comm) {
+            ncclCommAbort(n->comm);
+        }
+        n->comm = NULL;
+    }
     ddp_stream_destroy(n->stream);
+    ddp_event_destroy(n->produced);
+    for (i = 0; i < n->nspare; i++) ddp_event_destroy(n->spare[i]);
     ddp_free(pg->device, n->scratch);
     DDP_FREE(n);
     pg->nccl = NULL;
 }
 
-static const ddp__backend_vt ddp__nccl_backend = {"nccl", ddp__nccl_connect, ddp__nccl_submit, ddp__nccl_wait,
-                                                  ddp__nccl_destroy};
+static const ddp__backend_vt ddp__nccl_backend = {"nccl",          ddp__nccl_connect, ddp__nccl_submit,
+                                                  ddp__nccl_wait,  ddp__nccl_test,    ddp__nccl_destroy};
 #endif
 
 /* ---- the MPI backend (>>mpi) -------------------------------------------------------------------- */
@@ -6124,7 +6507,7 @@ DDP__PRIVATE ddp_status ddp__mpi_stage_in(ddp_pg* pg, ddp__mpi_op* o, const void
     o->out_offset = in_place ? 0 : in_bytes;
     o->host = (unsigned char*)ddp__malloc(o->out_offset + out_bytes + 1);
     if (!o->host) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes of host staging failed", out_bytes);
-    return ddp_copy(ddp__cpu(), o->host, pg->device, src, in_bytes, NULL);
+    return ddp__copy_now(ddp__cpu(), o->host, pg->device, src, in_bytes);
 }
 
 DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
@@ -6188,7 +6571,7 @@ DDP__PRIVATE ddp_status ddp__mpi_complete(ddp_pg* pg, ddp__mpi_op* o) {
     ddp_status s = DDP_OK;
     if (w->op == DDP_AVG && (w->kind == DDP__ALL_REDUCE || w->kind == DDP__REDUCE_SCATTER))
         ddp__divide(out, w->count, w->dtype, pg->world);
-    if (o->host && n) s = ddp_copy(pg->device, w->buf, ddp__cpu(), out, n * ddp_dtype_size(w->dtype), NULL);
+    if (o->host && n) s = ddp__copy_now(pg->device, w->buf, ddp__cpu(), out, n * ddp_dtype_size(w->dtype));
     DDP_FREE(o->host);
     o->host = NULL;
     o->done = 1;
@@ -6300,32 +6683,61 @@ DDP__PRIVATE void ddp__mpi_destroy(ddp_pg* pg) {
 }
 
 static const ddp__backend_vt ddp__mpi_backend = {"mpi", ddp__mpi_connect, ddp__mpi_submit, ddp__mpi_wait,
-                                                 ddp__mpi_destroy};
+                                                 ddp__mpi_test, ddp__mpi_destroy};
 #else
 #define DDP__MPI 0
 #endif
 
 /* ---- joining the job --------------------------------------------------------------------------- */
 
+/* The first caller for `key` stores `value` under it; a later one gets the first one's value in
+   `first` (n bytes) and *taken = 1. The store has no compare-and-set: a counter decides. */
+DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* value, char* first, size_t n, int* taken) {
+    char count[DDP_STORE_MAX_KEY + 8];
+    int64_t claims = 0;
+    size_t got = 0;
+    snprintf(count, sizeof count, "%s/claims", key);
+    DDP__TRY(ddp_store_add(pg->store, count, 1, &claims));
+    *taken = claims > 1;
+    if (!*taken) return ddp_store_set(pg->store, key, value, strlen(value));
+    memset(first, 0, n);
+    return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
+}
+
 /* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
    disagreement publishes it under ddp/abort so that the others fail at once with the same
-   explanation instead of waiting out the timeout. */
+   explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
+   for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
-    char key[64], mine[64], theirs[64];
+    char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
     const char* abort_key[1] = {"ddp/abort"};
-    int i, present;
-    int64_t claims = 0;
+    const char* launch = getenv("DDP_LAUNCH_ID");
+    int i, present, taken = 0;
     double deadline = ddp__now() + pg->timeout;
-    snprintf(mine, sizeof mine, "%d", pg->world);
-    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
-    DDP__TRY(ddp_store_add(pg->store, key, 1, &claims));
-    if (claims > 1) {
-        char why[256];
-        snprintf(why, sizeof why, "two processes were started with RANK=%d: give each process its own rank "
-                 "0..%d", pg->rank, pg->world - 1);
-        ddp_store_set(pg->store, "ddp/abort", why, strlen(why));
-        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "%s", why);
+    gethostname(host, sizeof host - 1);
+    /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
+       launch that started that node's first rank, or two launches given one MASTER_PORT and one
+       DDP_JOB_TOKEN would mix their ranks (the later one's rank 1 taking the free slot). */
+    if (launch && *launch) {
+        snprintf(me, sizeof me, "%.200s", launch);
+        snprintf(key, sizeof key, "ddp/launch/%d", pg->env.node_rank);
+        DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
+        if (taken && strcmp(holder, me) != 0)
+            return ddp__fail(DDP_ERR_STORE_REFUSED, "the store at %s:%d refused this rank: it belongs to another "
+                             "launch. Node %d of the job there was started by launch %s (host:launcher pid:start time), "
+                             "this rank by launch %s: two jobs share MASTER_PORT %d and DDP_JOB_TOKEN. Give each job its "
+                             "own MASTER_PORT (ddprun --standalone picks a free one) or its own DDP_JOB_TOKEN",
+                             pg->env.master_addr, pg->env.master_port, pg->env.node_rank, holder, me, pg->env.master_port);
     }
+    snprintf(me, sizeof me, "pid %ld on host %.250s", (long)getpid(), host);
+    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
+    DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
+    if (taken)
+        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "two processes were started with RANK=%d: %s holds rank %d (it "
+                         "came first), and this process, %s, came later. Give each process its own rank 0..%d; if "
+                         "another job uses this MASTER_PORT with the same DDP_JOB_TOKEN, give each job its own port",
+                         pg->rank, holder, pg->rank, me, pg->world - 1);
+    snprintf(mine, sizeof mine, "%d", pg->world);
     snprintf(key, sizeof key, "ddp/world/%d", pg->rank);
     DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
     for (i = 0; i < pg->world; i++) {
@@ -6363,25 +6775,139 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
 /* Ranks of one machine each get their own share of the cores this process may use (Linux; as
    mpirun's --bind-to core does): a rank that waits by spinning then never sits on the core of the
    rank it waits for, and the scheduler stops moving ranks between cores, which costs them their
-   caches. Only when every local rank can have a core of its own; DDP_BIND=none leaves placement
-   to the system. The raw system call needs no _GNU_SOURCE. Threads already running (a BLAS
-   library's) are moved too; threads started later inherit the mask. */
+   caches. Shares are whole physical cores (a core's hyper-threads go together: two ranks on the
+   two threads of one core would share its units), and a rank on a GPU takes its share of the
+   cores next to that GPU (its PCI device's local_cpulist, the GPU's NUMA node), shared with the
+   local ranks whose GPUs sit there too. Only when every rank can have a core of its own;
+   DDP_BIND=none leaves placement to the system. The raw system call needs no _GNU_SOURCE. Threads
+   already running (a BLAS library's, the store's) are moved too; threads started later inherit
+   the mask. */
+#define DDP__BIND_MAXCPU 1024
+typedef struct ddp__cpu_core {
+    int cpu;  /* a CPU number */
+    int core; /* its physical core: CPUs with the same value are hyper-threads of one core */
+} ddp__cpu_core;
+
+/* Parse a sysfs CPU list ("0-3,8,10-11") into flags[0..DDP__BIND_MAXCPU). Returns how many CPUs. */
+DDP__PRIVATE int ddp__cpulist(const char* text, unsigned char* flags) {
+    int n = 0;
+    memset(flags, 0, DDP__BIND_MAXCPU);
+    while (*text) {
+        char* end;
+        long a = strtol(text, &end, 10), b = a, i;
+        if (end == text) break;
+        if (*end == '-') b = strtol(end + 1, &end, 10);
+        for (i = a; i <= b && i < DDP__BIND_MAXCPU; i++)
+            if (i >= 0 && !flags[i]) flags[i] = 1, n++;
+        text = *end == ',' ? end + 1 : end;
+        if (*end != ',') break;
+    }
+    return n;
+}
+
+/* Which CPUs rank `index` of `group` ranks takes among cpus[0..n) (in CPU order), restricted to the
+   CPUs flagged in `near` when near is not NULL: an equal share of whole cores, in order. Writes
+   the CPUs to out (room for n); returns how many, 0 when there are fewer cores than ranks. */
+DDP__PRIVATE int ddp__bind_plan(const ddp__cpu_core* cpus, int n, const unsigned char* near, int index, int group,
+                                int* out) {
+    int cores[DDP__BIND_MAXCPU], ncores = 0, i, j, k, m = 0;
+    for (i = 0; i < n; i++) { /* the distinct cores, in order of their first CPU */
+        if (near && !near[cpus[i].cpu]) continue;
+        for (j = 0; j < ncores && cores[j] != cpus[i].core; j++) {}
+        if (j == ncores && ncores < DDP__BIND_MAXCPU) cores[ncores++] = cpus[i].core;
+    }
+    if (group < 1 || index < 0 || index >= group || ncores < group) return 0;
+    k = ncores / group;
+    for (i = 0; i < n; i++) {
+        if (near && !near[cpus[i].cpu]) continue;
+        for (j = index * k; j < index * k + k && cores[j] != cpus[i].core; j++) {}
+        if (j < index * k + k) out[m++] = cpus[i].cpu;
+    }
+    return m;
+}
+
+#if DDP__LINUX && defined(SYS_sched_setaffinity)
+/* The CPUs near GPU `dev` (its PCI device's local_cpulist) into flags; 0 when unknown. */
+DDP__PRIVATE int ddp__gpu_near(int dev, unsigned char* flags) {
+    int n = 0;
+#if DDP__CUDA
+    char bus[32], path[96], text[4096];
+    FILE* f;
+    size_t i;
+    if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    for (i = 0; bus[i]; i++) bus[i] = (char)tolower((unsigned char)bus[i]); /* sysfs names are lower case */
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/local_cpulist", bus);
+    if ((f = fopen(path, "r")) == NULL) return 0;
+    if (fgets(text, sizeof text, f)) n = ddp__cpulist(text, flags);
+    fclose(f);
+#else
+    (void)dev, (void)flags;
+#endif
+    return n;
+}
+#endif
+
 DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
 #if DDP__LINUX && defined(SYS_sched_setaffinity)
     unsigned long mask[16], mine[16];
     const int bits = (int)(8 * sizeof mask[0]);
-    int cpus[1024], n = 0, i, k, lr = pg->env.local_rank, lws = pg->env.local_world_size;
+    ddp__cpu_core cpus[DDP__BIND_MAXCPU];
+    unsigned char near[DDP__BIND_MAXCPU], other[DDP__BIND_MAXCPU];
+    int chosen[DDP__BIND_MAXCPU], n = 0, m, i, lr = pg->env.local_rank, lws = pg->env.local_world_size;
+    int index = lr, group = lws, use_near = 0;
+    char list[256] = "";
     const char* env = getenv("DDP_BIND");
     DIR* dir;
+    if (env && *env && strcmp(env, "core") && strcmp(env, "none") && strcmp(env, "0")) {
+        ddp_log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
+        env = NULL;
+    }
     if ((env && (!strcmp(env, "none") || !strcmp(env, "0"))) || lws < 2 || lr < 0 || lr >= lws) return;
     memset(mask, 0, sizeof mask);
     if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) return;
-    for (i = 0; i < 16 * bits; i++)
-        if (mask[i / bits] >> (i % bits) & 1) cpus[n++] = i;
+    for (i = 0; i < 16 * bits && i < DDP__BIND_MAXCPU; i++) {
+        char path[96];
+        FILE* f;
+        int pkg = 0, core = -1;
+        if (!(mask[i / bits] >> (i % bits) & 1)) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/core_id", i);
+        if ((f = fopen(path, "r")) != NULL) {
+            if (fscanf(f, "%d", &core) != 1) core = -1;
+            fclose(f);
+        }
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", i);
+        if ((f = fopen(path, "r")) != NULL) {
+            if (fscanf(f, "%d", &pkg) != 1) pkg = 0;
+            fclose(f);
+        }
+        cpus[n].cpu = i;
+        cpus[n++].core = core < 0 ? -1 - i : pkg * 65536 + core; /* unknown: the CPU is its own core */
+    }
     if (n < lws) return; /* fewer cores than local ranks (or mpirun bound us already): share them */
-    k = n / lws;
+    /* On a GPU whose neighbours are known, and when this rank can tell every local rank's GPU (each
+       sees them all), the group is the local ranks whose GPUs have the same neighbours. */
+    if (pg->device.type == DDP_DEVICE_CUDA && ddp_cuda_device_count() >= lws && ddp__gpu_near(pg->device.index, near) > 0) {
+        int r, gpus = ddp_cuda_device_count();
+        use_near = 1, index = 0, group = 0;
+        for (r = 0; r < lws; r++) {
+            if (r == lr || (ddp__gpu_near(r % gpus, other) > 0 && !memcmp(other, near, sizeof near))) {
+                if (r < lr) index++;
+                group++;
+            }
+        }
+    }
+    m = ddp__bind_plan(cpus, n, use_near ? near : NULL, index, group, chosen);
+    if (m == 0 && use_near) m = ddp__bind_plan(cpus, n, NULL, lr, lws, chosen); /* too few cores near the GPU */
+    if (m == 0) return;
     memset(mine, 0, sizeof mine);
-    for (i = lr * k; i < lr * k + k; i++) mine[cpus[i] / bits] |= 1ul << (cpus[i] % bits);
+    for (i = 0; i < m; i++) {
+        size_t len = strlen(list);
+        mine[chosen[i] / bits] |= 1ul << (chosen[i] % bits);
+        if (len < sizeof list - 16) snprintf(list + len, sizeof list - len, "%s%d", i ? "," : "", chosen[i]);
+    }
     if ((dir = opendir("/proc/self/task")) != NULL) {
         struct dirent* e;
         while ((e = readdir(dir)) != NULL)
@@ -6389,11 +6915,46 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
         closedir(dir);
     }
     syscall(SYS_sched_setaffinity, 0, sizeof mine, mine);
-    if (k == 1) ddp_log(DDP_LOG_INFO, "bound to CPU %d (DDP_BIND=none leaves placement to the system)", cpus[lr * k]);
-    else ddp_log(DDP_LOG_INFO, "bound to %d CPUs from %d (DDP_BIND=none leaves placement to the system)", k, cpus[lr * k]);
+    ddp_log(DDP_LOG_INFO, "bound to CPU%s %s%s (DDP_BIND=none leaves placement to the system)", m == 1 ? "" : "s", list,
+            use_near ? ", next to this rank's GPU" : "");
 #else
     (void)pg;
 #endif
+}
+
+/* AUTO on a machine that shows this rank fewer GPUs than it has local ranks: each rank takes GPU
+   want.index if every local rank's GPU is a different one (told by its PCI bus id, published in
+   the store), as when CUDA_VISIBLE_DEVICES gives each rank its own; else every rank uses the CPU. */
+DDP__PRIVATE ddp_status ddp__own_gpu(ddp_pg* pg, ddp_device want, ddp_device* out) {
+    char key[384], host[256] = "?", mine[64] = "", theirs[64];
+    int r, distinct = 1;
+    size_t n;
+    want.type = DDP_DEVICE_CUDA;
+    gethostname(host, sizeof host - 1);
+#if DDP__CUDA
+    if (cudaDeviceGetPCIBusId(mine, (int)sizeof mine, want.index) != cudaSuccess) {
+        (void)cudaGetLastError();
+        distinct = 0;
+    }
+#endif
+    snprintf(key, sizeof key, "ddp/gpu/%s/%d", host, pg->env.local_rank);
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine) + 1));
+    for (r = 0; r < pg->env.local_world_size; r++) {
+        if (r == pg->env.local_rank) continue;
+        snprintf(key, sizeof key, "ddp/gpu/%s/%d", host, r);
+        memset(theirs, 0, sizeof theirs);
+        DDP__TRY(ddp_store_get(pg->store, key, theirs, sizeof theirs - 1, &n));
+        if (!mine[0] || !strcmp(theirs, mine)) distinct = 0;
+    }
+    if (!distinct) {
+        ddp_log(DDP_LOG_INFO, "%d GPU%s for %d local ranks, shared: every rank uses the CPU (NCCL needs a GPU of its "
+                "own for each rank)", ddp_cuda_device_count(), ddp_cuda_device_count() == 1 ? "" : "s",
+                pg->env.local_world_size);
+        want.type = DDP_DEVICE_CPU, want.index = 0;
+    } else {
+        ddp_log(DDP_LOG_INFO, "each local rank sees a GPU of its own (this one: %s, cuda:%d here)", mine, want.index);
+    }
+    return ddp_device_resolve(want, out);
 }
 
 /* The backend desc.backend or DDP_BACKEND names (DEFAULT when neither does). ddp_init asks before
@@ -6452,23 +7013,29 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (s != DDP_OK) goto fail;
     pg->rank = pg->env.rank;
     pg->world = pg->env.world_size;
-    ddp__bind_cores(pg);
     s = ddp__timeout(d.timeout_s, &pg->timeout);
     if (s != DDP_OK) goto fail;
     want = d.device;
     if (want.type == DDP_DEVICE_AUTO) {
-        /* one GPU per rank when this machine has enough of them (NCCL refuses two ranks on one
-           GPU), else the CPU for every rank */
+        /* One GPU per rank when this machine shows enough of them (NCCL refuses two ranks on one
+           GPU), else the CPU for every rank. Fewer GPUs than local ranks may still be one each:
+           CUDA_VISIBLE_DEVICES set per rank (SLURM's --gpus-per-task) shows each rank only its
+           own. That is settled with the other ranks, once the store is up. */
         int gpus = ddp_cuda_device_count();
-        want.type = gpus >= pg->env.local_world_size ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
-        want.index = pg->env.local_rank;
-        if (gpus > 0 && gpus < pg->env.local_world_size)
-            ddp_log(DDP_LOG_INFO, "%d GPU%s for %d local ranks: every rank uses the CPU", gpus, gpus == 1 ? "" : "s",
-                    pg->env.local_world_size);
+        want.type = gpus >= pg->env.local_world_size ? DDP_DEVICE_CUDA : gpus > 0 ? DDP_DEVICE_AUTO : DDP_DEVICE_CPU;
+        want.index = gpus > 0 ? pg->env.local_rank % gpus : 0;
+    } else if (want.type == DDP_DEVICE_CUDA && ddp_cuda_device_count() > 0) {
+        int gpus = ddp_cuda_device_count();
+        if (d.device.index == 0) /* "cuda" means this rank's GPU: LOCAL_RANK picks it */
+            want.index = pg->env.local_rank % gpus;
+        else if (gpus == 1 && d.device.index == pg->env.local_rank) {
+            /* cuda:LOCAL_RANK where each rank is shown only its own GPU */
+            ddp_log(DDP_LOG_INFO, "device cuda:%d is this rank's LOCAL_RANK, and this process sees one GPU "
+                    "(CUDA_VISIBLE_DEVICES=%s): using it", d.device.index,
+                    getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+            want.index = 0;
+        }
     }
-    if (want.type == DDP_DEVICE_CUDA && d.device.type == DDP_DEVICE_CUDA && d.device.index == 0 &&
-        ddp_cuda_device_count() > 0) /* "cuda" means this rank's GPU: LOCAL_RANK picks it */
-        want.index = pg->env.local_rank % ddp_cuda_device_count();
     /* torch.cuda.set_device(rank): fine on one machine, where RANK == LOCAL_RANK; past this
        machine's GPUs on the next one. Said before the device is even looked at, so a machine
        without that GPU (or without any) shows the cause next to the error. */
@@ -6478,9 +7045,20 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
                 "RANK counts the ranks of every machine, so from the second machine on it points past this "
                 "machine's GPUs. Use cuda:LOCAL_RANK, or \"cuda\", which picks this rank's GPU",
                 d.device.index, pg->env.local_rank);
-    s = ddp_device_resolve(want, &pg->device);
+    s = want.type == DDP_DEVICE_AUTO ? DDP_OK : ddp_device_resolve(want, &pg->device);
+    if (s != DDP_OK) goto fail;
+    memset(&sd, 0, sizeof sd);
+    sd.host = pg->env.master_addr;
+    sd.port = pg->env.master_port;
+    sd.is_server = pg->rank == 0;
+    sd.timeout_s = pg->timeout;
+    sd.token = d.token;
+    s = pg->store ? DDP_OK : ddp_store_create(&sd, &pg->store); /* the mpi backend made it already */
+    if (s == DDP_OK) s = ddp__agree(pg);
+    if (s == DDP_OK && want.type == DDP_DEVICE_AUTO) s = ddp__own_gpu(pg, want, &pg->device);
     if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
     if (s != DDP_OK) goto fail;
+    ddp__bind_cores(pg); /* now that this rank's GPU, and so its NUMA node, is known */
 #if DDP__CUDA
     if (pg->backend == DDP_BACKEND_NCCL) pg->vt = &ddp__nccl_backend;
     else
@@ -6490,15 +7068,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     else
 #endif
         pg->vt = &ddp__cpu_backend;
-    memset(&sd, 0, sizeof sd);
-    sd.host = pg->env.master_addr;
-    sd.port = pg->env.master_port;
-    sd.is_server = pg->rank == 0;
-    sd.timeout_s = pg->timeout;
-    sd.token = d.token;
-    s = pg->store ? DDP_OK : ddp_store_create(&sd, &pg->store); /* the mpi backend made it already */
-    if (s == DDP_OK) s = ddp__agree(pg);
-    if (s == DDP_OK) s = pg->vt->connect(pg);
+    s = pg->vt->connect(pg);
     if (s != DDP_OK) goto fail;
     if (pg->vt == &ddp__cpu_backend) {
         if (pthread_create(&pg->thread, NULL, ddp__comm_main, pg) != 0) {
@@ -6536,14 +7106,18 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
 fail:
     {
         char msg[sizeof ddp__err_msg];
+        const char* fix = ddp__err_fix;
         memcpy(msg, ddp__err_msg, sizeof msg);
         ddp_destroy(pg);
         ddp__fail(s, "%s", msg);
+        ddp__err_fix = fix;
     }
     return s;
 }
 
 DDP__DEF void ddp_destroy(ddp_pg* pg) {
+    int wait_store = 0;
+    double deadline = 0;
     if (!pg) return;
     pthread_mutex_lock(&ddp__usr1_lock);
     if (ddp__usr1_pg == pg) ddp__usr1_pg = NULL;
@@ -6552,18 +7126,27 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
         /* Rank 0 hosts the store: it stays until every rank has left, or a rank still on its way
            out of ddp_init, or reading a key, would find the store gone (torchrun's exit barrier). */
         int64_t left = 0;
-        double deadline = ddp__now() + pg->timeout;
         if (pg->vt == &ddp__cpu_backend) ddp__cpu_leave(pg);
-        if (ddp_store_add(pg->store, "ddp/left", 1, &left) == DDP_OK && pg->rank == 0) {
-            while (left < pg->world && ddp__now() < deadline && ddp_store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
+        deadline = ddp__now() + pg->timeout;
+        if (ddp_store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
+            if (pg->rank != 0) wait_store = 1;
+            while (pg->rank == 0 && left < pg->world && ddp__now() < deadline &&
+                   ddp_store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
                 ddp__sleep(0.002);
-            if (left < pg->world)
+            if (left < pg->world && pg->rank == 0)
                 ddp_log(DDP_LOG_WARN, "ddp_destroy: only %lld of %d ranks reached ddp_destroy within %.0f s; the others "
                         "are still inside a collective or have failed (see their output)", (long long)left, pg->world,
                         pg->timeout);
         }
     }
     if (pg->vt) pg->vt->destroy(pg);
+    /* The other ranks return only once rank 0 has stopped the store (it closes their connections
+       after its listening socket): a program that calls ddp_init again at once then reaches the
+       next job's store, never this one on its way out, where its rank would already be taken. */
+    if (wait_store && !ddp__store_wait_closed(pg->store, deadline))
+        ddp_log(DDP_LOG_WARN, "ddp_destroy: rank 0 has not closed the store within %.0f s of this rank leaving (it is "
+                "still busy, or waiting for a rank that never called ddp_destroy); a ddp_init now on the same port could "
+                "meet that store", pg->timeout);
     ddp__trace_write(); /* DDP_TRACE: this rank's file, while its rank is still known */
     ddp_free(pg->device, pg->one);
     ddp_store_destroy(pg->store);
@@ -6728,13 +7311,8 @@ DDP__DEF ddp_status ddp_work_wait(ddp_work* w) {
 }
 
 DDP__DEF ddp_status ddp_work_test(ddp_work* w, int* done) {
-#if DDP__MPI
-    if (w->pg->vt == &ddp__mpi_backend) return ddp__mpi_test(w->pg, w, done);
-#endif
-    pthread_mutex_lock(&w->pg->lock);
-    *done = w->done;
-    pthread_mutex_unlock(&w->pg->lock);
-    return DDP_OK;
+    if (!w) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_work_test: work is NULL");
+    return w->pg->vt->test(w->pg, w, done);
 }
 
 DDP__DEF ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
@@ -6776,17 +7354,33 @@ DDP__DEF void ddp_dataset_free(ddp_dataset* d) {
 #define DDP_MAX_DATA_FILE ((size_t)1 << 30)
 #endif
 
-/* Read a whole file into a NUL-terminated buffer. */
+/* What a file that is not a regular one is, for "it is not a regular file (...)". */
+DDP__PRIVATE const char* ddp__file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a folder" : S_ISFIFO(m) ? "a named pipe (FIFO)" : S_ISSOCK(m) ? "a socket"
+         : (S_ISCHR(m) || S_ISBLK(m)) ? "a device" : "something else";
+}
+
+/* Read a whole file into a NUL-terminated buffer. The file is opened non-blocking and checked
+   before a byte is read: opening a named pipe for reading would otherwise wait for a writer that
+   never comes, with no deadline. */
 DDP__PRIVATE ddp_status ddp__read_file(const char* path, size_t limit, char** out, size_t* size) {
-    FILE* f = fopen(path, "rb");
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    FILE* f;
     long len;
     char* buf;
-    *out = NULL;
     struct stat st;
-    if (!f) return ddp__fail(DDP_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return ddp__fail(DDP_ERR_IO, "cannot read %s: it is not a regular file (a folder?)", path);
+    *out = NULL;
+    if (fd < 0) return ddp__fail(DDP_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return ddp__fail(DDP_ERR_IO, "cannot read %s: it is not a regular file but %s", path,
+                         ddp__file_kind(st.st_mode));
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    if (!(f = fdopen(fd, "rb"))) {
+        int e = errno;
+        close(fd);
+        return ddp__fail(DDP_ERR_IO, "cannot read %s: %s", path, strerror(e));
     }
     if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f);
@@ -7042,6 +7636,7 @@ struct ddp_wrapper {
     float** old_grad;   /* gradient_as_bucket_view: the parameter's own grad, restored at the end */
     ddp_wrap_stats st;
     double t_backward_start;
+    ddp_event* backward_done; /* GPU: the end of backward's kernels, where exposed waiting starts */
     char err[sizeof ddp__err_msg];
 };
 
@@ -7146,6 +7741,13 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
             if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
             if (s != DDP_OK) return s;
         }
+    }
+    /* On a GPU the host reaches this point while backward's kernels still run: the wait that
+       communication adds starts only when they are done. */
+    if (m->device.type == DDP_DEVICE_CUDA) {
+        if (!w->backward_done) s = ddp_event_create(m->device, &w->backward_done);
+        if (s == DDP_OK) s = ddp_event_record(w->backward_done, m->stream);
+        if (s == DDP_OK) s = ddp_event_sync(w->backward_done);
     }
     t0 = ddp__now();
     for (k = 0; k < w->nbuckets && s == DDP_OK; k++) {
@@ -7332,6 +7934,7 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
     }
     if (w->m->post_backward == ddp__reducer_finish) ddp_model_set_post_backward(w->m, NULL, NULL);
     ddp_stream_sync(w->m->stream);
+    ddp_event_destroy(w->backward_done);
     for (i = 0; i < w->nbuckets; i++) {
         if (w->buckets[i].work) ddp_work_wait(w->buckets[i].work);
         ddp_free(w->m->device, w->buckets[i].buf);
@@ -7562,7 +8165,8 @@ DDP__DEF void ddp_loader_free(ddp_loader* l) {
    which never looks at a model and is what the fuzzer drives), checks the table against the
    snapshot struct, and only then copies into the model and the rest. */
 
-/* A growable byte buffer for building the file in memory. */
+/* A growable byte buffer for building the file in memory. ddp__put appends n bytes from src, or
+   n bytes of room when src is NULL (for data that a copy from a GPU will fill). */
 typedef struct ddp__bytes { unsigned char* p; size_t n, cap; int oom; } ddp__bytes;
 DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n) {
     if (b->oom) return;
@@ -7577,7 +8181,7 @@ DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n) {
         b->p = q;
         b->cap = cap;
     }
-    memcpy(b->p + b->n, src, n);
+    if (src) memcpy(b->p + b->n, src, n);
     b->n += n;
 }
 DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) DDP__PRINTF(2, 3);
@@ -7592,15 +8196,25 @@ DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) {
     ddp__put(b, tmp, (size_t)n);
 }
 
+/* This host's name as the temporary files carry it: up to its first dot, no slash. */
+DDP__PRIVATE void ddp__tmp_host(char* host, size_t n) {
+    snprintf(host, n, "host");
+    gethostname(host, n - 1);
+    host[n - 1] = 0;
+    host[strcspn(host, "/.")] = 0;
+}
+
 /* Remove the temporary files that writers on this host killed mid-write left beside `path`
    (`path`.tmp.<host>.<pid> whose pid no longer runs). */
-DDP__PRIVATE void ddp__remove_stale_tmp(const char* path, const char* host) {
-    char dir[1100], prefix[1400], full[2200];
+DDP__PRIVATE void ddp__remove_stale_tmp(const char* path) {
+    char dir[1100], prefix[1400], full[2200], host[64];
     const char* slash = strrchr(path, '/');
     DIR* d;
     struct dirent* e;
+    if (strlen(path) > 1000) return; /* no snapshot is saved there either */
     if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path + (slash == path)), path);
     else snprintf(dir, sizeof dir, ".");
+    ddp__tmp_host(host, sizeof host);
     snprintf(prefix, sizeof prefix, "%s.tmp.%s.", slash ? slash + 1 : path, host);
     if (!(d = opendir(dir))) return;
     while ((e = readdir(d)) != NULL) {
@@ -7626,14 +8240,14 @@ DDP__PRIVATE int ddp__sync_file(int fd) {
 /* Write `n` bytes to `path` through a temporary file, fsync, then rename over `path`. The
    temporary file's name carries the host and pid, so two writers of one path (every rank saving,
    by mistake) never write into the same file: the last rename wins and the file is always whole.
-   Temporary files left by writers killed mid-write are removed after the next save. */
+   Temporary files left by writers killed mid-write are removed after the next save, and when a
+   job looks for its snapshot (ddp_snapshot_exists, ddp_snapshot_load). */
 DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char* data, size_t n) {
-    char tmp[1400], host[64] = "host";
+    char tmp[1400], host[64];
     FILE* f;
     int ok;
     if (strlen(path) > 1000) return ddp__fail(DDP_ERR_IO, "snapshot path is too long");
-    gethostname(host, sizeof host - 1);
-    host[strcspn(host, "/.")] = 0; /* a file name, and no dot inside the host part */
+    ddp__tmp_host(host, sizeof host);
     snprintf(tmp, sizeof tmp, "%s.tmp.%s.%ld", path, host, (long)getpid());
     f = fopen(tmp, "wb");
     if (!f) return ddp__fail(DDP_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
@@ -7643,11 +8257,19 @@ DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char*
     ok = fclose(f) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) {
         int e = errno;
+        ddp_status r;
         unlink(tmp);
-        return ddp__fail(DDP_ERR_IO, "writing %s failed: %s (the previous file, if any, is intact)", path,
-                         strerror(e));
+        r = ddp__fail(DDP_ERR_IO, "writing %s failed: %s (the previous file, if any, is intact)", path, strerror(e));
+        if (e == ENOSPC
+#ifdef EDQUOT
+            || e == EDQUOT
+#endif
+        )
+            ddp__err_fix = "free space on that file system (df -h shows how full it is; a quota also counts), or "
+                           "save the snapshot to another one";
+        return r;
     }
-    ddp__remove_stale_tmp(path, host);
+    ddp__remove_stale_tmp(path);
     return DDP_OK;
 }
 
@@ -7685,7 +8307,15 @@ DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name
 
 DDP__DEF int ddp_snapshot_exists(const char* path) {
     struct stat st;
-    return path && stat(path, &st) == 0;
+    if (!path) return 0;
+    ddp__remove_stale_tmp(path); /* a run is starting: a torn save of an earlier one is garbage */
+    if (stat(path, &st) == 0) return 1;
+    if (errno == ENOENT) return 0;
+    /* Only absence means "no snapshot": a symlink loop or a folder we may not search would
+       otherwise train from step 0 without a word, then fail (or replace the link) at the save. */
+    ddp__fail(DDP_ERR_IO, "cannot tell whether the snapshot %s exists: %s. Fix the path or its folder's "
+              "permissions (or remove it to start afresh)", path, strerror(errno));
+    return -1;
 }
 
 DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
@@ -7736,7 +8366,8 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
     st = ddp_stream_sync(m->stream); /* the weights are final only once the GPU is done */
     for (i = 0; st == DDP_OK && !b.oom && ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &p); i++) {
         size_t at = b.n, nb = p->count * sizeof(float);
-        ddp__put(&b, data, nb); /* reserves the space on a GPU: overwritten by the copy below */
+        /* GPU memory cannot be read by the host: room for it, filled by a copy */
+        ddp__put(&b, m->device.type == DDP_DEVICE_CPU ? data : NULL, nb);
         if (!b.oom && m->device.type != DDP_DEVICE_CPU) st = ddp_copy(ddp__cpu(), b.p + at, m->device, data, nb, NULL);
     }
     if (b.oom && st == DDP_OK) st = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "building the snapshot in memory failed");
@@ -8003,6 +8634,7 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     if (s->loader && !s->loader->data)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: initialise the loader (ddp_loader_init) first");
     m = s->model;
+    ddp__remove_stale_tmp(path);
     DDP__TRY(ddp__read_file(path, DDP_MAX_DATA_FILE * 4, (char**)&buf, &size));
     st = (ddp__st*)ddp__malloc(sizeof *st);
     if (!st) { DDP_FREE(buf); return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_snapshot_load: no memory"); }
@@ -8120,7 +8752,8 @@ done:
      3. ddp_launcher_main: the ddprun program (torchrun's analogue) that starts N copies of a
         program, prefixes their output with the rank, and stops all of them when one fails.
    2 and 3 share the supervision code: reap children without blocking, stop the others when one
-   fails (SIGTERM, then SIGKILL after a grace period), pass the launcher's own SIGINT/SIGTERM on.
+   fails (SIGTERM, then SIGKILL after a grace period), pass the launcher's own SIGINT/SIGTERM on,
+   and keep a guardian process that stops the ranks if the launcher itself is killed.
 */
 
 #include <fcntl.h>      /* open, fcntl(FD_CLOEXEC) */
@@ -8521,6 +9154,8 @@ typedef struct ddp__ln_job {
     double grace;    /* seconds between SIGTERM and SIGKILL */
     double kill_at;  /* when stopping: when survivors get SIGKILL; 0 while not stopping */
     int killed;      /* SIGKILL sent */
+    int guard_fd;    /* our end of the guardian's socket, -1 without one */
+    pid_t guard_pid;
 } ddp__ln_job;
 
 /* What the signal handler needs, in globals because a handler gets no argument. Only one launcher
@@ -8575,10 +9210,14 @@ DDP__PRIVATE void ddp__ln_signals_end(const ddp__ln_signals* sv) {
     sigprocmask(SIG_SETMASK, &sv->old_mask, NULL);
 }
 
-/* First steps of every child: default signals, own session, and (Linux) death with the
-   launcher, so that a launcher killed by SIGKILL leaves no rank running. */
+static int ddp__ln_guard_fd = -1; /* the running job's guardian socket: a rank must not hold it */
+
+/* First steps of every child: default signals, own session, no copy of the guardian's socket
+   (its end of file is what tells the guardian that the launcher died), and (Linux) SIGTERM at
+   once when the launcher dies; the guardian below covers what that signal cannot. */
 DDP__PRIVATE void ddp__ln_child_setup(const ddp__ln_signals* sv, pid_t launcher) {
     ddp__ln_signals_end(sv);
+    if (ddp__ln_guard_fd >= 0) close(ddp__ln_guard_fd);
     setsid();
 #if DDP__LINUX
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -8588,8 +9227,87 @@ DDP__PRIVATE void ddp__ln_child_setup(const ddp__ln_signals* sv, pid_t launcher)
 #endif
 }
 
+/* ---- the guardian: no rank outlives its launcher --------------------------------------------------- */
+/* A launcher killed by SIGKILL can pass nothing on. Linux's PR_SET_PDEATHSIG then sends each rank
+   SIGTERM, but a stopped rank (SIGSTOP, ^Z, a debugger) never acts on it, what a rank started
+   gets nothing, and other systems have no such signal. So each job has a guardian: a small process
+   in a session of its own (a kill of the launcher's process group spares it), told every rank's
+   pid over a socket. When the launcher dies, however it dies, the socket reaches end of file and
+   the guardian stops every rank's process group as the launcher would have: SIGTERM and SIGCONT,
+   then SIGKILL after the grace period. A launcher that ends normally says so first. Messages are
+   8 bytes: an operation ('A' add a pid, 'D' drop a reaped one, 'E' end quietly) and the pid. The
+   guardian only makes system calls that are safe after fork in a threaded process. */
+DDP__PRIVATE void ddp__ln_guard_main(int fd, double grace) {
+    pid_t pids[DDP__MAX_SPAWN];
+    int n = 0, i, alive;
+    unsigned char m[8];
+    double end;
+    sigset_t none;
+    int nul = open("/dev/null", O_RDWR);
+    if (nul >= 0) dup2(nul, 0), dup2(nul, 1), dup2(nul, 2); /* a pipe reading our launcher's output ends with it */
+    signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setsid();
+    for (;;) {
+        ssize_t k = recv(fd, m, 8, MSG_WAITALL);
+        pid_t p;
+        if (k < 0 && errno == EINTR) continue;
+        if (k != 8) break; /* end of file: the launcher is gone */
+        p = (pid_t)ddp__le32(m + 4);
+        if (m[0] == 'E') _exit(0);
+        if (m[0] == 'A' && n < DDP__MAX_SPAWN) pids[n++] = p;
+        for (i = 0; m[0] == 'D' && i < n; i++)
+            if (pids[i] == p) pids[i--] = pids[--n];
+    }
+    for (i = 0; i < n; i++) {
+        ddp__ln_kill(pids[i], SIGTERM);
+        ddp__ln_kill(pids[i], SIGCONT); /* a stopped rank acts on SIGTERM only once continued */
+    }
+    for (end = ddp__now() + grace, alive = n; alive > 0 && ddp__now() < end; ddp__sleep(0.01))
+        for (i = 0, alive = 0; i < n; i++) alive += kill(-pids[i], 0) == 0 || kill(pids[i], 0) == 0;
+    for (i = 0; i < n; i++) ddp__ln_kill(pids[i], SIGKILL);
+    _exit(0);
+}
+
+/* Tell the guardian op ('A', 'D', 'E') about pid. A guardian that is gone changes nothing. */
+DDP__PRIVATE void ddp__ln_guard_tell(ddp__ln_job* j, int op, pid_t pid) {
+    unsigned char m[8] = {0};
+    if (j->guard_fd < 0) return;
+    m[0] = (unsigned char)op;
+    ddp__put_le32(m + 4, (uint32_t)pid);
+    (void)ddp__send_all(j->guard_fd, m, 8, ddp__now() + 1.0);
+}
+
+/* Start the job's guardian. Without one (no socket, no fork) the job still runs, with a warning. */
+DDP__PRIVATE void ddp__ln_guard_start(ddp__ln_job* j) {
+    int sv[2];
+    j->guard_fd = -1;
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0 || (j->guard_pid = fork()) < 0) {
+        ddp_log(DDP_LOG_WARN, "launcher: cannot start the guardian that stops the ranks if this launcher is killed "
+                "(%s); a stopped rank could then outlive it", strerror(errno));
+        return;
+    }
+    if (j->guard_pid == 0) {
+        close(sv[0]);
+        ddp__ln_guard_main(sv[1], j->grace);
+    }
+    close(sv[1]);
+    fcntl(sv[0], F_SETFD, FD_CLOEXEC);
+    ddp__sock_setup(sv[0]); /* non-blocking, and a write to a dead guardian is an error, not SIGPIPE */
+    j->guard_fd = ddp__ln_guard_fd = sv[0];
+}
+
+/* A rank was started: record it, and tell the guardian. */
+DDP__PRIVATE void ddp__ln_started(ddp__ln_job* j, int i, pid_t pid) {
+    j->pid[i] = pid;
+    j->alive++;
+    ddp__ln_guard_tell(j, 'A', pid);
+}
+
 DDP__PRIVATE ddp_status ddp__ln_job_init(ddp__ln_job* j, int n) {
     memset(j, 0, sizeof *j);
+    j->guard_fd = -1;
     j->pid = (pid_t*)ddp__calloc((size_t)n * sizeof(pid_t));
     j->status = (int*)ddp__calloc((size_t)n * sizeof(int));
     if (!j->pid || !j->status) {
@@ -8600,9 +9318,17 @@ DDP__PRIVATE ddp_status ddp__ln_job_init(ddp__ln_job* j, int n) {
     j->n = n;
     j->first_fail = -1;
     j->grace = ddp__ln_grace();
+    ddp__ln_guard_start(j);
     return DDP_OK;
 }
 DDP__PRIVATE void ddp__ln_job_free(ddp__ln_job* j) {
+    if (j->guard_fd >= 0) {
+        ddp__ln_guard_tell(j, 'E', 0);
+        close(j->guard_fd);
+        ddp__ln_guard_fd = j->guard_fd = -1;
+        while (waitpid(j->guard_pid, NULL, 0) < 0 && errno == EINTR) {
+        }
+    }
     DDP_FREE(j->pid);
     DDP_FREE(j->status);
 }
@@ -8635,6 +9361,7 @@ DDP__PRIVATE void ddp__ln_tick(ddp__ln_job* j) {
         j->status[i] = r == j->pid[i] ? st : -1;
         /* The group may outlive its leader (a program the rank started); stop it too when failing. */
         if (j->kill_at > 0) kill(-j->pid[i], j->killed ? SIGKILL : SIGTERM);
+        ddp__ln_guard_tell(j, 'D', j->pid[i]);
         j->pid[i] = 0;
         j->alive--;
         if (j->first_fail < 0 && (j->status[i] == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
@@ -8654,7 +9381,7 @@ DDP__PRIVATE void ddp__ln_tick(ddp__ln_job* j) {
 /* A free TCP port: listen on port 0 and ask which port the kernel chose. Another program could
    take it before rank 0 binds it; torchrun --standalone accepts the same race. */
 DDP__PRIVATE int ddp__ln_free_port(void) {
-    int port = 0, fd = ddp__sock_listen(0, &port);
+    int port = 0, fd = ddp__sock_listen(NULL, 0, &port);
     if (fd < 0) return 0;
     close(fd);
     return port;
@@ -8754,8 +9481,7 @@ DDP__DEF ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg) {
             ddp__ln_job_free(&j);
             return ddp__fail(DDP_ERR_LAUNCH, "ddp_spawn: cannot start rank %d: fork failed: %s", i, strerror(e));
         }
-        j.pid[i] = pid;
-        j.alive++;
+        ddp__ln_started(&j, i, pid);
     }
     ddp__ln_signals_unblock(&sv);
     s = ddp__spawn_wait(&j);
@@ -8773,6 +9499,7 @@ typedef struct ddp__ln_opts {
     const char* addr;
     const char* backend; /* NULL: the program chooses */
     char** prog;         /* the program and its arguments, NULL-terminated (inside argv) */
+    char launch[128];    /* DDP_LAUNCH_ID: "host:pid:start time" of this ddprun */
 } ddp__ln_opts;
 
 static const char ddp__ln_usage[] =
@@ -8791,9 +9518,11 @@ static const char ddp__ln_usage[] =
     "Under srun, start one ddprun per node (srun --ntasks-per-node=1), with --nnodes and --node-rank.\n"
     "Flags may be written --a-b or --a_b, and --flag=value. \"--\" ends the flags.\n"
     "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,\n"
-    "MASTER_PORT and DDP_JOB_TOKEN (every node of a job must share DDP_JOB_TOKEN). Output lines are\n"
+    "MASTER_PORT and DDP_JOB_TOKEN (every node of a job must share DDP_JOB_TOKEN), and DDP_LAUNCH_ID,\n"
+    "which keeps the ranks of another ddprun on the same port and token out of this job. Output lines are\n"
     "prefixed \"[rank R]: \". When one rank fails the others are stopped (SIGTERM, then SIGKILL\n"
-    "after DDP_KILL_GRACE_S, default 5 s) and ddprun exits with that rank's status.\n";
+    "after DDP_KILL_GRACE_S, default 5 s) and ddprun exits with that rank's status. If ddprun itself\n"
+    "is killed, even by SIGKILL, a guardian process stops the ranks the same way.\n";
 
 /* Does `arg` (after its "--") name `flag`? '_' matches '-', so --nproc_per_node works too. The
    name ends at the end of arg or at '='; *value gets what follows '=' (NULL if none). */
@@ -9014,6 +9743,7 @@ DDP__PRIVATE void ddp__ln_exec(const ddp__ln_opts* o, const char* token, int loc
     setenv("MASTER_ADDR", o->addr, 1);
     ddp__ln_setenv_int("MASTER_PORT", o->port);
     setenv("DDP_JOB_TOKEN", token, 1);
+    setenv("DDP_LAUNCH_ID", o->launch, 1);
     ddp__ln_setenv_int("DDP_RESTART_COUNT", o->restart);
     ddp__ln_setenv_int("TORCHELASTIC_RESTART_COUNT", o->restart);
     if (o->backend) setenv("DDP_BACKEND", o->backend, 1);
@@ -9048,8 +9778,7 @@ DDP__PRIVATE int ddp__ln_start(const ddp__ln_opts* o, const char* token, int loc
     close(po[1]);
     close(pe[1]);
     if (pid < 0) { close(po[0]); close(pe[0]); return -1; }
-    j->pid[local] = pid;
-    j->alive++;
+    ddp__ln_started(j, local, pid);
     out->fd = po[0]; out->rank = err->rank = o->node_rank * o->nproc + local; out->to = stdout; out->n = 0;
     err->fd = pe[0]; err->to = stderr; err->n = 0;
     return 0;
@@ -9198,6 +9927,11 @@ DDP__DEF int ddp_launcher_main(int argc, char** argv) {
     if ((rc = ddp__ln_parse(argc, argv, &o)) >= 0) return rc;
     if ((rc = ddp__ln_validate(&o)) >= 0) return rc;
     ddp__ln_job_token(&o, token, sizeof token);
+    {
+        char host[64] = "?";
+        gethostname(host, sizeof host - 1);
+        snprintf(o.launch, sizeof o.launch, "%s:%ld:%ld", host, (long)getpid(), (long)time(NULL));
+    }
     st = (ddp__ln_stream*)ddp__calloc((size_t)o.nproc * 2 * sizeof(ddp__ln_stream));
     pf = (struct pollfd*)ddp__calloc((size_t)o.nproc * 2 * sizeof(struct pollfd));
     pids = (pid_t*)ddp__calloc((size_t)o.nproc * sizeof(pid_t)); /* for the summary: j.pid is zeroed */

@@ -17,6 +17,7 @@ DDP uses gloo over loopback TCP.
 
     /usr/bin/python3 bench/pytorch_wine.py --nproc 1     # one process, no DDP
     /usr/bin/python3 bench/pytorch_wine.py --nproc 2     # DDP, 2 ranks x 32
+    python3 bench/pytorch_wine.py --device cuda          # one process on a GPU (make bench-gpu)
 Run it from the repository's top folder (or pass --data). Without torch it prints "skip: ...".
 """
 import argparse
@@ -50,7 +51,11 @@ def parse_args():
     p.add_argument("--epochs", type=int, default=300, help="timed epochs")
     p.add_argument("--warmup-epochs", type=int, default=5, help="untimed epochs first")
     p.add_argument("--data", default=os.path.join("examples", "data", "wine.csv"))
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (one process: the GPU's timed loop ends with a "
+                   "torch.cuda.synchronize after each epoch)")
     a = p.parse_args()
+    if a.device != "cpu" and a.nproc != 1:
+        p.error("--device cuda takes one process (--nproc 1)")
     if a.nproc < 1 or a.epochs < 1 or a.warmup_epochs < 0:
         p.error("--nproc and --epochs must be >= 1, --warmup-epochs >= 0")
     return a
@@ -81,8 +86,10 @@ def run(rank, args, world, port):
     mean, std = xtr.mean(0), xtr.std(0)
     xtr = (xtr - mean) / std
 
+    dev = torch.device(args.device)
+    xtr, ytr = xtr.to(dev), ytr.to(dev)
     torch.manual_seed(1)
-    model = nn.Sequential(nn.Linear(x.shape[1], HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, int(y.max()) + 1))
+    model = nn.Sequential(nn.Linear(x.shape[1], HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, int(y.max()) + 1)).to(dev)
     if distributed:
         model = DDP(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -104,7 +111,7 @@ def run(rank, args, world, port):
     for epoch in range(args.warmup_epochs + args.epochs):
         timed = epoch >= args.warmup_epochs
         t_epoch = time.perf_counter()
-        idx = epoch_indices(epoch)
+        idx = epoch_indices(epoch).to(dev)
         for lo in range(0, per_rank, BATCH):
             t0 = time.perf_counter()
             b = idx[lo:lo + BATCH]
@@ -115,15 +122,18 @@ def run(rank, args, world, port):
             opt.step()
             if timed:
                 step_times.append((time.perf_counter() - t0) * 1e3)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()  # the epoch's kernels are done: the loop time is the GPU's too
         if timed:
             t_loop += time.perf_counter() - t_epoch
 
     if rank == 0:
         steps = len(step_times)
         print("model: MLP %d -> %d -> %d, Adam lr 1e-3, batch %d per rank; PyTorch %s, %d process%s, %d thread "
-              "per rank; %d training samples, %d steps per epoch" % (
+              "per rank, device %s; %d training samples, %d steps per epoch" % (
                   x.shape[1], HIDDEN, int(y.max()) + 1, BATCH, torch.__version__, world,
-                  "es, DDP gloo" if distributed else " (no DDP)", torch.get_num_threads(), ntrain, steps_per_epoch))
+                  "es, DDP gloo" if distributed else " (no DDP)", torch.get_num_threads(), args.device, ntrain,
+                  steps_per_epoch))
         print("%d timed epochs (%d steps) after %d warm-up: %.4f ms per step (loop time / steps), median step "
               "%.4f ms; last loss %.4f" % (args.epochs, steps, args.warmup_epochs, t_loop * 1e3 / steps,
                                            statistics.median(step_times), loss.item()))

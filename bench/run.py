@@ -74,6 +74,8 @@ KNOBS (environment variables)
   BENCH_LAUNCH_TIMEOUT_S  a launch running longer is stopped and its cell marked (240)
   BENCH_PY                the Python with torch for the PyTorch rows (/usr/bin/python3)
   BENCH_HAVE_CUDA         set by make bench-gpu: 1 when ddp.h was built with CUDA
+  BENCH_FAKEGPU=1         --gpu on the GPU stand-in (tests/fakegpu; programs from BUILD/fakegpu):
+                          the code path of make bench-gpu, run to the end; its figures mean nothing
 """
 import csv
 import datetime
@@ -1004,18 +1006,24 @@ def main_gpu(build):
     one rank); and 2 ranks on the CPU backend with their buffers on the GPU (DDP_BACKEND=cpu, both
     ranks sharing the one GPU). Every row is skipped, with the reason, when there is no GPU."""
     global LOGDIR
+    fake = os.environ.get("BENCH_FAKEGPU") == "1"
     bench_dir = os.path.join(build, "bench")
-    LOGDIR = os.path.join(bench_dir, "logs_gpu")
+    LOGDIR = os.path.join(bench_dir, "logs_gpu_standin" if fake else "logs_gpu")
     if os.path.isdir(LOGDIR):
         shutil.rmtree(LOGDIR)
     os.makedirs(LOGDIR)
     steps, warm = env_num("BENCH_STEPS", 50, int), env_num("BENCH_WARMUP", 10, int)
     rounds = env_num("BENCH_STEP_ROUNDS", 3, int)
     b = lambda *q: os.path.join(build, *q)
-    large, launched, ddprun = b("examples", "05_large_mlp"), b("bench", "large_mlp_launched"), b("ddprun")
+    progs = b("fakegpu") if fake else build
+    large, launched = os.path.join(progs, "examples", "05_large_mlp"), os.path.join(progs, "bench", "large_mlp_launched")
+    ddprun = b("ddprun")
+    stand_in = {"FAKEGPU_DEVICES": "1", "FAKEGPU_CACHE": b("fakegpu", "kernels")} if fake else {}
 
     gpu_why, gpu_name = "", ""
-    if not shutil.which("nvidia-smi"):
+    if fake:
+        gpu_name = "the GPU stand-in (tests/fakegpu): the code path only, its figures mean nothing"
+    elif not shutil.which("nvidia-smi"):
         gpu_why = "no GPU: nvidia-smi not found"
     else:
         rc, out = quiet(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
@@ -1028,7 +1036,9 @@ def main_gpu(build):
                           "BENCH_HAVE_CUDA=1 says otherwise when running this script by hand)")
     # a Python whose torch sees the GPU
     torch_why, py = "", None
-    if not gpu_why:
+    if fake:
+        torch_why = "PyTorch cannot run on the GPU stand-in"
+    elif not gpu_why:
         cands = [c for c in (os.environ.get("BENCH_PY"), shutil.which("python3"), "/usr/bin/python3") if c]
         tried = []
         for c in dict.fromkeys(cands):
@@ -1045,18 +1055,23 @@ def main_gpu(build):
     tp = [py or PY, os.path.join(ROOT, "bench", "pytorch_ddp_large.py")]
     common = ["--steps", str(steps), "--warmup", str(warm)]
     setups = [
-        ("g1", "ddp.h, 1 process, GPU", ddp_why, [large, "--nproc", "1", "--device", "cuda"] + common, {}),
+        ("g1", "ddp.h, 1 process, GPU", ddp_why, [large, "--nproc", "1", "--device", "cuda"] + common, dict(stand_in)),
         ("t1", "PyTorch, 1 process, GPU", torch_why, tp + ["--nproc", "1", "--device", "cuda"] + common, {}),
         ("gnccl", "ddp.h DDP, 1 rank, NCCL", ddp_why,
          [ddprun, "--standalone", "--nproc-per-node", "1", "--backend", "nccl", launched, "--device", "cuda"] + common,
-         {}),
+         dict(stand_in)),
         ("tnccl", "PyTorch DDP, 1 rank, NCCL", torch_why,
          tp + ["--nproc", "1", "--force-ddp", "--device", "cuda"] + common, {}),
         ("gcpu2", "ddp.h DDP, 2 ranks, CPU backend, GPU buffers", ddp_why,
-         [large, "--nproc", "2", "--device", "cuda"] + common, {"DDP_BACKEND": "cpu", "OPENBLAS_NUM_THREADS": "1"}),
+         [large, "--nproc", "2", "--device", "cuda"] + common,
+         dict(stand_in, DDP_BACKEND="cpu", OPENBLAS_NUM_THREADS="1")),
     ]
     if not ddp_why and not os.access(launched, os.X_OK):
         setups[2] = setups[2][:2] + ("%s not built" % launched,) + setups[2][3:]
+    # the tutorial's model (wine, 13 -> 64 -> 3, Adam, batch 32) on the GPU: ddp.h's example timed as
+    # the difference of two launches (lo and hi epochs) per step, PyTorch's twin by its own loop
+    ex1 = os.path.join(progs, "examples", "01_single_gpu")
+    wlo, whi = (2, 12) if fake else (20, 2020)
     print("make bench-gpu: %s" % (gpu_name or gpu_why), flush=True)
     for rnd in range(1, rounds + 1):
         for key, label, why, cmd, extra in setups:
@@ -1069,6 +1084,29 @@ def main_gpu(build):
                 STEP.setdefault(key, []).append(res)
             else:
                 SKIP.setdefault(key, w or "no result line in the output")
+        if ddp_why:
+            SKIP.setdefault("wg1", ddp_why)
+        else:
+            wcmd = [ex1, "--device", "cuda", "--save-every", "0"]
+            o1, t1, w1 = launch("gpu_wine_e%d_r%d" % (wlo, rnd), wcmd + ["--epochs", str(wlo)], dict(stand_in),
+                                check_budget=False)
+            o2, t2, w2 = launch("gpu_wine_e%d_r%d" % (whi, rnd), wcmd + ["--epochs", str(whi)], dict(stand_in),
+                                check_budget=False)
+            spe = wine_steps(o2, 1)
+            if w1 or w2 or not spe:
+                SKIP.setdefault("wg1", w1 or w2 or "no 'training ... samples, batch' line in the output")
+            else:
+                WINE.setdefault("wg1", []).append((t2 - t1) * 1e3 / ((whi - wlo) * spe))
+        if torch_why:
+            SKIP.setdefault("wt1", torch_why)
+        else:
+            out, _, w = launch("gpu_wine_torch_r%d" % rnd, [py, os.path.join(ROOT, "bench", "pytorch_wine.py"),
+                               "--device", "cuda", "--epochs", "400"], {}, check_budget=False)
+            r = result_fields(out)
+            if r and fnum(r, "step_ms"):
+                WINE.setdefault("wt1", []).append(fnum(r, "step_ms"))
+            else:
+                SKIP.setdefault("wt1", w or "no result line in the output")
     p("=" * 100)
     p("make bench-gpu: the 25M-parameter MLP (batch 64) on one GPU: %s" % (gpu_name or gpu_why))
     p("cell = median of %d launches, launch = median of %d steps after %d warm-up; overhead = step - the same "
@@ -1089,12 +1127,25 @@ def main_gpu(build):
         csv_row("gpu", label, 2 if key == "gcpu2" else 1, "", "step", s, "ms",
                 [fnum(r, "step_ms") for r in STEP.get(key, [])])
     p("   vs PyTorch: 1-process row: ddp.h step / PyTorch step; NCCL row: ddp.h's overhead / PyTorch DDP's")
-    p("took %.0f s; CSV: %s" % (elapsed(), disp(os.path.join(bench_dir, "results_gpu.csv"))))
-    with open(os.path.join(bench_dir, "results_gpu.csv"), "w", newline="") as f:
+    wg, wt = med(WINE.get("wg1", [])), med(WINE.get("wt1", []))
+    p("the tutorial's model (wine 13 -> 64 -> 3, Adam, batch 32), one process on the GPU: ms per training-loop step")
+    p("%-48s %9s %10s" % ("setup", "ms/step", "vs PyTorch"))
+    p("%-48s %9s %10s" % ("ddp.h, 1 process, GPU", fmt(wg, 3, 9), fmt(ratio(wg, wt), 2, 10)) + skip_suffix("wg1", wg))
+    p("%-48s %9s %10s" % ("PyTorch, 1 process, GPU", fmt(wt, 3, 9), "") + skip_suffix("wt1", wt))
+    csv_row("gpu", "wine, ddp.h, 1 process, GPU", 1, "", "step", wg, "ms", WINE.get("wg1", []))
+    csv_row("gpu", "wine, PyTorch, 1 process, GPU", 1, "", "step", wt, "ms", WINE.get("wt1", []))
+    target("GPU: the large model's step <= 1.1x PyTorch's", ratio(step("g1"), step("t1")), 1.1, False)
+    target("GPU: the tutorial model's step <= 0.5x PyTorch's", ratio(wg, wt), 0.5, False)
+    p("TARGETS (ratios measured in this run%s)" % ("; meaningless on the stand-in" if fake else ""))
+    for text, val, verdict in TARGETS:
+        p("  %-7s %-78s %s" % (verdict, text, val))
+    suffix = "_standin" if fake else ""  # a stand-in run never overwrites a real GPU's figures
+    p("took %.0f s; CSV: %s" % (elapsed(), disp(os.path.join(bench_dir, "results_gpu%s.csv" % suffix))))
+    with open(os.path.join(bench_dir, "results_gpu%s.csv" % suffix), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["section", "setup", "ranks", "size_bytes", "metric", "value", "unit", "launches", "per_launch"])
         w.writerows(CSV_ROWS)
-    with open(os.path.join(bench_dir, "table_gpu.txt"), "w") as f:
+    with open(os.path.join(bench_dir, "table_gpu%s.txt" % suffix), "w") as f:
         f.write("\n".join(OUT) + "\n")
     print("\n".join(OUT), flush=True)
 

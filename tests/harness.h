@@ -11,6 +11,8 @@
 
 #include <dirent.h> /* h_remove_tree */
 #include <math.h>
+#include <stdlib.h>
+#include <sys/wait.h> /* h_gpus_in_child */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -91,6 +93,37 @@ static inline void h_remove_tree(const char* dir) {
     closedir(d);
     rmdir(dir);
 }
+
+/* How many GPUs this machine shows, and why none (into why), asked in a throwaway child so that
+   the calling process stays free of CUDA: a process that forks after using CUDA leaves its
+   children unable to use it, and the tests fork their ranks. (Only after ddp.h.) */
+#if defined(DDP_H_INCLUDED)
+static inline int h_gpus_in_child(char* why, size_t whylen) {
+    int p[2], st, gpus = 0;
+    char msg[300] = "";
+    ssize_t k;
+    pid_t pid;
+    if (why && whylen) why[0] = 0;
+    if (pipe(p) != 0) return 0;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        snprintf(msg, sizeof msg, "%d %s", ddp_cuda_device_count(), ddp_cuda_unavailable_reason());
+        if (write(p[1], msg, strlen(msg) + 1) < 0) _exit(1);
+        _exit(0);
+    }
+    close(p[1]);
+    k = read(p[0], msg, sizeof msg - 1);
+    if (k > 0) {
+        msg[k] = 0;
+        gpus = atoi(msg);
+        if (why && whylen) snprintf(why, whylen, "%s", strchr(msg, ' ') ? strchr(msg, ' ') + 1 : "");
+    }
+    close(p[0]);
+    waitpid(pid, &st, 0);
+    return gpus;
+}
+#endif
 
 static void h_run(const char* name, void (*fn)(void)) {
     h_case_failed = h_case_skipped = 0;

@@ -134,8 +134,9 @@ def lint_c():
                 not re.search(r"^\s*#\s*define\s+_DARWIN_C_SOURCE\b", code, re.M):
             darwin.append("%s: defines _POSIX_C_SOURCE without _DARWIN_C_SOURCE for __APPLE__: macOS then "
                           "hides MAP_ANONYMOUS, mkdtemp and other non-POSIX declarations" % path)
-        # a preprocessor line while a call's parentheses are open (outside #define bodies)
-        depth, call_line, in_define = 0, 0, False
+        # a preprocessor line while a call's parentheses are open (outside #define bodies; the
+        # condition of an if or while is no call, and no macro)
+        depth, call_line, in_define, is_call = 0, 0, False, False
         for n, line in enumerate(code.split("\n"), 1):
             stripped = line.strip()
             if in_define:
@@ -144,15 +145,18 @@ def lint_c():
             if stripped.startswith("#"):
                 if re.match(r"#\s*define\b", stripped):
                     in_define = line.rstrip().endswith("\\")
-                elif depth > 0 and re.match(r"#\s*(if|ifdef|ifndef|elif|else|endif)\b", stripped):
+                elif depth > 0 and is_call and re.match(r"#\s*(if|ifdef|ifndef|elif|else|endif)\b", stripped):
                     directive.append("%s:%d: %s inside the arguments of the call that opens on line %d: with "
                                      "_FORTIFY_SOURCE that call may be a macro; choose the value before the "
                                      "call" % (path, n, stripped.split()[0], call_line))
                 continue
-            for c in line:
+            for k, c in enumerate(line):
                 if c == "(":
                     if depth == 0:
                         call_line = n
+                        word = re.search(r"(\w+)\s*$", line[:k])
+                        is_call = bool(word) and word.group(1) not in ("if", "while", "for", "switch", "return",
+                                                                        "sizeof")
                     depth += 1
                 elif c == ")":
                     depth = max(0, depth - 1)

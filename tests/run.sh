@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The test runner behind `make test` (and `make test-gpu` with --gpu). Runs every test program and
-# the shell-level checks below, and ends with one line: N passed, N failed, N skipped.
+# The test runner behind `make test` (`make test-gpu` with --gpu, `make test-faults` with --faults).
+# Runs every test program and the shell-level checks below, and ends with one line: N passed, N
+# failed, N skipped.
 # Each case reports one line, "ok   name", "FAIL name" or "skip name: reason"; a skip is never a pass.
 set -u
 cd "$(dirname "$0")/.."
 . tests/compat.sh   # with_timeout, read_lines: what macOS's bash 3.2 and BSD tools lack
 BUILD=${BUILD:-build}
-GPU_ONLY=0
+GPU_ONLY=0 FAULTS=0
 [ "${1:-}" = "--gpu" ] && GPU_ONLY=1
+[ "${1:-}" = "--faults" ] && FAULTS=1
 . tests/report.sh   # pass, fail, skip; ok, bad, skp, run_prog
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -24,8 +26,16 @@ if [ $GPU_ONLY = 1 ]; then
     [ $fail -eq 0 ]; exit
 fi
 
+# ---- the longer fault drills (make test-faults) ---------------------------------------------------
+if [ $FAULTS = 1 ]; then
+    run_prog test_restart bash tests/test_restart.sh "$BUILD" 20
+    run_prog "test_cycles (200 cycles)" env DDP_TEST_CYCLES=200 "$BUILD/tests/test_cycles"
+    echo "$pass passed, $fail failed, $skip skipped"
+    [ $fail -eq 0 ]; exit
+fi
+
 # ---- unit tests ------------------------------------------------------------------------------
-for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_sampler test_snapshot test_desync; do
+for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_sampler test_snapshot test_desync test_cycles; do
     run_prog "$t" "$BUILD/tests/$t"
 done
 # on one machine the CPU backend moves data through shared memory: the TCP ring's own run
@@ -34,6 +44,8 @@ for t in test_pg test_desync; do
 done
 # and shared memory in chunks of 4 KiB: every collective crosses many chunks and both slot sets
 run_prog "test_pg (DDP_SHM_CHUNK_BYTES=4096)" env DDP_SHM_CHUNK_BYTES=4096 "$BUILD/tests/test_pg"
+# the GPU path on the GPU stand-in (tests/fakegpu): CUDA, cuBLAS, NVRTC and NCCL emulated on the CPU
+run_prog "GPU stand-in" bash tests/test_fakegpu.sh "$BUILD"
 run_prog test_ddprun bash tests/test_ddprun.sh "$BUILD/ddprun"
 run_prog test_bad_input bash tests/test_bad_input.sh "$BUILD"
 run_prog test_confusions bash tests/test_confusions.sh "$BUILD"

@@ -206,6 +206,15 @@ verdict device_not_parsed device_not_parsed 'device "cuda:x" is not one of cpu, 
 # variable it reads is refused with DDP_ERR_ENV; a typo here (DDP_TIMEOUT=30s) silently means 300 s.
 single_env timeout_not_a_number 'DDP_TIMEOUT=abc is not a positive number' \
     RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT DDP_TIMEOUT=abc
+# A timeout too short for any network round trip: said as such, not as "not a ddp.h store".
+single_env timeout_too_short 'DDP_ERR_ENV: DDP_TIMEOUT=1e-9 is shorter than' \
+    RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT DDP_TIMEOUT=1e-9
+# A simulated network so slow that one collective would outlast the deadline: a 4 KiB all-reduce at
+# 1 ms a byte is 4 s against DDP_TIMEOUT=2. Said at once, not slept through.
+run_fg simulate_longer_than_timeout 30 DDP_TIMEOUT=2 DDP_SIMULATE_NS_PER_BYTE=1000000 -- \
+    "$DDPRUN" --standalone --nproc-per-node 2 "$BUILD/allreduce_perf" -b 4K -e 4K -n 1 -w 0
+verdict simulate_longer_than_timeout simulate_longer_than_timeout \
+    'DDP_ERR_ENV: DDP_SIMULATE_NS_PER_BYTE=1000000 makes this all_reduce of 4096 bytes last 4.1 s, longer than the timeout \(2 s' 0 10
 run_fg ddprun_master_port_out_of_range 20 -- "$DDPRUN" --master-port 70000 --nproc-per-node 1 true
 verdict ddprun_master_port_out_of_range ddprun_master_port_out_of_range \
     'ddprun: --master-port must be a whole number from 1 to 65535, not "70000"' 0 10
@@ -349,11 +358,57 @@ for _ in $(seq 100); do
 done
 if grep -q "joined the job" "$TMP/dup_rank1.err"; then
     run_fg duplicate_rank 20 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=5 -- "$EX" "${ARGS[@]}"
-    verdict duplicate_rank duplicate_rank "DDP_ERR_WORLD_MISMATCH: two processes were started with RANK=1" 0 10
+    verdict duplicate_rank duplicate_rank "DDP_ERR_WORLD_MISMATCH: two processes were started with RANK=1: pid [0-9]+ on host .* holds rank 1" 0 10
 else
     bad duplicate_rank "the first two ranks never joined:" "$(tail -n 3 "$TMP/dup_rank0.err" "$TMP/dup_rank1.err")"
 fi
 stop "$A"; stop "$B"
+
+# A duplicate RANK=1 that comes while the job is still in rendezvous (world size 3, rank 2 not
+# started yet) is refused with the pid and host of the process that holds rank 1, and the job goes
+# on: once rank 2 comes, it trains and every rank ends with status 0.
+free_port P
+run_bg slot_rank0 40 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+A=$BG
+run_bg slot_rank1 40 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+B=$BG
+wait_port "$P" 5
+sleep 0.5   # rank 1 has claimed its slot (ddp_init retries its connection every few ms at first)
+run_fg duplicate_rank_in_rendezvous 20 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+dup_rc=$RC dup_t0=$T0 dup_t1=$T1
+rank1_pid=$(pgrep -P "$B" | head -n 1)   # (the program under `timeout`)
+run_fg slot_rank2 40 RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+rc2=$RC
+wait "$A"; rcA=$?
+wait "$B"; rcB=$?
+RC=$dup_rc T0=$dup_t0 T1=$dup_t1
+holder=$(sed -n 's/.*pid \([0-9]*\) on host .* holds rank 1.*/\1/p' "$TMP/duplicate_rank_in_rendezvous.err" | head -n 1)
+more=()
+[ $rcA -eq 0 ] && [ $rcB -eq 0 ] && [ $rc2 -eq 0 ] ||
+    more+=("the job did not go on: ranks 0, 1, 2 ended with status $rcA, $rcB, $rc2 (want 0, 0, 0): $(first_line "$TMP/slot_rank0.err")")
+[ -n "$holder" ] && [ "$holder" = "$rank1_pid" ] ||
+    more+=("the message does not name the pid of the process holding rank 1 (${rank1_pid:-?}): pid '${holder}'")
+verdict duplicate_rank_in_rendezvous duplicate_rank_in_rendezvous \
+    "DDP_ERR_WORLD_MISMATCH: two processes were started with RANK=1: pid [0-9]+ on host .* holds rank 1" 0 10 \
+    ${more[@]+"${more[@]}"}
+
+# Two launches of ddprun on one port with one DDP_JOB_TOKEN: job B starts while job A is still in
+# rendezvous (A's rank 1 starts 3 s late). B's rank 1 must not take A's free rank 1: it is refused
+# as another launch's, and job A trains with its own rank 1 and ends with status 0. (B's rank 0
+# starts 2 s late, so that its own failure, the port in use, does not stop B's rank 1 first.)
+free_port P
+run_bg launch_a 60 DDP_JOB_TOKEN=same DDP_TIMEOUT=15 -- "$DDPRUN" --master-addr 127.0.0.1 --master-port $P --nproc-per-node 2 \
+    sh -c 'if [ "$RANK" = 1 ]; then sleep 3; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
+A=$BG
+wait_port "$P" 5
+run_fg second_launch_same_token 60 DDP_JOB_TOKEN=same DDP_TIMEOUT=15 -- "$DDPRUN" --master-addr 127.0.0.1 --master-port $P \
+    --nproc-per-node 2 sh -c 'if [ "$RANK" = 0 ]; then sleep 2; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
+wait "$A"; rcA=$?
+more=()
+[ $rcA -eq 0 ] || more+=("job A ended with status $rcA, want 0: $(first_line "$TMP/launch_a.err")")
+grep -q "^\[rank 0\]: test accuracy" "$TMP/launch_a.out" || more+=("job A printed no test accuracy")
+verdict second_launch_same_token second_launch_same_token \
+    "rank 1\]: .*DDP_ERR_STORE_REFUSED: .*another launch" 0 30 ${more[@]+"${more[@]}"}
 
 # ---- 11: the ranks build different models (hidden width 64 on rank 0, 32 on rank 1) ---------------
 free_port P
@@ -365,6 +420,18 @@ wait "$A"; rcA=$?
 verdict models_differ models_differ \
     'DDP_ERR_MODEL_MISMATCH: the ranks hold different models: rank 1 has fc1\.weight\[32,13\] where rank 0 has fc1\.weight\[64,13\]' 0 10 \
     "$(other_rank $rcA model_rank0 'DDP_ERR_MODEL_MISMATCH: the ranks hold different models')"
+
+# ---- a full disk: the snapshot's save fails, and the fix line says to free space -------------------
+# (a 4 KiB tmpfs in a mount namespace of its own: the wine model's snapshot does not fit)
+mkdir -p "$TMP/full"
+if command -v unshare >/dev/null 2>&1 && unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs "$0"' "$TMP/full" 2>/dev/null; then
+    run_fg disk_full 30 -- unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs "$0" && exec "$1" --device cpu --epochs 2 --save-every 1 --snapshot "$0/snap.safetensors"' \
+        "$TMP/full" "$BUILD/examples/01_single_gpu"
+    verdict disk_full disk_full "DDP_ERR_IO: writing .*snap.safetensors failed: No space left on device" 0 20 \
+        "$(grep -q 'fix: .*free space' "$TMP/disk_full.err" || echo "the fix line does not say to free space: $(grep 'fix:' "$TMP/disk_full.err")")"
+else
+    skp disk_full "cannot mount a small tmpfs here (needs root and unshare -m)"
+fi
 
 # ---- nothing left behind ---------------------------------------------------------------------------
 left=""

@@ -2,7 +2,10 @@
    batch B/N each train the same weights as one process with batch B, whatever the bucket sizes,
    with bit-identical weights on every rank. Also: no_sync accumulation, f16/bf16 compression
    within a bound derived from the rounding, the bucket map, unused parameters, mismatched models,
-   and overlap measured against a simulated slow network. */
+   and overlap measured against a simulated slow network.
+   With --gpu (the GPU stand-in's section of make test, or a real machine with one GPU per rank),
+   the equivalence cases run with every rank's model on its own GPU and the default backend there,
+   NCCL, against the same one-process CPU reference. */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "harness.h"
@@ -10,6 +13,8 @@
 enum { FEAT = 6, CLASSES = 3, STEPS = 50, GLOBAL_B = 12 };
 static const int g_sizes[4] = {FEAT, 10, 8, CLASSES}; /* 3 Linear layers, 6 parameters */
 static char g_dir[64];
+static int g_gpu;  /* --gpu: each rank's model on its GPU */
+static int g_gpus; /* --gpu: how many there are (NCCL needs one per rank) */
 
 /* The global batch of step s: GLOBAL_B rows, the same on every rank and in the reference. */
 static void global_batch(int step, float* x, int* y) {
@@ -19,14 +24,25 @@ static void global_batch(int step, float* x, int* y) {
     for (i = 0; i < GLOBAL_B; i++) y[i] = (int)ddp_rng_below(&r, CLASSES);
 }
 
-static ddp_model* cpu_model(uint64_t seed) {
+static ddp_model* model_on(ddp_device dev, uint64_t seed) {
     ddp_model_desc md;
     ddp_model* m = NULL;
     memset(&md, 0, sizeof md);
-    md.device.type = DDP_DEVICE_CPU;
+    md.device = dev;
     md.seed = seed;
     if (ddp_model_mlp(&md, g_sizes, 4, DDP_LAYER_RELU, &m) != DDP_OK) return NULL;
     return m;
+}
+static ddp_model* cpu_model(uint64_t seed) {
+    ddp_device cpu = {DDP_DEVICE_CPU, 0};
+    return model_on(cpu, seed);
+}
+
+/* A parameter's values or gradient in host memory (a copy ordered after the model's stream). */
+static void host_copy(ddp_model* m, ddp_param* p, const float* src, float* dst) {
+    ddp_device cpu = {DDP_DEVICE_CPU, 0};
+    ddp_copy(cpu, dst, ddp_model_device(m), src, p->count * 4, ddp_model_stream(m));
+    ddp_stream_sync(ddp_model_stream(m));
 }
 
 static ddp_optim* sgd(ddp_model* m, float lr, float momentum) {
@@ -44,7 +60,13 @@ static void save_params(ddp_model* m, const char* path) {
     FILE* f = fopen(path, "wb");
     int i;
     if (!f) return;
-    for (i = 0; i < ddp_model_num_params(m); i++) fwrite(ddp_model_param(m, i)->data, 4, ddp_model_param(m, i)->count, f);
+    for (i = 0; i < ddp_model_num_params(m); i++) {
+        ddp_param* p = ddp_model_param(m, i);
+        float* host = (float*)malloc(p->count * 4);
+        host_copy(m, p, p->data, host);
+        fwrite(host, 4, p->count, f);
+        free(host);
+    }
     fclose(f);
 }
 static size_t load_params(const char* path, float* out, size_t cap) {
@@ -71,9 +93,11 @@ typedef struct cfg {
 static double g_grad_max_step;
 static void track_max(ddp_param* p, void* user) {
     size_t i;
-    (void)user;
+    float* g = (float*)malloc(p->count * 4);
+    host_copy((ddp_model*)user, p, p->grad, g);
     for (i = 0; i < p->count; i++)
-        if (fabs(p->grad[i]) > g_grad_max_step) g_grad_max_step = fabs(p->grad[i]);
+        if (fabs(g[i]) > g_grad_max_step) g_grad_max_step = fabs(g[i]);
+    free(g);
 }
 static int train_rank(int rank, void* arg) {
     const cfg* c = (const cfg*)arg;
@@ -88,13 +112,17 @@ static int train_rank(int rank, void* arg) {
     double grad_sum = 0;
     char path[128];
     memset(&d, 0, sizeof d);
-    d.device.type = DDP_DEVICE_CPU;
+    d.device.type = g_gpu ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU; /* "cuda": this rank's GPU */
     d.timeout_s = 60;
-    if (ddp_init(&d, &pg) != DDP_OK) return 10;
+    if (ddp_init(&d, &pg) != DDP_OK) {
+        printf("    rank %d: ddp_init: %s\n", rank, ddp_error_string());
+        return 10;
+    }
     W = ddp_world_size(pg);
-    m = cpu_model(100 + (uint64_t)rank * 17);
+    m = model_on(ddp_pg_device(pg), 100 + (uint64_t)rank * 17);
     if (!m) return 11;
-    for (k = 0; k < ddp_model_num_params(m); k++) ddp_param_add_hook(ddp_model_param(m, k), track_max, NULL);
+    if (c->compress)
+        for (k = 0; k < ddp_model_num_params(m); k++) ddp_param_add_hook(ddp_model_param(m, k), track_max, m);
     memset(&wd, 0, sizeof wd);
     wd.bucket_cap_bytes = c->cap, wd.first_bucket_bytes = c->first, wd.gradient_as_bucket_view = c->view;
     wd.compress = c->compress;
@@ -119,7 +147,10 @@ static int train_rank(int rank, void* arg) {
             }
         }
         grad_sum += g_grad_max_step;
-        if (ddp_optim_step(o) != DDP_OK) return 15;
+        if (ddp_optim_step(o) != DDP_OK) {
+            printf("    rank %d step %d: %s\n", rank, step, ddp_error_string());
+            return 15;
+        }
     }
     {
         ddp_wrap_stats st;
@@ -172,10 +203,15 @@ static size_t reference(const cfg* c, float* out, size_t cap) {
    bound is derived from the gradients the ranks saw. Returns the relative L2 error. */
 static double equivalence(int W, const cfg* c, double tol) {
     float ref[2048], got[2048], first[2048];
-    size_t n = reference(c, ref, 2048), k;
+    size_t n, k;
     double num = 0, den = 0, maxabs = 0, grad_bound = 0, rel;
     char path[128];
     int r;
+    if (g_gpu && W > g_gpus) {
+        printf("    W=%d not run: NCCL needs a GPU for each rank, and this machine shows %d\n", W, g_gpus);
+        return 0;
+    }
+    n = reference(c, ref, 2048);
     CHECK_OK(ddp_spawn(W, train_rank, (void*)c));
     for (r = 0; r < W; r++) {
         FILE* f;
@@ -231,7 +267,7 @@ static void equivalence_all_worlds_and_buckets(void) {
                 double e;
                 c.cap = c.first = caps[ci];
                 c.view = view;
-                e = equivalence(W, &c, 1e-5);
+                e = equivalence(W, &c, g_gpu ? 1e-4 : 1e-5);
                 if (e > worst) worst = e;
             }
     printf("    worst relative L2 difference from one process over 24 runs: %.3g\n", worst);
@@ -242,9 +278,9 @@ static void equivalence_no_sync_accumulation(void) {
     double e2, e3;
     c.accum = 3;
     c.momentum = 0;
-    e2 = equivalence(2, &c, 1e-5); /* 2 ranks x 3 micro-batches of 2 = one step of 12 */
+    e2 = equivalence(2, &c, g_gpu ? 1e-4 : 1e-5); /* 2 ranks x 3 micro-batches of 2 = one step of 12 */
     c.accum = 2;
-    e3 = equivalence(3, &c, 1e-5); /* 3 ranks x 2 micro-batches of 2 */
+    e3 = equivalence(3, &c, g_gpu ? 1e-4 : 1e-5); /* 3 ranks x 2 micro-batches of 2 */
     printf("    no_sync: relative L2 difference %.3g (2 ranks x 3 micro-batches), %.3g (3 x 2)\n", e2, e3);
 }
 
@@ -477,9 +513,108 @@ static void overlap_is_real(void) {
            "least 20%% less", w_many * 1e3, w_one * 1e3);
 }
 
-int main(void) {
+/* Overlap on the GPU: one step of 2 ranks, one parameter per bucket, under the GPU stand-in with a
+   slow network (FAKEGPU_NCCL_DELAY_MS) and its trace of every operation queued, started and
+   finished (FAKEGPU_TRACE). Order, not time, is the proof, on each rank: the first bucket's
+   all-reduce is called before backward has queued its last kernel (fc1's bias gradient), and
+   that kernel runs before the all-reduce ends, so the model's stream does not wait for the
+   network. On a real GPU there is no trace, and the case is skipped. */
+static int overlap_gpu_rank(int rank, void* arg) {
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_wrapper* w;
+    ddp_wrap_desc wd;
+    float x[GLOBAL_B * FEAT], loss;
+    int y[GLOBAL_B];
+    (void)arg;
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CUDA;
+    d.timeout_s = 60;
+    if (ddp_init(&d, &pg) != DDP_OK) return 1;
+    m = model_on(ddp_pg_device(pg), 100);
+    memset(&wd, 0, sizeof wd);
+    wd.bucket_cap_bytes = wd.first_bucket_bytes = 1;
+    if (!m || ddp_wrap(pg, m, &wd, &w) != DDP_OK) return 2;
+    global_batch(0, x, y);
+    if (ddp_model_zero_grad(m) != DDP_OK || ddp_model_forward(m, x + rank * 6 * FEAT, 6) != DDP_OK ||
+        ddp_loss_cross_entropy(m, y + rank * 6, &loss) != DDP_OK || ddp_model_backward(m) != DDP_OK) {
+        printf("    rank %d: %s\n", rank, ddp_error_string());
+        return 3;
+    }
+    ddp_stream_sync(ddp_model_stream(m));
+    ddp_wrapper_destroy(w);
+    ddp_model_destroy(m);
+    ddp_destroy(pg);
+    return 0;
+}
+static void overlap_on_the_gpu(void) {
+    char path[128], line[512];
+    FILE* f;
+    long pids[2] = {0, 0};
+    int k;
+    if (g_gpus < 2) SKIP("two ranks on NCCL need two GPUs, and this machine shows %d", g_gpus);
+    snprintf(path, sizeof path, "%s/trace", g_dir);
+    setenv("FAKEGPU_TRACE", path, 1);
+    setenv("FAKEGPU_NCCL_DELAY_MS", "250", 1);
+    CHECK_OK(ddp_spawn(2, overlap_gpu_rank, NULL));
+    unsetenv("FAKEGPU_TRACE");
+    unsetenv("FAKEGPU_NCCL_DELAY_MS");
+    if (!(f = fopen(path, "r"))) SKIP("no operation trace: only the GPU stand-in (make test) writes one");
+    while (fgets(line, sizeof line, f)) { /* the two ranks' pids, in order of appearance */
+        long pid = atol(line);
+        if (pid != pids[0] && !pids[1] && pids[0]) pids[1] = pid;
+        if (!pids[0]) pids[0] = pid;
+    }
+    for (k = 0; k < 2; k++) {
+        long n = 0, first_call = -1, last_queue = -1, ran = -1, ended = -1;
+        unsigned model = (unsigned)-1, comm = (unsigned)-1, st;
+        unsigned long long op, last_op = 0, first_ar = 0;
+        rewind(f);
+        while (fgets(line, sizeof line, f)) { /* "PID TIME queue|run|done stream S #N NAME" or "PID TIME nccl ..." */
+            char* rest = strchr(line, ' ');
+            char verb[16], name[64];
+            int stream_line;
+            if (atol(line) != pids[k] || !rest || !(rest = strchr(rest + 1, ' '))) continue;
+            rest++;
+            n++;
+            stream_line = sscanf(rest, "%15s stream %u #%llu %63s", verb, &st, &op, name) == 4;
+            if (!strncmp(rest, "nccl call AllReduce ", 20) && first_call < 0) first_call = n;
+            if (!stream_line) continue;
+            if (model == (unsigned)-1 && !strcmp(verb, "queue") && !strcmp(name, "ddp_k_relu_fwd")) model = st;
+            if (first_call >= 0 && comm == (unsigned)-1 && !strcmp(verb, "queue") && !strcmp(name, "AllReduce"))
+                comm = st, first_ar = op;
+            if (!strcmp(verb, "queue") && !strcmp(name, "ddp_k_bias_grad") && st == model) last_queue = n, last_op = op;
+            if (!strcmp(verb, "run") && st == model && op == last_op) ran = n;
+            if (ended < 0 && !strcmp(verb, "done") && st == comm && op == first_ar) ended = n;
+        }
+        printf("    rank %d (pid %ld): first all-reduce called at line %ld, backward's last kernel queued at %ld and "
+               "run at %ld, the first all-reduce done at %ld\n", k, pids[k], first_call, last_queue, ran, ended);
+        CHECKF(first_call > 0 && last_queue > 0 && first_call < last_queue,
+               "the first bucket's all-reduce was not called before backward's last kernel was queued");
+        CHECKF(ran > 0 && ended > 0 && ran < ended,
+               "backward's last kernel did not run before the first all-reduce ended: the model's stream waited for it");
+    }
+    fclose(f);
+}
+
+int main(int argc, char** argv) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ddp_test_ddp.XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
+    g_gpu = argc > 1 && !strcmp(argv[1], "--gpu");
+    if (g_gpu) {
+        char why[256];
+        if ((g_gpus = h_gpus_in_child(why, sizeof why)) == 0) {
+            printf("skip equivalence_on_gpus: no GPU: %s\n", why);
+            return 0;
+        }
+        RUN(equivalence_all_worlds_and_buckets);
+        RUN(equivalence_no_sync_accumulation);
+        RUN(equivalence_compressed);
+        RUN(overlap_on_the_gpu);
+        h_remove_tree(g_dir);
+        return H_EXIT();
+    }
     RUN(equivalence_all_worlds_and_buckets);
     RUN(equivalence_no_sync_accumulation);
     RUN(equivalence_compressed);

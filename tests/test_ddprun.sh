@@ -151,6 +151,34 @@ else
     bad sigterm_stops_every_rank "the ranks never started; output:" "$(cat "$TMP/o")"
 fi
 
+# ddprun killed by SIGKILL (it can pass nothing on) while rank 1 is stopped (SIGSTOP) and rank 0
+# ignores SIGTERM: no rank, and nothing a rank started, may outlive it. A stopped process acts on no
+# SIGTERM until continued; a rank that ignores SIGTERM is what every rank is where the system has
+# no parent-death signal (Linux's PR_SET_PDEATHSIG sends SIGTERM).
+D=$TMP/orphan; mkdir -p "$D"
+"$DDPRUN" --nproc-per-node 2 sh -c 'if [ $RANK = 0 ]; then trap "" TERM; fi; '"$SLEEPER" >"$TMP/o" 2>&1 &
+lpid=$!
+if wait_files 2 "$D/sleep."; then
+    kill -STOP "$(cat "$D/pid.1")"
+    kill -KILL $lpid
+    wait $lpid 2>/dev/null
+    for i in $(seq 200); do   # at most 10 s: DDP_KILL_GRACE_S=1 between SIGTERM and SIGKILL
+        left=""
+        for f in "$D"/pid.* "$D"/sleep.*; do p=$(cat "$f"); running "$p" && left="$left $p"; done
+        [ -z "$left" ] && break
+        sleep 0.05
+    done
+    if [ -z "$left" ]; then ok killed_ddprun_leaves_no_rank_even_stopped
+    else
+        bad killed_ddprun_leaves_no_rank_even_stopped "still running 10 s after ddprun was killed:$left" \
+            "$(ps -o pid,stat,ppid,cmd -p "$(tr ' ' ',' <<<"${left# }")" 2>&1)"
+        for p in $left; do kill -KILL "$p" 2>/dev/null; done
+    fi
+else
+    kill -KILL $lpid 2>/dev/null; wait $lpid 2>/dev/null
+    bad killed_ddprun_leaves_no_rank_even_stopped "the ranks never started; output:" "$(cat "$TMP/o")"
+fi
+
 D=$TMP/ign; mkdir -p "$D"
 t0=$(now)
 out=$("$DDPRUN" --nproc-per-node 2 sh -c 'if [ $RANK = 0 ]; then while [ ! -e "$D/pid.1" ]; do sleep 0.05; done; exit 3; fi

@@ -541,12 +541,44 @@ static void spawn_bad_arguments(void) {
     CHECK_FAILS(ddp_spawn(2, NULL, &a), DDP_ERR_INVALID_ARGUMENT, "fn");
 }
 
+/* Binding ranks to cores (ddp__bind_plan, what ddp_init applies on Linux): whole physical cores,
+   so that no two ranks share one core's hyper-threads, and a rank on a GPU among the cores next to
+   that GPU. */
+static void bind_plan_whole_cores_near_the_gpu(void) {
+    ddp__cpu_core ht[8], numa[16];
+    unsigned char node0[DDP__BIND_MAXCPU], node1[DDP__BIND_MAXCPU];
+    int out[16], i, r, m;
+    /* 4 cores with 2 threads each, numbered as Linux does on most x86 machines: CPU i and CPU i+4
+       are the two threads of core i */
+    for (i = 0; i < 8; i++) ht[i].cpu = i, ht[i].core = i % 4;
+    for (r = 0; r < 4; r++) {
+        m = ddp__bind_plan(ht, 8, NULL, r, 4, out);
+        CHECKF(m == 2 && out[0] == r && out[1] == r + 4, "4 ranks on 4 cores x 2 threads: rank %d got %d CPUs (%d, %d), "
+               "want both threads of core %d (CPUs %d and %d)", r, m, out[0], m > 1 ? out[1] : -1, r, r, r + 4);
+    }
+    m = ddp__bind_plan(ht, 8, NULL, 1, 2, out);
+    CHECKF(m == 4 && out[0] == 2 && out[1] == 3 && out[2] == 6 && out[3] == 7,
+           "2 ranks: rank 1 got %d CPUs starting %d, want cores 2 and 3 (CPUs 2, 3, 6, 7)", m, out[0]);
+    CHECK(ddp__bind_plan(ht, 8, NULL, 0, 5, out) == 0); /* more ranks than cores: no binding */
+    /* two NUMA nodes of 8 cores, GPUs 0-1 next to node 0 and 2-3 next to node 1: the two ranks of
+       each node split its cores */
+    for (i = 0; i < 16; i++) numa[i].cpu = i, numa[i].core = i;
+    CHECK(ddp__cpulist("0-7", node0) == 8 && ddp__cpulist("8-11,12-15\n", node1) == 8);
+    m = ddp__bind_plan(numa, 16, node1, 1, 2, out);
+    CHECKF(m == 4 && out[0] == 12 && out[3] == 15, "rank 3 (second near GPU 3's node): got %d CPUs from %d, want 12-15",
+           m, out[0]);
+    m = ddp__bind_plan(numa, 16, node0, 0, 2, out);
+    CHECKF(m == 4 && out[0] == 0 && out[3] == 3, "rank 0 (first near GPU 0's node): got %d CPUs from %d, want 0-3", m,
+           out[0]);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/ddp_test_env_XXXXXX");
     if (!mkdtemp(g_tmp)) {
         perror("mkdtemp");
         return 1;
     }
+    RUN(bind_plan_whole_cores_near_the_gpu);
     RUN(env_default_single_process);
     RUN(env_precedence);
     RUN(env_torchrun);

@@ -1,6 +1,10 @@
-/* The process group on a GPU: the NCCL backend with one rank (NCCL refuses two ranks on one
-   GPU), through ncclAllReduce and through the hand-written ring (DDP_NCCL_RING=1); and several
-   ranks sharing one GPU on the CPU backend, their buffers staged through pinned memory.
+/* The process group on a GPU: the NCCL backend with one rank, and with 2, 3 and 4 ranks where
+   there is a GPU for each (NCCL refuses two ranks on one GPU; the GPU stand-in of make test shows
+   four), through ncclAllReduce and through the hand-written ring (DDP_NCCL_RING=1, which needs two
+   ranks or more to take a step); and several ranks on the CPU backend with GPU buffers, staged
+   through pinned memory (ranks share GPU 0 when there is only one). With one rank, an all-reduce
+   or broadcast leaves its buffer as it was, so those values cannot show that the collective ran;
+   the all-gather and reduce-scatter, which write another buffer, can.
    Skipped with the reason where there is no GPU; make test-gpu (DDP_REQUIRE_GPU=1) fails instead.
    The parent never touches CUDA itself: ranks are forked, and a process that forks after using
    CUDA leaves its children unable to use it. */
@@ -8,34 +12,8 @@
 #include "ddp.h"
 #include "harness.h"
 
-/* How many GPUs, and why none, asked in a throwaway child so that this process stays CUDA-free. */
 static int g_gpus;
 static char g_why[256];
-static void probe(void) {
-    int p[2], st;
-    pid_t pid;
-    if (pipe(p) != 0) return;
-    pid = fork();
-    if (pid == 0) {
-        char msg[300];
-        int n = ddp_cuda_device_count();
-        snprintf(msg, sizeof msg, "%d %s", n, ddp_cuda_unavailable_reason());
-        if (write(p[1], msg, strlen(msg) + 1) < 0) _exit(1);
-        _exit(0);
-    }
-    close(p[1]);
-    {
-        char msg[300] = "";
-        ssize_t k = read(p[0], msg, sizeof msg - 1);
-        if (k > 0) {
-            msg[k] = 0;
-            g_gpus = atoi(msg);
-            snprintf(g_why, sizeof g_why, "%s", strchr(msg, ' ') ? strchr(msg, ' ') + 1 : "");
-        }
-    }
-    close(p[0]);
-    waitpid(pid, &st, 0);
-}
 
 #define NEED_GPU()                                                                                 \
     do {                                                                                           \
@@ -66,8 +44,7 @@ static int gpu_rank(int rank, void* arg) {
     ddp_device cpu = {DDP_DEVICE_CPU, 0};
     memset(&d, 0, sizeof d);
     d.backend = *(const ddp_backend*)arg;
-    d.device.type = DDP_DEVICE_CUDA;
-    d.device.index = 0; /* every rank on GPU 0: the CPU backend allows it, NCCL needs one rank */
+    d.device.type = DDP_DEVICE_CUDA; /* "cuda": this rank's GPU, LOCAL_RANK modulo the GPUs there are */
     d.timeout_s = 60;
     if (ddp_init(&d, &pg) != DDP_OK) {
         printf("    rank %d: ddp_init: %s\n", rank, ddp_error_string());
@@ -99,8 +76,13 @@ static int gpu_rank(int rank, void* arg) {
                 for (r = 0; r < W; r++) want += value(r, i), mx = value(r, i) > mx ? value(r, i) : mx;
                 if (ops[oi] == DDP_AVG) want /= W;
                 if (ops[oi] == DDP_MAX) want = mx;
-                /* sums of small integers are exact; an average rounds once */
-                if (fabs(host[i] - want) > (ops[oi] == DDP_AVG ? fabs(want) * (t == DDP_F32 ? 1e-6 : 1e-2) : 0)) {
+                /* Sums of small integers are exact. An average rounds: NCCL scales each rank's value
+                   by 1/W (rounded) and adds them up (each sum rounded), so in a 16-bit type the
+                   error is at most W roundings, each of half a unit in the last place of a value
+                   up to 8 in magnitude. */
+                double u = t == DDP_F16 ? 0x1p-11 : 0x1p-8;
+                double tol = ops[oi] != DDP_AVG ? 0 : t == DDP_F32 ? 1e-6 * fabs(want) : W * u * 4;
+                if (fabs(host[i] - want) > tol) {
                     printf("    rank %d all_reduce %s %s: element %zu is %g, expected %g\n", rank, ddp_dtype_name(t),
                            ddp__op_name(ops[oi]), i, host[i], want);
                     bad++;
@@ -147,13 +129,18 @@ static void nccl_one_rank_library(void) {
     unsetenv("DDP_NCCL_RING");
     CHECK_OK(ddp_spawn(1, gpu_rank, &b));
 }
-static void nccl_one_rank_own_ring(void) {
+/* W = 2, 3, 4 ranks on NCCL, each on its own GPU; ring: DDP_NCCL_RING=1. */
+static void nccl_ranks(int ring) {
     ddp_backend b = DDP_BACKEND_NCCL;
+    int W;
     NEED_GPU();
-    setenv("DDP_NCCL_RING", "1", 1);
-    CHECK_OK(ddp_spawn(1, gpu_rank, &b));
+    if (g_gpus < 2) SKIP("NCCL with several ranks needs a GPU for each, and this machine has %d", g_gpus);
+    if (ring) setenv("DDP_NCCL_RING", "1", 1);
+    for (W = 2; W <= 4 && W <= g_gpus; W++) CHECKF(ddp_spawn(W, gpu_rank, &b) == DDP_OK, "%d ranks: %s", W, ddp_error_string());
     unsetenv("DDP_NCCL_RING");
 }
+static void nccl_several_ranks_library(void) { nccl_ranks(0); }
+static void nccl_several_ranks_own_ring(void) { nccl_ranks(1); }
 static void cpu_backend_gpu_buffers_3_ranks(void) {
     ddp_backend b = DDP_BACKEND_CPU;
     NEED_GPU();
@@ -181,13 +168,15 @@ static void eq_save(ddp_model* m, const char* path) {
         ddp_param* p = ddp_model_param(m, i);
         ddp_device cpu = {DDP_DEVICE_CPU, 0};
         host = (float*)malloc(p->count * 4);
-        ddp_copy(cpu, host, p->device, p->data, p->count * 4, NULL);
+        /* on the model's stream, after the optimizer's kernels, and waited for */
+        ddp_copy(cpu, host, p->device, p->data, p->count * 4, ddp_model_stream(m));
+        ddp_stream_sync(ddp_model_stream(m));
         fwrite(host, 4, p->count, f);
         free(host);
     }
     fclose(f);
 }
-static int eq_train(ddp_model* m, ddp_wrapper* w, int rank, int W) {
+static int eq_train(ddp_model* m, ddp_wrapper* w, int rank, int W, const char* save) {
     ddp_optim_desc od;
     ddp_optim* o = NULL;
     float x[EQ_B * EQ_F], loss;
@@ -205,6 +194,7 @@ static int eq_train(ddp_model* m, ddp_wrapper* w, int rank, int W) {
             return 1;
         }
     }
+    eq_save(m, save); /* before ddp_optim_destroy, whose cudaFree would synchronise the GPU */
     ddp_optim_destroy(o);
     return 0;
 }
@@ -231,18 +221,16 @@ static int eq_rank(int rank, void* arg) {
         printf("    rank %d: %s\n", rank, ddp_error_string());
         return 1;
     }
-    bad += eq_train(m, w, ddp_rank(pg), ddp_world_size(pg));
     snprintf(path, sizeof path, "%s/gpu%d.bin", g_dir, rank);
-    eq_save(m, path);
+    bad += eq_train(m, w, ddp_rank(pg), ddp_world_size(pg), path);
     ddp_wrapper_destroy(w);
     ddp_model_destroy(m);
     if (rank == 0) { /* the reference: one process, the CPU, the whole batch */
         ddp_model* ref;
         md.device.type = DDP_DEVICE_CPU, md.device.index = 0, md.seed = 100;
         if (ddp_model_mlp(&md, sizes, 4, DDP_LAYER_RELU, &ref) != DDP_OK) return 1;
-        bad += eq_train(ref, NULL, 0, 1);
         snprintf(path, sizeof path, "%s/cpu.bin", g_dir);
-        eq_save(ref, path);
+        bad += eq_train(ref, NULL, 0, 1, path);
         ddp_model_destroy(ref);
     }
     ddp_destroy(pg);
@@ -279,9 +267,10 @@ static void equivalence_on_gpu_buffers(void) {
 }
 
 int main(void) {
-    probe();
+    g_gpus = h_gpus_in_child(g_why, sizeof g_why); /* this process stays free of CUDA */
     RUN(nccl_one_rank_library);
-    RUN(nccl_one_rank_own_ring);
+    RUN(nccl_several_ranks_library);
+    RUN(nccl_several_ranks_own_ring);
     RUN(cpu_backend_gpu_buffers_3_ranks);
     RUN(equivalence_on_gpu_buffers);
     return H_EXIT();

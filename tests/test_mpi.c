@@ -78,7 +78,7 @@ static int master_port_main(int rank, void* arg) {
     char text[16];
     (void)arg;
     if (rank == 0) { /* a port that was free a moment ago */
-        int fd = ddp__sock_listen(0, &port);
+        int fd = ddp__sock_listen(NULL, 0, &port);
         if (fd >= 0) close(fd);
     }
     MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);

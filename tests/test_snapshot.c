@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char g_tmp[64]; /* temporary folder made by mkdtemp, removed at the end */
@@ -952,6 +953,23 @@ static void test_missing_file(void) {
     job_free(&t);
 }
 
+/* Two temporary files beside `path` as writers on this host name them, "<path>.tmp.<host>.<pid>",
+   their names written to the 600-byte buffers `stale` (a pid that no longer runs, returned) and
+   `live` (a pid that does: our parent). */
+static long make_tmp_files(const char* path, char* stale, char* live) {
+    char host[64] = "host";
+    long dead = 4000000;
+    FILE* f;
+    gethostname(host, sizeof host - 1);
+    host[strcspn(host, "/.")] = 0;
+    while (dead > 2 && (kill((pid_t)dead, 0) == 0 || errno != ESRCH)) dead--;
+    snprintf(stale, 600, "%s.tmp.%s.%ld", path, host, dead);
+    snprintf(live, 600, "%s.tmp.%s.%ld", path, host, (long)getppid());
+    CHECK((f = fopen(stale, "wb")) != NULL && fputs("torn", f) >= 0 && fclose(f) == 0);
+    CHECK((f = fopen(live, "wb")) != NULL && fclose(f) == 0);
+    return dead;
+}
+
 /* ---- 5. saving: atomic replacement, failures leave nothing behind ------------------------------- */
 
 static void test_atomic_save(void) {
@@ -1015,16 +1033,8 @@ static void test_atomic_save(void) {
     /* a temporary file that a killed writer on this host left is removed by the next save; one
        whose writer still runs (here: our parent) is not */
     {
-        char host[64] = "host", stale[600], live[600];
-        long dead = 4000000;
-        FILE* f;
-        gethostname(host, sizeof host - 1);
-        host[strcspn(host, "/.")] = 0;
-        while (dead > 2 && (kill((pid_t)dead, 0) == 0 || errno != ESRCH)) dead--;
-        snprintf(stale, sizeof stale, "%s.tmp.%s.%ld", path, host, dead);
-        snprintf(live, sizeof live, "%s.tmp.%s.%ld", path, host, (long)getppid());
-        CHECK((f = fopen(stale, "wb")) != NULL && fclose(f) == 0);
-        CHECK((f = fopen(live, "wb")) != NULL && fclose(f) == 0);
+        char stale[600], live[600];
+        long dead = make_tmp_files(path, stale, live);
         CHECK_OK(ddp_snapshot_save(&b.snap, path));
         CHECKF(access(stale, F_OK) != 0, "%s (pid %ld is not running) was not removed", stale, dead);
         CHECKF(access(live, F_OK) == 0, "%s (its writer, pid %ld, still runs) was removed", live, (long)getppid());
@@ -1061,6 +1071,110 @@ static void test_exists(void) {
     ddp_model_destroy(m);
 }
 
+/* Run fn in a child process that must end within `limit_s` seconds (a SIGALRM then ends it):
+   returns the child's exit status, or -1 when it hung (or crashed). The harness's checks in the
+   child do not reach the parent, so fn returns 0 for success and its own code otherwise. */
+static int in_child(int (*fn)(void), unsigned limit_s, int as_nobody) {
+    int st = 0, r;
+    pid_t pid;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        alarm(limit_s);
+        if (as_nobody && geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(90);
+        r = fn();
+        fflush(stdout); /* _exit does not */
+        _exit(r);
+    }
+    if (pid < 0 || waitpid(pid, &st, 0) != pid) return -1;
+    if (WIFSIGNALED(st)) return -1;
+    return WEXITSTATUS(st);
+}
+
+static const char* g_child_path; /* what the child functions below look at */
+
+/* A FIFO where the snapshot should be: opening it for reading would wait for a writer forever. */
+static int load_fifo_child(void) {
+    ddp_snapshot s;
+    memset(&s, 0, sizeof s);
+    s.model = make_mlp(s_small, 3, 1);
+    if (!s.model) return 3;
+    if (ddp_snapshot_load(&s, g_child_path) != DDP_ERR_IO) return 4;
+    if (!strstr(ddp_error_string(), g_child_path) || !strstr(ddp_error_string(), "named pipe")) {
+        printf("    the message lacks the path or \"named pipe\": %s\n", ddp_error_string());
+        return 5;
+    }
+    if (ddp_snapshot_exists(g_child_path) != 1) return 6; /* something is there */
+    return 0;
+}
+
+static void test_fifo_is_refused_at_once(void) {
+    const char* path = tmp_path("fifo.safetensors");
+    int rc;
+    CHECK(mkfifo(path, 0600) == 0);
+    g_child_path = path;
+    rc = in_child(load_fifo_child, 10, 0);
+    CHECKF(rc == 0, "loading a snapshot path that is a FIFO %s", rc < 0 ? "hung (killed after 10 s)" : "was not refused as it should be");
+    unlink(path);
+}
+
+/* ddp_snapshot_exists in a folder this process may not search: an error naming the path, not "no
+   snapshot" (the job would otherwise train from step 0 and then fail at its first save). */
+static int exists_unsearchable_child(void) {
+    int r = ddp_snapshot_exists(g_child_path);
+    if (r != -1) {
+        printf("    ddp_snapshot_exists returned %d for a path in a folder this user cannot search\n", r);
+        return 3;
+    }
+    if (!strstr(ddp_error_string(), g_child_path) || !strstr(ddp_error_string(), strerror(EACCES))) {
+        printf("    the message lacks the path or the reason: %s\n", ddp_error_string());
+        return 4;
+    }
+    return 0;
+}
+
+static void test_exists_error_is_not_absence(void) {
+    char a[600], b[300], inner[300];
+    int rc;
+    /* a symlink loop: stat fails with ELOOP, and a save would replace the link */
+    snprintf(a, sizeof a, "%s", tmp_path("loop_a.safetensors"));
+    snprintf(b, sizeof b, "%s", tmp_path("loop_b.safetensors"));
+    CHECK(symlink(b, a) == 0 && symlink(a, b) == 0);
+    ddp_clear_error();
+    CHECKF(ddp_snapshot_exists(a) == -1, "ddp_snapshot_exists on a symlink loop returned %d, want -1", ddp_snapshot_exists(a));
+    CHECKF(strstr(ddp_error_string(), a) && strstr(ddp_error_string(), strerror(ELOOP)),
+           "message \"%s\" lacks the path or \"%s\"", ddp_error_string(), strerror(ELOOP));
+    unlink(a), unlink(b);
+    /* a folder the user cannot search (as root: a child that becomes nobody) */
+    snprintf(inner, sizeof inner, "%s", tmp_path("locked"));
+    CHECK(mkdir(inner, 0700) == 0);
+    snprintf(a, sizeof a, "%s/snap.safetensors", inner);
+    CHECK(write_bytes(a, "x", 1));
+    if (geteuid() != 0) CHECK(chmod(inner, 0) == 0);
+    g_child_path = a;
+    rc = in_child(exists_unsearchable_child, 10, 1);
+    CHECKF(rc == 0, "ddp_snapshot_exists in an unsearchable folder: child status %d", rc);
+    chmod(inner, 0700);
+    unlink(a);
+    rmdir(inner);
+    /* absence is still 0, and sets no error */
+    ddp_clear_error();
+    CHECK(ddp_snapshot_exists(tmp_path("nothing.safetensors")) == 0);
+}
+
+/* A torn temporary file that a killed writer left is removed when the next run starts (looks
+   for its snapshot), not only after its next save; a live writer's is kept. */
+static void test_stale_tmp_removed_on_start(void) {
+    const char* path = tmp_path("stale_on_start.safetensors");
+    char stale[600], live[600];
+    long dead = make_tmp_files(path, stale, live);
+    CHECKF(ddp_snapshot_exists(path) == 0, "ddp_snapshot_exists(%s): %d", path, ddp_snapshot_exists(path));
+    CHECKF(access(stale, F_OK) != 0, "%s (pid %ld is not running) was not removed on start", stale, dead);
+    CHECKF(access(live, F_OK) == 0, "%s (its writer, pid %ld, still runs) was removed", live, (long)getppid());
+    unlink(stale);
+    unlink(live);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/ddp_test_snapshot.XXXXXX");
     if (!mkdtemp(g_tmp)) {
@@ -1082,6 +1196,9 @@ int main(void) {
     RUN(test_missing_file);
     RUN(test_atomic_save);
     RUN(test_exists);
+    RUN(test_fifo_is_refused_at_once);
+    RUN(test_exists_error_is_not_absence);
+    RUN(test_stale_tmp_removed_on_start);
     h_remove_tree(g_tmp);
     return H_EXIT();
 }

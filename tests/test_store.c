@@ -4,6 +4,9 @@
 #include "ddp.h"
 #include "harness.h"
 
+#include <ifaddrs.h>
+#include <sys/resource.h>
+
 /* A server on a free port, with a short timeout so that failures show quickly. */
 static ddp_store* server(double timeout, const char* token) {
     ddp_store_desc d;
@@ -335,6 +338,146 @@ static void client_sees_server_death(void) {
     ddp_store_destroy(c);
 }
 
+/* ---- where the server listens ----------------------------------------------------------------------- */
+
+/* This machine's first IPv4 address that is not a loopback one, into buf; 0 if it has none. */
+static int outside_address(char* buf, size_t n) {
+    struct ifaddrs *all, *a;
+    int found = 0;
+    if (getifaddrs(&all) != 0) return 0;
+    for (a = all; a && !found; a = a->ifa_next) {
+        const struct sockaddr_in* in = (const struct sockaddr_in*)a->ifa_addr;
+        if (!in || in->sin_family != AF_INET || (ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
+        found = inet_ntop(AF_INET, &in->sin_addr, buf, (socklen_t)n) != NULL;
+    }
+    freeifaddrs(all);
+    return found;
+}
+
+/* A store whose clients reach it at 127.0.0.1 (ddprun --standalone, ddp_spawn: every rank on this
+   machine) listens on the loopback interface only: another machine cannot even connect. One whose
+   clients use this machine's outside address still accepts there. */
+static void loopback_store_listens_on_loopback_only(void) {
+    char addr[64];
+    ddp_store *s, *t = NULL;
+    ddp_store_desc d;
+    int fd;
+    if (!outside_address(addr, sizeof addr)) SKIP("this machine has no IPv4 address besides loopback");
+    s = server(5, "tok");
+    if (!s) return;
+    fd = ddp__sock_connect(addr, ddp_store_port(s), ddp__now() + 2);
+    CHECKF(fd < 0, "a store for 127.0.0.1 accepted a connection at %s:%d", addr, ddp_store_port(s));
+    if (fd >= 0) close(fd);
+    ddp_store_destroy(s);
+    memset(&d, 0, sizeof d);
+    d.host = addr, d.port = -1, d.is_server = 1, d.timeout_s = 5, d.token = "tok";
+    CHECK_OK(ddp_store_create(&d, &t)); /* its own client connects at addr */
+    if (t) {
+        fd = ddp__sock_connect("127.0.0.1", ddp_store_port(t), ddp__now() + 2);
+        CHECKF(fd >= 0, "a store for %s refused a connection at 127.0.0.1", addr);
+        if (fd >= 0) close(fd);
+        ddp_store_destroy(t);
+    }
+}
+
+/* ---- the fd limit: strangers use up the server process's descriptors ------------------------------ */
+
+/* Lines captured so far that contain needle. */
+static int count_logged(const char* needle) {
+    int i, n = 0;
+    pthread_mutex_lock(&g_log_lock);
+    for (i = 0; i < g_nlog; i++) n += strstr(g_log[i], needle) != NULL;
+    pthread_mutex_unlock(&g_log_lock);
+    return n;
+}
+
+/* The server's side, in a child process whose descriptor limit is 48: a store, a job's client,
+   and whatever the strangers (the parent) open. Returns 0, or the number of the first check that
+   failed (printed too). */
+static int fd_limit_server(int to_parent, int from_parent) {
+    struct rlimit rl;
+    ddp_store *s, *c, *late = NULL;
+    ddp_store_desc d;
+    int port, i, attempts = -1;
+    char b = 0;
+    double t0, t1;
+    const char* line = NULL;
+    g_nlog = 0;
+    ddp_set_log(capture, NULL);
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = 48;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return printf("    setrlimit failed\n"), 1;
+    s = server(5.0, "tok");
+    c = s ? client(ddp_store_port(s), 5, "tok") : NULL;
+    if (!c) return printf("    no store: %s\n", ddp_error_string()), 2;
+    port = ddp_store_port(s);
+    if (write(to_parent, &port, sizeof port) != (ssize_t)sizeof port) return 3;
+    if (read(from_parent, &b, 1) != 1) return 4; /* the strangers are connected */
+    /* the store is at the limit now; for a second, the job keeps using its connection */
+    t0 = ddp__now();
+    for (i = 0; i < 20; i++) {
+        char v[8];
+        size_t n = 0;
+        if (ddp_store_set(c, "k", "v", 1) != DDP_OK || ddp_store_get(c, "k", v, sizeof v, &n) != DDP_OK || n != 1)
+            return printf("    the job's store call %d failed at the fd limit: %s\n", i, ddp_error_string()), 5;
+        ddp__sleep(0.05);
+    }
+    if (count_logged("open files") != 1)
+        return printf("    %d log lines about the descriptor limit, want exactly 1\n", count_logged("open files")), 6;
+    if (write(to_parent, &b, 1) != 1) return 7; /* the strangers may go */
+    /* with their connections closed the store accepts again: a new client gets in */
+    memset(&d, 0, sizeof d);
+    d.host = "127.0.0.1", d.port = port, d.timeout_s = 5, d.token = "tok";
+    if (ddp_store_create(&d, &late) != DDP_OK) return printf("    no new client after the strangers left: %s\n", ddp_error_string()), 8;
+    t1 = ddp__now();
+    pthread_mutex_lock(&g_log_lock);
+    for (i = 0; i < g_nlog && !line; i++) /* the first: the episode the strangers caused */
+        if (strstr(g_log[i], "accepting connections again")) line = g_log[i];
+    if (line && strstr(line, "accept failed ")) attempts = atoi(strstr(line, "accept failed ") + 14);
+    pthread_mutex_unlock(&g_log_lock);
+    /* a store that backs off tries about every 0.1 s; one that spins tries thousands of times a second */
+    if (attempts < 1 || attempts > 20 * (t1 - t0) + 5)
+        return printf("    accept failed %d times over %.1f s at the limit (want 1..%.0f; -1: no recovery line)\n",
+                      attempts, t1 - t0, 20 * (t1 - t0) + 5), 9;
+    ddp_store_destroy(late);
+    ddp_store_destroy(c);
+    ddp_store_destroy(s);
+    return 0;
+}
+
+/* 100 connections from strangers (another process) against a store whose process may hold 48
+   descriptors: it must back off and log once instead of retrying accept in a busy loop, keep
+   serving the connection it has, and accept again once descriptors are free. */
+static void fd_limit_backs_off(void) {
+    int up[2], down[2], fds[100], i, port = 0, st = 0, opened = 0;
+    char b = 1;
+    pid_t pid;
+    CHECK(pipe(up) == 0 && pipe(down) == 0);
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        int r;
+        close(up[0]), close(down[1]);
+        r = fd_limit_server(up[1], down[0]);
+        fflush(stdout);
+        _exit(r);
+    }
+    close(up[1]), close(down[0]); /* so that a read sees the child's end */
+    CHECK(read(up[0], &port, sizeof port) == (ssize_t)sizeof port);
+    for (i = 0; i < 100 && port > 0; i++) {
+        fds[i] = ddp__sock_connect("127.0.0.1", port, ddp__now() + 2); /* the kernel's backlog completes them */
+        opened += fds[i] >= 0;
+    }
+    CHECKF(opened == 100, "only %d of 100 stranger connections opened", opened);
+    CHECK(write(down[1], &b, 1) == 1);
+    CHECK(read(up[0], &b, 1) == 1 || 1); /* the child's window is over (or it failed) */
+    for (i = 0; i < 100; i++)
+        if (i < opened && fds[i] >= 0) close(fds[i]);
+    CHECK(waitpid(pid, &st, 0) == pid);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the server's process failed check %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    close(up[0]), close(down[1]);
+}
+
 int main(void) {
     RUN(set_get_add_wait);
     RUN(get_and_wait_time_out);
@@ -344,5 +487,7 @@ int main(void) {
     RUN(wrong_token_refused);
     RUN(hostile_connections_refused);
     RUN(client_sees_server_death);
+    RUN(fd_limit_backs_off);
+    RUN(loopback_store_listens_on_loopback_only);
     return H_EXIT();
 }

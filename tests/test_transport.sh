@@ -42,6 +42,18 @@ if [ $rc -ne 0 ] && grep -q "DDP_TRANSPORT=udp is not tcp, shm or auto" "$TMP/ud
     ok transport_bad_value_named
 else bad transport_bad_value_named "exit status $rc" "$(tail -n 3 "$TMP/udp.txt")"; fi
 
+# tuning values that cannot be used: each is named in a warning (as DDP_DEBUG's is) and replaced by
+# its default; the job runs and its results are right
+DDP_RING_PIECE_BYTES=1MB DDP_SHM_CHUNK_BYTES=-5 DDP_BIND=cores DDP_SHM_SPIN_US=x DDP_SHM_STREAM_BYTES=0 \
+    DDP_SHM_SLOT_STREAM_BELOW=big DDP_SIMULATE_NS_PER_BYTE=fast run_perf "$TMP/tuning.txt" 2 -b 4K -e 64K -n 1 -w 0
+missing=""
+for v in "DDP_RING_PIECE_BYTES=1MB" "DDP_SHM_CHUNK_BYTES=-5" "DDP_BIND=cores" "DDP_SHM_SPIN_US=x" "DDP_SHM_STREAM_BYTES=0" \
+         "DDP_SHM_SLOT_STREAM_BELOW=big" "DDP_SIMULATE_NS_PER_BYTE=fast"; do
+    grep -q "warning: $v is not .*; using " "$TMP/tuning.txt" || missing="$missing $v"
+done
+if checked "$TMP/tuning.txt" && [ -z "$missing" ]; then ok tuning_values_refused_with_a_warning
+else bad tuning_values_refused_with_a_warning "no warning for:${missing:- (none missing)}" "$(grep -E 'warning|wrong|ERR' "$TMP/tuning.txt" | head -n 4)"; fi
+
 # many chunks, 3 ranks (shares of unequal length), 16-bit types and averages, every element checked
 DDP_SHM_CHUNK_BYTES=4096 run_perf "$TMP/chunks.txt" 3 -b 1K -e 1M -f 32 -n 2 -w 0 -d bf16 -o avg
 DDP_SHM_CHUNK_BYTES=4096 run_perf "$TMP/chunks2.txt" 3 -b 12 -e 3M -f 64 -n 2 -w 0 -o max
@@ -108,6 +120,38 @@ else
     else
         ok "shm_nothing_left_after_kill (rank 0 ended $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s after the kill)"
         echo "    first line: $(grep -m1 'DDP_ERR' "$TMP/kill0.txt")"
+    fi
+fi
+
+# ---- stopped while the segment still has its name: ddprun's SIGTERM reaches rank 0 while it waits
+# for the others to map the segment (here: forever, as rank 1 was told DDP_TRANSPORT=tcp and never
+# comes to map it). Rank 0 must remove the name on its way out.
+if [ ! -d /dev/shm ]; then
+    skp shm_name_removed_on_sigterm "no /dev/shm on this system (the segment is made by shm_open there)"
+else
+    # each rank writes its pid to $TMP/term.pid.RANK first (no /proc/PID/environ on macOS)
+    "$DDPRUN" --standalone --nproc-per-node 2 sh -c 'echo $$ > "$1.$RANK"; if [ "$RANK" = 1 ]; then export DDP_TRANSPORT=tcp; fi
+        exec "$0" -b 4K -e 4K -n 1' "$PERF" "$TMP/term.pid" >"$TMP/term.txt" 2>&1 &
+    launcher=$!
+    PIDS="$PIDS $launcher"
+    rank0="" seg=""
+    for _ in $(seq 200); do   # rank 0's pid, then its segment's name (at most 10 s)
+        rank0=$(cat "$TMP/term.pid.0" 2>/dev/null)
+        [ -n "$rank0" ] && seg=$(ls /dev/shm 2>/dev/null | grep "^ddp-$rank0-" | head -n 1)
+        [ -n "$seg" ] && break
+        sleep 0.05
+    done
+    if [ -z "$seg" ]; then
+        kill -TERM $launcher 2>/dev/null; wait $launcher 2>/dev/null
+        bad shm_name_removed_on_sigterm "rank 0 (pid ${rank0:-?}) never made its segment" "$(tail -n 4 "$TMP/term.txt")"
+    else
+        kill -TERM $launcher
+        wait $launcher; rc=$?
+        if [ -e "/dev/shm/$seg" ]; then
+            bad shm_name_removed_on_sigterm "/dev/shm/$seg (rank 0's, $(du -k "/dev/shm/$seg" | cut -f1) KiB) is left after SIGTERM (ddprun exit status $rc)"
+            rm -f "/dev/shm/$seg"
+        elif [ $rc -eq 0 ]; then bad shm_name_removed_on_sigterm "ddprun ended with status 0 after SIGTERM"
+        else ok "shm_name_removed_on_sigterm (rank 0's /dev/shm/$seg is gone; ddprun exit status $rc)"; fi
     fi
 fi
 

@@ -17,7 +17,8 @@ Markers, each on its own line in the Markdown:
       the ```sh block on the next line runs, from a scratch folder that mirrors the repository's
       top folder, and must exit 0 (or, with `fails`, not 0) within S seconds (120). `root`: the
       block uses sudo and ip netns; it is skipped, with the reason, where those cannot run.
-      `needs=PROGRAM`: skipped, with the reason, when PROGRAM is not installed.
+      `needs=PROGRAM`: skipped, with the reason, when PROGRAM is not installed (a PROGRAM with a
+      slash, such as build/fakegpu/examples/02_multi_gpu, when that file is not built).
   <!-- output -->, or <!-- output rtol=R -->
       the fenced block on the next line is the output of the last run block: every line of it,
       except the `...` lines that mark cuts, must appear in the real output, in that order (a
@@ -217,9 +218,11 @@ def run(build, files, chapters=None, no_root=None):
                 if "root" in opts and not can_netns:
                     print("skip %s: needs sudo and network namespaces (Linux, ip from iproute2, root)" % name)
                     continue
-                need = [o[6:] for o in opts if o.startswith("needs=") and not shutil.which(o[6:])]
+                need = [o[6:] for o in opts if o.startswith("needs=") and not (
+                    os.access(os.path.join(where, o[6:]), os.X_OK) if "/" in o[6:] else shutil.which(o[6:]))]
                 if need:
-                    print("skip %s: %s is not installed" % (name, need[0]))
+                    print("skip %s: %s is not %s" % (name, need[0], "built (make found no CUDA toolkit)"
+                                                     if need[0].startswith("build/fakegpu/") else "installed"))
                     continue
                 if "numpy" in text and not have_numpy:
                     print("skip %s: python3 with numpy is not installed (apt-get install python3-numpy)" % name)
