@@ -376,7 +376,7 @@ wait_port "$P" 5
 sleep 0.5   # rank 1 has claimed its slot (ddp_init retries its connection every few ms at first)
 run_fg duplicate_rank_in_rendezvous 20 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
 dup_rc=$RC dup_t0=$T0 dup_t1=$T1
-rank1_pid=$(pgrep -P "$B" | head -n 1)   # (the program under `timeout`)
+rank1_pid=$(prog_pid slot_rank1)   # (the program itself: its pid file, see run_bg)
 run_fg slot_rank2 40 RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
 rc2=$RC
 wait "$A"; rcA=$?
