@@ -6850,6 +6850,16 @@ DDP__PRIVATE int ddp__gpu_near(int dev, unsigned char* flags) {
 }
 #endif
 
+/* DDP_BIND, checked on every system: a value that means nothing is named also where nothing is bound. */
+DDP__PRIVATE const char* ddp__bind_env(void) {
+    const char* env = getenv("DDP_BIND");
+    if (env && *env && strcmp(env, "core") && strcmp(env, "none") && strcmp(env, "0")) {
+        ddp_log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
+        return NULL;
+    }
+    return env;
+}
+
 DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
 #if DDP__LINUX && defined(SYS_sched_setaffinity)
     unsigned long mask[16], mine[16];
@@ -6859,12 +6869,8 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
     int chosen[DDP__BIND_MAXCPU], n = 0, m, i, lr = pg->env.local_rank, lws = pg->env.local_world_size;
     int index = lr, group = lws, use_near = 0;
     char list[256] = "";
-    const char* env = getenv("DDP_BIND");
+    const char* env = ddp__bind_env();
     DIR* dir;
-    if (env && *env && strcmp(env, "core") && strcmp(env, "none") && strcmp(env, "0")) {
-        ddp_log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
-        env = NULL;
-    }
     if ((env && (!strcmp(env, "none") || !strcmp(env, "0"))) || lws < 2 || lr < 0 || lr >= lws) return;
     memset(mask, 0, sizeof mask);
     if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) return;
@@ -6919,6 +6925,7 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
             use_near ? ", next to this rank's GPU" : "");
 #else
     (void)pg;
+    (void)ddp__bind_env();
 #endif
 }
 
