@@ -80,6 +80,9 @@
     DDP_CBLAS            Linear layers on the CPU call cblas_sgemm (link a CBLAS such as
                          OpenBLAS: -lopenblas); otherwise a cache-blocked loop of our own.
     DDP_STATIC           make every function static (for a private copy in one file).
+    DDP_PORTABLE         leave out the Linux-only code on Linux too (futexes, /dev/shm, /proc, core
+                         binding, PR_SET_PDEATHSIG): the plain POSIX paths that macOS and the BSDs
+                         take, so that Linux can run and test them (make test-portable).
     DDP_MALLOC(n), DDP_FREE(p)
                          host allocator; define both or neither.
     DDP_ASSERT(c)        internal consistency checks (default: assert from <assert.h>).
@@ -978,6 +981,26 @@ DDP_API int ddp_launcher_main(int argc, char** argv);
 #error "ddp.h: POSIX declarations are hidden. Include ddp.h (with DDP_IMPLEMENTATION) before any other header, or compile with -D_POSIX_C_SOURCE=200809L."
 #endif
 
+/* Linux-only code (futexes, /dev/shm, /proc, core binding, PR_SET_PDEATHSIG) sits under DDP__LINUX.
+   DDP_PORTABLE turns it off on Linux as well, so that a Linux machine runs and tests the plain
+   POSIX paths that macOS and the BSDs take (make test-portable). */
+#if defined(__linux__) && !defined(DDP_PORTABLE)
+#define DDP__LINUX 1
+#else
+#define DDP__LINUX 0
+#endif
+/* The commands that error messages suggest exist on the system that prints them. */
+#if DDP__LINUX
+#define DDP__HINT_WHO_LISTENS "`ss -ltnp | grep :%d` shows which"
+#define DDP__HINT_INSTALL_MPI "apt-get install libopenmpi-dev"
+#elif defined(__APPLE__)
+#define DDP__HINT_WHO_LISTENS "`lsof -nP -iTCP:%d -sTCP:LISTEN` shows which"
+#define DDP__HINT_INSTALL_MPI "brew install open-mpi"
+#else
+#define DDP__HINT_WHO_LISTENS "`lsof -nP -iTCP:%d -sTCP:LISTEN` shows which"
+#define DDP__HINT_INSTALL_MPI "install Open MPI or MPICH with the system's package manager"
+#endif
+
 #if defined(DDP_CBLAS)
 #include <cblas.h>   /* cblas_sgemm for Linear on the CPU */
 #endif
@@ -1095,6 +1118,22 @@ DDP__DEF void ddp_set_log(ddp_log_fn fn, void* user) {
     ddp__g.log_user = user;
 }
 
+/* One line to stderr in one write. stderr is unbuffered, and musl's fprintf then writes 80 bytes at
+   a time, so the lines of ranks that share a terminal would interleave mid-line. */
+DDP__PRIVATE void ddp__eprint_line(const char* fmt, ...) DDP__PRINTF(1, 2);
+DDP__PRIVATE void ddp__eprint_line(const char* fmt, ...) {
+    char line[2200];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    fwrite(line, 1, (size_t)n, stderr);
+}
+
 DDP__PRIVATE void ddp__vlog(ddp_log_level level, const char* fmt, va_list ap) {
     char line[2048];
     int n;
@@ -1104,7 +1143,7 @@ DDP__PRIVATE void ddp__vlog(ddp_log_level level, const char* fmt, va_list ap) {
     if (n < 0 || n >= (int)sizeof line) n = 0;
     vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     if (ddp__g.log_fn) ddp__g.log_fn(level, line, ddp__g.log_user);
-    else fprintf(stderr, "%s\n", line);
+    else ddp__eprint_line("%s", line);
 }
 
 DDP__DEF void ddp_log(ddp_log_level level, const char* fmt, ...) {
@@ -1176,12 +1215,11 @@ DDP__DEF void ddp_clear_error(void) {
 }
 
 DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* file, int line) {
-    fprintf(stderr, "[rank %d/%d] error: %s failed (%s:%d)\n", ddp__g.rank, ddp__g.world,
-            call_text, file, line);
-    fprintf(stderr, "[rank %d/%d]   %s: %s\n", ddp__g.rank, ddp__g.world, ddp_status_name(s),
-            ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
-    fprintf(stderr, "[rank %d/%d]   fix: %s\n", ddp__g.rank, ddp__g.world,
-            ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
+    ddp__eprint_line("[rank %d/%d] error: %s failed (%s:%d)", ddp__g.rank, ddp__g.world, call_text, file, line);
+    ddp__eprint_line("[rank %d/%d]   %s: %s", ddp__g.rank, ddp__g.world, ddp_status_name(s),
+                     ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
+    ddp__eprint_line("[rank %d/%d]   fix: %s", ddp__g.rank, ddp__g.world,
+                     ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
     exit(1);
 }
 
@@ -1253,6 +1291,14 @@ DDP__PRIVATE ddp_status ddp__fail_cublas(cublasStatus_t e, const char* call, int
 
 DDP__DEF const char* ddp_build_info(void) {
     static char info[256];
+    /* Chosen before the calls, not inside their arguments: with _FORTIFY_SOURCE (macOS's default,
+       or -D_FORTIFY_SOURCE=2 with clang) snprintf is a macro, and a directive inside a macro's
+       arguments is undefined behaviour, which compilers warn about. */
+#if defined(DDP_CBLAS)
+    const char* linear = "CPU Linear through CBLAS";
+#else
+    const char* linear = "CPU Linear through the built-in blocked loop";
+#endif
     if (!info[0]) {
 #if DDP__CUDA
         int rt = 0, drv = 0, nv_major = 0, nv_minor = 0, nccl = 0;
@@ -1264,22 +1310,10 @@ DDP__DEF const char* ddp_build_info(void) {
         ncclGetVersion(&nccl); /* 22809: 2.28.9 (from NCCL 2.9 on, 10000 * major + 100 * minor + patch) */
         snprintf(info, sizeof info, "ddp.h %d.%d.%d: CUDA runtime %d.%d (%s), NVRTC %d.%d, NCCL %d.%d.%d, cuBLAS; %s",
                  DDP_VERSION_MAJOR, DDP_VERSION_MINOR, DDP_VERSION_PATCH, rt / 1000,
-                 (rt % 1000) / 10, driver, nv_major, nv_minor, nccl / 10000, nccl % 10000 / 100, nccl % 100,
-#if defined(DDP_CBLAS)
-                 "CPU Linear through CBLAS"
-#else
-                 "CPU Linear through the built-in blocked loop"
-#endif
-        );
+                 (rt % 1000) / 10, driver, nv_major, nv_minor, nccl / 10000, nccl % 10000 / 100, nccl % 100, linear);
 #else
         snprintf(info, sizeof info, "ddp.h %d.%d.%d: CPU only (DDP_NO_CUDA); %s", DDP_VERSION_MAJOR,
-                 DDP_VERSION_MINOR, DDP_VERSION_PATCH,
-#if defined(DDP_CBLAS)
-                 "CPU Linear through CBLAS"
-#else
-                 "CPU Linear through the built-in blocked loop"
-#endif
-        );
+                 DDP_VERSION_MINOR, DDP_VERSION_PATCH, linear);
 #endif
 #if defined(DDP_MPI)
         strncat(info, "; mpi backend (DDP_MPI)", sizeof info - strlen(info) - 1);
@@ -3768,7 +3802,7 @@ DDP__PRIVATE ddp_status ddp__server_start(int port, int local, const char* token
         if (e == EADDRINUSE)
             return ddp__fail(DDP_ERR_PORT_IN_USE,
                              "the rendezvous store cannot listen on port %d: it is already in use (another "
-                             "job or program holds it; `ss -ltnp | grep :%d` shows which). Pick another "
+                             "job or program holds it; " DDP__HINT_WHO_LISTENS "). Pick another "
                              "MASTER_PORT, or let ddprun --standalone choose a free one", port, port);
         return ddp__fail(DDP_ERR_IO, "the rendezvous store cannot listen on port %d: %s", port, strerror(e));
     }
@@ -4729,19 +4763,52 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
    The segment has a name only while the ranks open it: rank 0 removes the name once everyone has
    mapped it, so the memory goes back to the system when the last rank exits, also after a crash;
    a SIGTERM, SIGINT or SIGHUP that comes before that removes the name on its way (ddp__shm_guard).
+
+   Memory order (C11 atomics; what a weakly ordered CPU such as arm64 relies on, which x86 and qemu
+   on x86 would forgive): a rank writes its slot and header with plain stores, then raises its phase
+   counter (sequentially consistent, so at least a release); a reader loads the counter with
+   acquire before it reads the slot, so it sees the data. A rank reads the others' slots before it
+   raises its next counter, so a writer that acquires that counter overwrites nothing still being
+   read. Streaming stores are fenced (sfence) before the counter. `left` and the abort line's rank
+   are stored with release after the fields they publish (the counter, `made`, the message) and
+   loaded with acquire. A sleeper's increment of `waiters` and its look at the counter, and a
+   waker's store of the counter and its look at `waiters`, are all sequentially consistent, so at
+   least one of the two sees the other and no wake-up is lost. ThreadSanitizer cannot check this:
+   it sees one process's threads, not two processes sharing a segment.
 */
 #if (defined(__linux__) || defined(__APPLE__) || defined(__FreeBSD__)) && (defined(__GNUC__) || defined(__clang__))
 #define DDP__SHM 1
 #include <sys/mman.h>
-#if defined(__linux__)
-#include <linux/futex.h>
+#if DDP__LINUX
 #include <sys/syscall.h>
+/* FUTEX_WAIT and FUTEX_WAKE are numbers of the kernel's ABI. <linux/futex.h> comes with the
+   kernel's headers, which a musl toolchain (Debian's musl-gcc) does not search: then ours. */
+#if defined(__has_include)
+#if __has_include(<linux/futex.h>)
+#include <linux/futex.h>
+#endif
+#endif
+#ifndef FUTEX_WAIT
+#define FUTEX_WAIT 0
+#define FUTEX_WAKE 1
+#endif
+#endif
+#if DDP__LINUX && defined(SYS_futex)
+#define DDP__FUTEX 1 /* sleep on a counter until its writer wakes us */
+#else
+#define DDP__FUTEX 0 /* short sleeps, woken by nobody */
 #endif
 #else
 #define DDP__SHM 0 /* no POSIX shared memory or no atomics we know: the TCP ring everywhere */
 #endif
 
 #define DDP__SHM_MAGIC 0x4d48535044445044ull /* "DDPDPSHM" */
+/* Test-only: tests/test_desync.c defines this to hold a waiting rank inside the gap between its
+   last look at a peer's counter and its look at the peer's flags, so that the peer can finish
+   and leave in that gap every time instead of once in many runs. Nothing in a real build. */
+#ifndef DDP__TEST_SHM_GAP
+#define DDP__TEST_SHM_GAP(pg, q, target) ((void)0)
+#endif
 static DDP__TLS int ddp__comm_thread; /* 1 on a group's communication thread */
 
 typedef struct ddp__shm_rank { /* one rank's control block, 256 bytes: fields others poll apart */
@@ -4779,6 +4846,15 @@ DDP__PRIVATE unsigned char* ddp__shm_slot(ddp_pg* pg, int set, int q) {
 }
 
 #if DDP__SHM
+/* Inside a spin: tell the core that this thread only waits, so that it yields the pipeline to a
+   sibling hardware thread and eases off the memory bus (x86 pause, Arm yield). */
+#if defined(__x86_64__) || defined(__i386__)
+#define DDP__SPIN_HINT() __builtin_ia32_pause()
+#elif defined(__aarch64__) || (defined(__arm__) && defined(__ARM_ARCH) && __ARM_ARCH >= 7)
+#define DDP__SPIN_HINT() __asm__ __volatile__("yield" ::: "memory") /* (Armv6 assemblers lack it) */
+#else
+#define DDP__SPIN_HINT() ((void)0)
+#endif
 DDP__PRIVATE int ddp__shm_reached(const ddp__shm_rank* o, uint32_t target) {
     return (int32_t)(__atomic_load_n(&o->phase, __ATOMIC_ACQUIRE) - target) >= 0;
 }
@@ -4788,7 +4864,7 @@ DDP__PRIVATE void ddp__shm_publish(ddp_pg* pg) {
     ddp__shm_rank* me = ddp__shm_rank_of(pg, pg->rank);
     __atomic_store_n(&me->phase, ++pg->shm_phase, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&me->waiters, __ATOMIC_SEQ_CST) > 0) {
-#if defined(__linux__)
+#if DDP__FUTEX
         syscall(SYS_futex, &me->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #endif
     }
@@ -4799,7 +4875,7 @@ DDP__PRIVATE void ddp__shm_publish(ddp_pg* pg) {
 DDP__PRIVATE void ddp__shm_sleep(ddp__shm_rank* o, uint32_t target, double s) {
     __atomic_add_fetch(&o->waiters, 1, __ATOMIC_SEQ_CST);
     if (!ddp__shm_reached(o, target)) {
-#if defined(__linux__)
+#if DDP__FUTEX
         struct timespec ts;
         uint32_t seen = __atomic_load_n(&o->phase, __ATOMIC_SEQ_CST);
         ts.tv_sec = 0, ts.tv_nsec = (long)(s * 1e9);
@@ -4827,7 +4903,7 @@ DDP__PRIVATE void ddp__shm_abort(ddp_pg* pg, ddp_status s) {
         h->status = (uint32_t)s;
         __atomic_store_n(&h->who, (uint32_t)pg->rank + 1, __ATOMIC_RELEASE);
     }
-#if defined(__linux__)
+#if DDP__FUTEX
     /* the others sleep on the counters of the ranks they wait for: wake them all to look */
     for (q = 0; q < pg->world; q++) syscall(SYS_futex, &ddp__shm_rank_of(pg, q)->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #else
@@ -4868,13 +4944,12 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
         uint32_t who;
         int dead;
         if ((i & 63) != 63) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
+            DDP__SPIN_HINT();
             continue;
         }
         t = ddp__now();
         if (t < spin_until) continue;
+        DDP__TEST_SHM_GAP(pg, q, target);
         who = __atomic_load_n(&h->who, __ATOMIC_ACQUIRE);
         if (who && who != UINT32_MAX && (int)who - 1 != pg->rank) {
             char msg[sizeof h->msg];
@@ -4883,18 +4958,25 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
             return ddp__fail(h->status ? (ddp_status)h->status : DDP_ERR_PEER_LOST, "%s #%llu: rank %d failed: %s",
                              ddp__coll_name(w->kind), (unsigned long long)w->seq, (int)who - 1, msg);
         }
+        /* A peer that left, or whose connection closed, may have finished this phase after the
+           loop's look and before these: it raises its counter before it sets `left` (release,
+           read here with acquire) and long before it exits, so one more look at the counter
+           tells "it finished, then left" (no error) from "it left without this collective". */
         if (__atomic_load_n(&o->left, __ATOMIC_ACQUIRE)) {
             unsigned char theirs[32];
             ddp_work leave;
+            if (ddp__shm_reached(o, target)) break;
             memset(&leave, 0, sizeof leave);
             leave.kind = DDP__LEAVE, leave.count = (size_t)o->made;
             ddp__ring_header(&leave, theirs);
             return ddp__ring_left_job(pg, w, q, theirs);
         }
-        if ((dead = ddp__shm_dead_neighbour(pg)) >= 0)
+        if ((dead = ddp__shm_dead_neighbour(pg)) >= 0) {
+            if (ddp__shm_reached(o, target)) break;
             return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (end of stream): that rank "
                              "has probably died; look at its output", ddp__coll_name(w->kind),
                              (unsigned long long)w->seq, dead);
+        }
         if (t >= deadline)
             return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d (shared "
                              "memory): that rank is stuck, stopped, or calling a different collective (every rank "
@@ -5118,7 +5200,7 @@ DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
     ddp__shm_rank* me = ddp__shm_rank_of(pg, pg->rank);
     me->made = pg->seq;
     __atomic_store_n(&me->left, 1u, __ATOMIC_RELEASE);
-#if defined(__linux__)
+#if DDP__FUTEX
     syscall(SYS_futex, &me->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #endif
 }
@@ -5126,14 +5208,14 @@ DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
 /* Where the segment's name lives while the ranks open it. Linux: a file under /dev/shm, which is
    what shm_open makes too, without needing -lrt on older C libraries; elsewhere shm_open. */
 DDP__PRIVATE void ddp__shm_path(char* out, size_t n, const char* name) {
-#if defined(__linux__)
+#if DDP__LINUX
     snprintf(out, n, "/dev/shm%s", name);
 #else
     snprintf(out, n, "%s", name);
 #endif
 }
 DDP__PRIVATE int ddp__shm_open(const char* name, int create) {
-#if defined(__linux__)
+#if DDP__LINUX
     char path[96];
     ddp__shm_path(path, sizeof path, name);
     return open(path, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
@@ -5156,7 +5238,7 @@ static pthread_mutex_t ddp__shm_guard_lock = PTHREAD_MUTEX_INITIALIZER;
 DDP__PRIVATE void ddp__shm_on_signal(int sig, siginfo_t* info, void* ctx) {
     int i, saved = errno;
     if (ddp__shm_guarding) {
-#if defined(__linux__)
+#if DDP__LINUX
         unlink(ddp__shm_guarded); /* both async-signal-safe system calls */
 #else
         shm_unlink(ddp__shm_guarded);
@@ -5193,7 +5275,7 @@ DDP__PRIVATE void ddp__shm_unlink(const char* name) {
     char path[96];
     int i;
     ddp__shm_path(path, sizeof path, name);
-#if defined(__linux__)
+#if DDP__LINUX
     unlink(path);
 #else
     shm_unlink(name);
@@ -5211,7 +5293,7 @@ DDP__PRIVATE void ddp__shm_unlink(const char* name) {
 DDP__PRIVATE void ddp__host_id(char* out, size_t n) {
     char host[128] = "?", boot[64] = "", net[64] = "";
     gethostname(host, sizeof host - 1);
-#if defined(__linux__)
+#if DDP__LINUX
     {
         FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
         ssize_t k;
@@ -5248,7 +5330,7 @@ DDP__PRIVATE unsigned char* ddp__shm_create(ddp_pg* pg, size_t bytes, char* name
         snprintf(why, whylen, "creating shared memory %s failed: %s", name, strerror(errno));
         return NULL;
     }
-#if defined(__linux__)
+#if DDP__LINUX
     {
         int e = posix_fallocate(fd, 0, (off_t)bytes);
         if (e != 0) {
@@ -5291,8 +5373,11 @@ DDP__PRIVATE unsigned char* ddp__shm_attach(ddp_pg* pg, const char* name, size_t
         snprintf(why, whylen, "opening rank 0's shared memory %s failed: %s", name, strerror(errno));
         return NULL;
     }
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
-        snprintf(why, whylen, "rank 0's shared memory %s has the wrong size", name);
+    /* At least `bytes`, not exactly: macOS rounds a shared-memory object up to its page size
+       (16 KiB on Apple silicon), so an exact check would refuse every segment there. */
+    if (fstat(fd, &st) != 0 || st.st_size < 0 || (size_t)st.st_size < bytes) {
+        snprintf(why, whylen, "rank 0's shared memory %s has %lld bytes, fewer than the %zu this job needs", name,
+                 (long long)st.st_size, bytes);
         close(fd);
         return NULL;
     }
@@ -5318,7 +5403,7 @@ DDP__PRIVATE unsigned char* ddp__shm_attach(ddp_pg* pg, const char* name, size_t
 DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
     const char* env = getenv("DDP_TRANSPORT");
     int want_shm = 0; /* 0: either, 1: shm or fail */
-    char why[300] = "";
+    char why[400] = "";
     if (env && *env && strcmp(env, "auto") != 0) {
         if (!strcmp(env, "tcp")) {
             ddp_log(DDP_LOG_INFO, "transport: tcp ring (DDP_TRANSPORT=tcp)");
@@ -5373,6 +5458,11 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
             memset(ddp__shm_slot(pg, 1, pg->rank), 0, chunk);
             mine->pid = (uint32_t)getpid();
         }
+        if (!ok) { /* every rank's message then names the cause, not only this rank's */
+            char told[300];
+            snprintf(told, sizeof told, "rank %d: %.280s", pg->rank, why);
+            DDP__TRY(ddp_store_set(pg->store, "ddp/shm/why", told, strlen(told)));
+        }
         if (ddp_store_add(pg->store, "ddp/shm/yes", ok, &yes) != DDP_OK ||
             ddp_store_barrier(pg->store, "shm", W) != DDP_OK || ddp_store_add(pg->store, "ddp/shm/yes", 0, &yes) != DDP_OK) {
             if (pg->rank == 0 && name[0] == '/') ddp__shm_unlink(name);
@@ -5391,8 +5481,15 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
         }
         if (p) munmap(p, bytes);
         pg->shm = NULL, pg->shm_bytes = 0;
-        if (!why[0]) snprintf(why, sizeof why, "%lld of %d ranks could not map the segment (another host?)",
-                              (long long)(W - yes), W);
+        if (!why[0]) {
+            const char* key = "ddp/shm/why";
+            char told[300];
+            memset(told, 0, sizeof told);
+            if (ddp_store_wait(pg->store, &key, 1, 5.0) != DDP_OK ||
+                ddp_store_get(pg->store, key, told, sizeof told - 1, &n) != DDP_OK)
+                snprintf(told, sizeof told, "see their logs");
+            snprintf(why, sizeof why, "%lld of %d ranks could not map the segment (%s)", (long long)(W - yes), W, told);
+        }
     }
 #else
     snprintf(why, sizeof why, "this build has no shared memory transport (needs POSIX shared memory and GCC/Clang atomics)");
@@ -6724,7 +6821,7 @@ DDP__PRIVATE int ddp__bind_plan(const ddp__cpu_core* cpus, int n, const unsigned
     return m;
 }
 
-#if defined(__linux__) && defined(SYS_sched_setaffinity)
+#if DDP__LINUX && defined(SYS_sched_setaffinity)
 /* The CPUs near GPU `dev` (its PCI device's local_cpulist) into flags; 0 when unknown. */
 DDP__PRIVATE int ddp__gpu_near(int dev, unsigned char* flags) {
     int n = 0;
@@ -6748,8 +6845,18 @@ DDP__PRIVATE int ddp__gpu_near(int dev, unsigned char* flags) {
 }
 #endif
 
+/* DDP_BIND, checked on every system: a value that means nothing is named also where nothing is bound. */
+DDP__PRIVATE const char* ddp__bind_env(void) {
+    const char* env = getenv("DDP_BIND");
+    if (env && *env && strcmp(env, "core") && strcmp(env, "none") && strcmp(env, "0")) {
+        ddp_log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
+        return NULL;
+    }
+    return env;
+}
+
 DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
-#if defined(__linux__) && defined(SYS_sched_setaffinity)
+#if DDP__LINUX && defined(SYS_sched_setaffinity)
     unsigned long mask[16], mine[16];
     const int bits = (int)(8 * sizeof mask[0]);
     ddp__cpu_core cpus[DDP__BIND_MAXCPU];
@@ -6757,12 +6864,8 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
     int chosen[DDP__BIND_MAXCPU], n = 0, m, i, lr = pg->env.local_rank, lws = pg->env.local_world_size;
     int index = lr, group = lws, use_near = 0;
     char list[256] = "";
-    const char* env = getenv("DDP_BIND");
+    const char* env = ddp__bind_env();
     DIR* dir;
-    if (env && *env && strcmp(env, "core") && strcmp(env, "none") && strcmp(env, "0")) {
-        ddp_log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
-        env = NULL;
-    }
     if ((env && (!strcmp(env, "none") || !strcmp(env, "0"))) || lws < 2 || lr < 0 || lr >= lws) return;
     memset(mask, 0, sizeof mask);
     if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) return;
@@ -6817,6 +6920,7 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
             use_near ? ", next to this rank's GPU" : "");
 #else
     (void)pg;
+    (void)ddp__bind_env();
 #endif
 }
 
@@ -6869,7 +6973,7 @@ DDP__PRIVATE ddp_status ddp__named_backend(const ddp_desc* d, ddp_backend* out) 
     if (*out == DDP_BACKEND_MPI && !DDP__MPI)
         return ddp__fail(DDP_ERR_NOT_BUILT, "the mpi backend was asked for (%s), but this program was built without "
                          "it: compile with -DDDP_MPI and mpicc's flags (make builds the _mpi programs when it finds "
-                         "mpicc; apt-get install libopenmpi-dev), or use the cpu backend",
+                         "mpicc; " DDP__HINT_INSTALL_MPI "), or use the cpu backend",
                          d->backend == DDP_BACKEND_MPI ? "desc.backend" : "DDP_BACKEND=mpi");
     return DDP_OK;
 }
@@ -8119,6 +8223,16 @@ DDP__PRIVATE void ddp__remove_stale_tmp(const char* path) {
     closedir(d);
 }
 
+/* Put a file's data on the disk. On Apple systems fsync only hands it to the drive, whose cache can
+   still lose it when the power fails; F_FULLFSYNC asks the drive to write it out (Apple's fsync(2)
+   says so). A file system that refuses F_FULLFSYNC (some network ones) still gets the fsync. */
+DDP__PRIVATE int ddp__sync_file(int fd) {
+#if defined(F_FULLFSYNC)
+    if (fcntl(fd, F_FULLFSYNC) == 0) return 0;
+#endif
+    return fsync(fd);
+}
+
 /* Write `n` bytes to `path` through a temporary file, fsync, then rename over `path`. The
    temporary file's name carries the host and pid, so two writers of one path (every rank saving,
    by mistake) never write into the same file: the last rename wins and the file is always whole.
@@ -8135,7 +8249,7 @@ DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char*
     if (!f) return ddp__fail(DDP_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     ok = fwrite(data, 1, n, f) == n;
     ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok; /* on disk before the rename makes it visible */
+    ok = ddp__sync_file(fileno(f)) == 0 && ok; /* on disk before the rename makes it visible */
     ok = fclose(f) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) {
         int e = errno;
@@ -8648,7 +8762,7 @@ done:
 #include <arpa/inet.h>
 #include <sys/wait.h>   /* waitpid and the W* macros */
 #include <time.h>       /* clock_gettime, nanosleep */
-#if defined(__linux__)
+#if DDP__LINUX
 #include <sys/prctl.h>  /* PR_SET_PDEATHSIG: a rank dies with its launcher */
 #endif
 
@@ -9101,7 +9215,7 @@ DDP__PRIVATE void ddp__ln_child_setup(const ddp__ln_signals* sv, pid_t launcher)
     ddp__ln_signals_end(sv);
     if (ddp__ln_guard_fd >= 0) close(ddp__ln_guard_fd);
     setsid();
-#if defined(__linux__)
+#if DDP__LINUX
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != launcher) _exit(1); /* the launcher died before prctl took effect */
 #else

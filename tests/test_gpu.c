@@ -179,7 +179,7 @@ static void gpu_streams_events(void) {
     ddp_device g = {DDP_DEVICE_CUDA, 0}, c = {DDP_DEVICE_CPU, 0};
     ddp_stream *s1 = NULL, *s2 = NULL;
     ddp_event* e = NULL;
-    float *host = NULL, back[1024];
+    float *host = NULL, back[1024] = {0}; /* (read only after the copy; GCC cannot tell on every target) */
     void* d = NULL;
     int i, done = 0;
     NEED_GPU();

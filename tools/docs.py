@@ -2,7 +2,10 @@
 """Keeps TUTORIAL.md and README.md true.
 
   tools/docs.py diffs [--check]       fill in (or, with --check, verify) every generated diff
-  tools/docs.py run BUILD FILE...     run every block marked runnable and compare the outputs shown
+  tools/docs.py run BUILD FILE... [--chapters A-B] [--no-root REASON]
+                                      run every block marked runnable and compare the outputs shown;
+                                      --chapters: only TUTORIAL.md's chapters A to B; --no-root: skip
+                                      the blocks marked root, with REASON (make test-portable's qemu run)
 
 Markers, each on its own line in the Markdown:
 
@@ -21,7 +24,9 @@ Markers, each on its own line in the Markdown:
       except the `...` lines that mark cuts, must appear in the real output, in that order (a
       process id, "pid 1234", matches any other). With rtol=R a number in a line matches a number
       within R of it, relatively: for figures whose last digits depend on the CPU (OpenBLAS picks
-      its matrix kernels by the instruction set, and they round differently).
+      its matrix kernels by the instruction set, and they round differently). Several output
+      blocks after one run block are alternatives: the real output must match one of them (a
+      CPU-only build and a CUDA build on a machine without a GPU print different errors).
 
 Standard library only: this runs on a student's laptop too. Each block is one case of the test
 suite: "ok   NAME", "FAIL NAME" (and indented details) or "skip NAME: reason".
@@ -42,6 +47,7 @@ DIFF_CLOSE = "<!-- /diff -->"
 RUN = re.compile(r"^<!-- run((?: fails| root| timeout=\d+| needs=\S+)*) -->$")
 OUTPUT = re.compile(r"^<!-- output(?: rtol=([0-9.eE+-]+))? -->$")
 NUMBER = re.compile(r"-?\d+\.\d+(?:[eE][+-]?\d+)?")
+CHAPTER = re.compile(r"^## Chapter (\d+)\b")
 
 
 def header_end(lines):
@@ -117,9 +123,10 @@ def diffs(check):
 
 
 def blocks(path):
-    """The runnable blocks of a Markdown file: [line, options, text, expected output, rtol]."""
+    """The runnable blocks of a Markdown file: [line, options, text, [(expected output, rtol)...],
+    chapter] (chapter: the number of the "## Chapter N" heading above, else None)."""
     lines = open(path).read().split("\n")
-    found, i = [], 0
+    found, i, chapter = [], 0, None
 
     def fence(at):  # the fenced block starting at line index at: (its lines, index past it)
         if at >= len(lines) or not lines[at].startswith("```"):
@@ -131,15 +138,19 @@ def blocks(path):
 
     while i < len(lines):
         m = RUN.match(lines[i].strip())
+        h = CHAPTER.match(lines[i])
+        if h:
+            chapter = int(h.group(1))
         if m:
             body, end = fence(i + 1)
-            found.append([i + 2, m.group(1).split(), "\n".join(body), None, 0.0])  # the fence's line
+            found.append([i + 2, m.group(1).split(), "\n".join(body), [], chapter])  # the fence's line
             i = end
         elif OUTPUT.match(lines[i].strip()):
             if not found:
                 raise SystemExit("%s:%d: an output marker with no run block before it" % (path, i + 1))
-            found[-1][4] = float(OUTPUT.match(lines[i].strip()).group(1) or 0)
-            found[-1][3], i = fence(i + 1)
+            rtol = float(OUTPUT.match(lines[i].strip()).group(1) or 0)
+            expected, i = fence(i + 1)
+            found[-1][3].append((expected, rtol))
         else:
             i += 1
     return found
@@ -184,7 +195,7 @@ def missing_in_order(expected, actual, rtol=0.0):
     return None
 
 
-def run(build, files):
+def run(build, files, chapters=None, no_root=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_")}  # a student's shell
     have_numpy = subprocess.call(["python3", "-c", "import numpy"], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL) == 0 if shutil.which("python3") else False
@@ -194,11 +205,16 @@ def run(build, files):
     for f in files:
         where = scratch(build)
         try:
-            for line, opts, text, expected, rtol in blocks(os.path.join(ROOT, f)):
+            for line, opts, text, outputs, chapter in blocks(os.path.join(ROOT, f)):
+                if chapters and (chapter is None or not chapters[0] <= chapter <= chapters[1]):
+                    continue
                 fails = "fails" in opts
                 timeout = int(([o[8:] for o in opts if o.startswith("timeout=")] or ["120"])[0])
                 first = text.strip().split("\n")[0][:60]
                 name = "docs_%s_line%d (%s)" % (os.path.splitext(f)[0].lower(), line, first)
+                if "root" in opts and no_root:
+                    print("skip %s: %s" % (name, no_root))
+                    continue
                 if "root" in opts and not can_netns:
                     print("skip %s: needs sudo and network namespaces (Linux, ip from iproute2, root)" % name)
                     continue
@@ -224,7 +240,9 @@ def run(build, files):
                     continue
                 took = time.time() - start
                 actual = out.split("\n")
-                missing = missing_in_order(expected, actual, rtol) if expected is not None else None
+                # alternatives: the first one's missing line is reported when none matches
+                missing = [missing_in_order(e, actual, r) for e, r in outputs]
+                missing = None if not missing or None in missing else missing[0]
                 tail = ["    | " + l for l in actual[-8:]]
                 if (p.returncode != 0) != fails:
                     print("FAIL %s\n    %s (exit status %d)" % (
@@ -239,7 +257,7 @@ def run(build, files):
                     print("\n".join(tail))
                     failed += 1
                 else:
-                    print("ok   %s%s in %.1f s" % (name, ", output as shown," if expected else "", took))
+                    print("ok   %s%s in %.1f s" % (name, ", output as shown," if outputs else "", took))
         finally:
             shutil.rmtree(where, ignore_errors=True)
     return failed
@@ -249,7 +267,17 @@ def main(argv):
     if len(argv) >= 2 and argv[1] == "diffs":
         return 1 if diffs("--check" in argv) else 0
     if len(argv) >= 4 and argv[1] == "run":
-        return 1 if run(argv[2], argv[3:]) else 0
+        args, chapters, no_root = argv[3:], None, None
+        if "--chapters" in args:
+            k = args.index("--chapters")
+            a, _, b = args[k + 1].partition("-")
+            chapters = (int(a), int(b or a))
+            del args[k:k + 2]
+        if "--no-root" in args:
+            k = args.index("--no-root")
+            no_root = args[k + 1]
+            del args[k:k + 2]
+        return 1 if run(argv[2], args, chapters, no_root) else 0
     print(__doc__)
     return 2
 
