@@ -90,7 +90,7 @@ done
 echo "== allreduce_perf on NCCL"
 for run in "4 float sum 0" "4 half avg 0" "3 bfloat16 max 0" "3 float avg 1"; do
     set -- $run
-    out=$(FAKEGPU_DEVICES=$1 DDP_NCCL_RING=$4 timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node "$1" \
+    out=$(FAKEGPU_DEVICES=$1 DDP_NCCL_RING=$4 with_timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node "$1" \
           "$FG/allreduce_perf" -b 4K -e 4M -f 8 -n 3 -w 1 -d "$2" -o "$3" 2>&1)
     name="allreduce_perf_nccl_$1_ranks_$2_$3$([ "$4" = 1 ] && echo _own_ring)"
     if grep -q 'Out of bounds values : 0 OK' <<<"$out" && [ "$(grep -c 'backend nccl' <<<"$out")" = "$1" ]; then ok "$name"
