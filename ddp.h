@@ -524,7 +524,8 @@ DDP_API ddp_status ddp_loss_cross_entropy(ddp_model* m, const int* labels, float
 /* Mean squared error against host targets[batch, out_features] (F.mse_loss); as above. */
 DDP_API ddp_status ddp_loss_mse(ddp_model* m, const float* targets, float* loss);
 /* Backpropagate the last loss, last layer first, ADDING each gradient into p->grad and calling
-   ddp_param_grad_ready(p) as soon as p's gradient is final. DDP_ERR_STATE without a loss. */
+   ddp_param_grad_ready(p) as soon as p's gradient is final. DDP_ERR_STATE without a loss, or
+   when backward already ran for this loss (one backward per loss, as in PyTorch). */
 DDP_API ddp_status ddp_model_backward(ddp_model* m);
 /* Run fn(m, user) at the end of every ddp_model_backward, after the last hook; its status becomes
    backward's. The analogue of an autograd engine callback: the DDP wrapper waits for its
@@ -2366,7 +2367,8 @@ struct ddp_model {
     int* labels;            /* device copy of the batch's labels */
     float* targets;         /* device copy of the batch's regression targets */
     int capacity, max_width, batch;
-    int have_output, have_loss;
+    int have_output;
+    int have_loss;          /* 0: no loss since forward, 1: a loss to backpropagate, 2: backward used it */
     ddp_post_backward_fn post_backward;
     void* post_backward_user;
     int local_backwards;  /* backward passes added into p->grad under ddp_no_sync since the last
@@ -2828,8 +2830,12 @@ DDP__PRIVATE ddp_status ddp__bias_grad(ddp_model* m, const float* g, ddp_param* 
 DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
     int i, B = m->batch;
     float *g = m->grad_a, *gnext = m->grad_b, *t;
-    if (!m->have_loss) return ddp__fail(DDP_ERR_STATE, "backward needs forward and a loss first");
-    m->have_loss = 0; /* one backward per loss, as autograd frees the graph after backward */
+    if (m->have_loss == 2)
+        return ddp__fail(DDP_ERR_STATE, "backward already ran for this loss, and a second one would add its gradients "
+                         "again: compute the loss again (or run forward and the loss on the next batch) before the next "
+                         "ddp_model_backward (in PyTorch, a second loss.backward() fails the same way)");
+    if (m->have_loss != 1) return ddp__fail(DDP_ERR_STATE, "backward needs forward and a loss first");
+    m->have_loss = 2; /* one backward per loss, as autograd frees the graph after backward */
     for (i = m->nlayers - 1; i >= 0; i--) {
         const ddp__layer* L = &m->layers[i];
         long long n = (long long)B * L->in;

@@ -509,7 +509,7 @@ static void test_accumulate_and_zero_grad(void) {
     CHECK_OK(ddp_loss_cross_entropy(m, y1, &loss));
     CHECK_OK(ddp_model_backward(m));
     copy_grads(m, g12);
-    CHECK_FAILS(ddp_model_backward(m), DDP_ERR_STATE, "loss");
+    CHECK_FAILS(ddp_model_backward(m), DDP_ERR_STATE, "backward already ran for this loss");
     copy_grads(m, g2);
     CHECK(memcmp(g12, g2, sizeof g2) == 0);
     /* a new loss on the same forward allows one more backward */
@@ -518,7 +518,7 @@ static void test_accumulate_and_zero_grad(void) {
     /* a new forward discards a loss that was not backpropagated */
     CHECK_OK(ddp_loss_cross_entropy(m, y1, &loss));
     CHECK_OK(ddp_model_forward(m, x2, 3));
-    CHECK_FAILS(ddp_model_backward(m), DDP_ERR_STATE, "loss");
+    CHECK_FAILS(ddp_model_backward(m), DDP_ERR_STATE, "backward needs forward and a loss first");
 
     /* a label outside 0..classes-1, then backward has no loss to use */
     bad[4] = 4;
