@@ -871,7 +871,8 @@ DDP_API ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc,
 DDP_API void ddp_wrapper_destroy(ddp_wrapper* w);
 /* on = 1: the following backward passes only accumulate gradients locally (PyTorch's no_sync());
    on = 0: the next backward all-reduces the accumulated sum. An optimizer step on gradients that
-   no_sync backward passes added after the last all-reduce logs a warning (once per process). */
+   no_sync backward passes added after the last all-reduce logs a warning (once per process; not
+   with one rank, whose one replica cannot drift from another). */
 DDP_API void ddp_no_sync(ddp_wrapper* w, int on);
 /* Copy the counters into *out. */
 DDP_API void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out);
@@ -7627,7 +7628,8 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
     int i, k;
     ddp_status s = DDP_OK;
     if (!w->sync) { /* no_sync: the gradients stay this rank's own until a synchronised backward */
-        m->local_backwards++;
+        /* With one rank there is no other replica to drift from: nothing to warn about later. */
+        if (ddp_world_size(w->pg) > 1) m->local_backwards++;
         return DDP_OK;
     }
     if (w->broken) return ddp__fail(w->broken, "%s", w->err);

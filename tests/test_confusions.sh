@@ -361,6 +361,14 @@ need_count err "ddp_optim_step: the last" 2   # once per process (rank 0, rank 1
 need_line out "[rank 0]: sync first: 3 optimizer steps of 4 micro-batches: 3 all-reduces (1 bucket); replicas identical: no"
 check_end confusion14_no_sync_off_by_one
 
+# the same loop in one process: one replica cannot drift from another, so no warning
+run_fg accum_alone 40 -- "$C" accum --k 4 --sync first
+check_begin accum_alone
+need_rc 0; need_time 0 30
+need_line out "sync first: 3 optimizer steps of 4 micro-batches: 3 all-reduces (1 bucket); replicas identical: yes"
+need_no_line err "ddp_optim_step:"
+check_end confusion14_no_sync_one_process_no_warning
+
 # ---- 15: "DDP is slower than one process" ------------------------------------------------------------
 # Only what cannot flake is asserted: 2 ranks make 5 steps per epoch of the 142 samples where 1 rank
 # makes 9 (batch 16 per rank). The times are printed, not judged: for this tiny model a step costs
