@@ -804,19 +804,26 @@ typedef struct ddp_loader {
     int drop_last;     /* 1: skip a last batch smaller than batch_size */
     int* order;        /* this epoch's indices */
     int count, pos;
-    int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start begins here */
+    int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start of epoch resume_epoch
+                          begins here (a start at another epoch begins at that epoch's first batch) */
     int last_epoch;    /* the sampler's epoch + 1 at this loader's previous shuffled start (0:
                           none); the same epoch twice means ddp_sampler_set_epoch was not called */
     float* x;          /* the current batch, [batch_size, nfeatures] */
     int* y;
+    int epoch;         /* the sampler's epoch at this loader's last start: where pos belongs */
+    int resume_epoch;  /* the epoch resume_pos belongs to */
+    int resume;        /* 1: ddp_snapshot_load left resume_pos for the next start; 2: the same, from
+                          a file that does not say which epoch the position belongs to */
 } ddp_loader;
 
 /* Prepare a loader (allocates its batch buffers once). DDP_ERR_INVALID_ARGUMENT for batch < 1. */
 DDP_API ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, int batch_size, int drop_last);
 /* Start an epoch in the sampler's current order (call ddp_sampler_set_epoch first). After
-   ddp_snapshot_load, the first start resumes at the snapshot's position in the epoch. A shuffling
-   sampler at the same epoch as this loader's previous start logs a warning (once per process)
-   naming ddp_sampler_set_epoch: every epoch would repeat one order. */
+   ddp_snapshot_load, the first start resumes at the snapshot's position when the sampler is at the
+   snapshot's epoch (a position at the epoch's end then leaves no batch: that epoch is done); at
+   any other epoch it begins at the first batch, with a warning if that leaves the snapshot's epoch
+   unfinished. A shuffling sampler at the same epoch as this loader's previous start logs a
+   warning (once per process) naming ddp_sampler_set_epoch: every epoch would repeat one order. */
 DDP_API ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s);
 /* The next batch: *x and *y point into the loader; returns its size, 0 when the epoch is over. */
 DDP_API int ddp_loader_next(ddp_loader* l, const float** x, const int** y);
@@ -901,7 +908,9 @@ typedef struct ddp_snapshot {
     ddp_model* model;     /* required */
     ddp_optim* optim;     /* optional: moments or momentum buffers, and the step count */
     ddp_sampler* sampler; /* optional: its epoch (seed, size and replicas are checked on load) */
-    ddp_loader* loader;   /* optional: how far into the epoch; the next ddp_loader_start skips on */
+    ddp_loader* loader;   /* optional: how far into which epoch; the next ddp_loader_start of that
+                             epoch skips on (a save after an epoch's last batch: the next epoch
+                             starts at its first batch). Without it a resumed epoch starts afresh */
     ddp_rng* rng;         /* optional: a generator the program draws from (the same on every rank) */
     int epoch;            /* the program's counters, saved and restored as they are */
     long step;
@@ -8023,8 +8032,24 @@ DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
     }
     ddp__sampler_fill(s, l->order, l->order);
     l->count = s->num_samples;
-    l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
-    l->resume_pos = 0;
+    l->pos = 0;
+    /* A snapshot's position belongs to the epoch it was taken in. A program that resumes at the
+       next epoch (it saved after an epoch's last batch, with the next epoch as its counter) starts
+       that epoch at its first batch; only a position in the middle of its epoch is then lost, and
+       said so. */
+    if (l->resume == 1 && s->epoch != l->resume_epoch) {
+        if (l->resume_pos > 0 && l->resume_pos < l->count &&
+            !(l->drop_last && l->count - l->resume_pos < l->batch_size))
+            ddp_log(DDP_LOG_WARN, "ddp_loader_start: the snapshot was taken %d samples into epoch %d (of %d on this "
+                    "rank), but the sampler is at epoch %d: epoch %d starts at its first batch, and the last %d samples "
+                    "of epoch %d are skipped. A snapshot taken inside the batch loop names the epoch it is in "
+                    "(snap.epoch = epoch); one taken after the loop names the next", l->resume_pos, l->resume_epoch,
+                    l->count, s->epoch, s->epoch, l->count - l->resume_pos, l->resume_epoch);
+    } else if (l->resume) {
+        l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
+    }
+    l->resume = 0, l->resume_pos = 0;
+    l->epoch = s->epoch;
     /* PyTorch's most common sampler slip: no set_epoch, so every epoch draws the same order (the
        order is a function of the seed and the epoch). A resumed epoch (ddp_snapshot_load) starts
        afresh. */
@@ -8244,9 +8269,13 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
                       "\"sampler_shuffle\":\"%d\",\"sampler_drop_last\":\"%d\",\"sampler_epoch\":\"%d\"",
                   s->sampler->n, s->sampler->num_replicas, (unsigned long long)s->sampler->seed,
                   s->sampler->shuffle, s->sampler->drop_last, s->sampler->epoch);
-    /* a position loaded but not yet used (no ddp_loader_start since) is still the position */
-    if (s->loader)
-        ddp__putf(&b, ",\"loader_position\":\"%d\"", s->loader->resume_pos ? s->loader->resume_pos : s->loader->pos);
+    /* A position loaded but not yet used (no ddp_loader_start since) is still the position. The
+       epoch it belongs to goes with it: a resumed loader starts at the position only in that epoch. */
+    if (s->loader) {
+        const ddp_loader* l = s->loader;
+        ddp__putf(&b, ",\"loader_position\":\"%d\",\"loader_epoch\":\"%d\"", l->resume ? l->resume_pos : l->pos,
+                  l->resume == 1 ? l->resume_epoch : l->resume && s->sampler ? s->sampler->epoch : l->epoch);
+    }
     if (s->rng) ddp__putf(&b, ",\"rng\":\"%016llx\"", (unsigned long long)s->rng->state);
     ddp__putf(&b, ",\"checksum\":\"");
     cs_at = b.n;
@@ -8525,7 +8554,8 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     float* data;
     const ddp_param* p;
     const char* v;
-    long long epoch = 0, step = 0, osteps = 0, pos = 0, x;
+    long long epoch = 0, step = 0, osteps = 0, pos = 0, x = 0, pos_epoch = 0;
+    int pos_epoch_known = 0;
     uint64_t rng = 0;
     int i, k, okind = 0;
     int match[DDP__ST_MAX_TENSORS]; /* match[i]: where the i-th tensor the struct needs is in st->t */
@@ -8609,12 +8639,26 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
                         "one is over %d (shuffle %d, drop_last %d, seed %llu): not the same data or settings",
                         path, n, shuffle, drop, v ? v : "?", sp->n, sp->shuffle, sp->drop_last,
                         (unsigned long long)sp->seed);
-        if (reps != sp->num_replicas && s->loader && ddp__st_get(st, "loader_position") &&
-            strcmp(ddp__st_get(st, "loader_position"), "0") != 0)
-            DDP__ST_BAD("%s was taken mid-epoch with %lld ranks; this job has %d, so the epoch's remaining samples "
-                        "cannot be split the same way: resume with %lld ranks", path, reps, sp->num_replicas, reps);
+        /* Each rank's share of every epoch depends on the number of ranks: a run resumed with
+           another number trains on other batches than the run that wrote the file. */
+        if (reps != sp->num_replicas)
+            DDP__ST_BAD("%s was taken by a job of %lld rank%s; this job has %d rank%s, so each rank's share of the "
+                        "data (and the training from here on) would differ from that run's. Resume with %lld rank%s, "
+                        "or leave snap.sampler and snap.loader NULL to carry on deliberately with %d (the epoch "
+                        "then starts afresh)", path, reps, reps == 1 ? "" : "s", sp->num_replicas,
+                        sp->num_replicas == 1 ? "" : "s", reps, reps == 1 ? "" : "s", sp->num_replicas);
+        pos_epoch = x, pos_epoch_known = 1;
     }
-    if (s->loader) DDP__ST_NUM("loader_position", 0, INT_MAX, &pos);
+    if (s->loader) {
+        DDP__ST_NUM("loader_position", 0, INT_MAX, &pos);
+        if (ddp__st_get(st, "loader_epoch")) { /* older files name only the sampler's epoch */
+            DDP__ST_NUM("loader_epoch", INT_MIN, INT_MAX, &pos_epoch);
+            pos_epoch_known = 1;
+        } else if (!pos_epoch_known && ddp__st_get(st, "sampler_epoch")) {
+            DDP__ST_NUM("sampler_epoch", INT_MIN, INT_MAX, &pos_epoch);
+            pos_epoch_known = 1;
+        }
+    }
     if (s->rng) {
         char* end;
         v = ddp__st_get(st, "rng");
@@ -8632,7 +8676,11 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     if (r != DDP_OK) goto done;
     if (s->optim) s->optim->steps = (long)osteps;
     if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
-    if (s->loader) s->loader->resume_pos = (int)pos, s->loader->last_epoch = 0; /* a resumed epoch is no repeat */
+    if (s->loader) {
+        ddp_loader* l = s->loader;
+        l->resume_pos = (int)pos, l->resume_epoch = (int)pos_epoch, l->resume = pos_epoch_known ? 1 : 2;
+        l->last_epoch = 0; /* a resumed epoch is no repeat */
+    }
     if (s->rng) s->rng->state = rng;
     s->epoch = (int)epoch;
     s->step = (long)step;
