@@ -973,6 +973,27 @@ static void keep_warning(ddp_log_level level, const char* line, void* user) {
     if (level == DDP_LOG_WARN) snprintf(g_warned, sizeof g_warned, "%s", line);
 }
 
+/* Train a job of spec sp to global step `at` and save there (inside the loop); load the file into
+   a fresh job of spec other and start its loader at the next epoch. Returns where the loader
+   starts; the warning it logged, if any, is in g_warned. */
+static int resumed_at_next_epoch(const job_spec* sp, const job_spec* other, int at, const char* path) {
+    job a, b;
+    int pos;
+    job_init(&a, sp);
+    train_program(&a, 4, STOP_IN_LOOP, at, path, 0);
+    job_init(&b, other);
+    CHECK_OK(ddp_snapshot_load(&b.snap, path));
+    ddp_sampler_set_epoch(&b.sampler, b.snap.epoch + 1);
+    g_warned[0] = 0;
+    ddp_set_log(keep_warning, NULL);
+    CHECK_OK(ddp_loader_start(&b.loader, &b.sampler));
+    ddp_set_log(NULL, NULL);
+    pos = b.loader.pos;
+    job_free(&a);
+    job_free(&b);
+    return pos;
+}
+
 /* Killed after a save and resumed, a run ends bit for bit where the uninterrupted run ends: saved
    in the middle of an epoch or at its end, inside the batch loop or after it, with the loader in
    the snapshot and (saving at an epoch's end) without it. Rank 1 of 2 over 50 samples, batches of
@@ -1012,34 +1033,12 @@ static void test_resume_matches_uninterrupted(void) {
     }
     /* A mid-epoch position and a program that resumes at the next epoch: that epoch starts at its
        first batch, and the warning names what is skipped; an epoch-end position goes silently. */
-    job_init(&a, &sp);
-    train_program(&a, 4, STOP_IN_LOOP, 10, path, 0); /* epoch 2, 3 batches (12 samples) in */
-    job_init(&b, &other);
-    CHECK_OK(ddp_snapshot_load(&b.snap, path));
-    ddp_sampler_set_epoch(&b.sampler, 3);
-    g_warned[0] = 0;
-    ddp_set_log(keep_warning, NULL);
-    CHECK_OK(ddp_loader_start(&b.loader, &b.sampler));
-    ddp_set_log(NULL, NULL);
-    CHECK(b.loader.pos == 0);
+    CHECK(resumed_at_next_epoch(&sp, &other, 10, path) == 0); /* epoch 2, 3 batches (12 samples) in */
     CHECKF(strstr(g_warned, "the snapshot was taken 12 samples into epoch 2 (of 25 on this rank), but the sampler is "
                             "at epoch 3: epoch 3 starts at its first batch, and the last 13 samples of epoch 2 are "
                             "skipped") != NULL, "warning: \"%s\"", g_warned);
-    job_free(&a);
-    job_free(&b);
-    job_init(&a, &sp);
-    train_program(&a, 4, STOP_IN_LOOP, 14, path, 0); /* epoch 2, all 25 samples in */
-    job_init(&b, &other);
-    CHECK_OK(ddp_snapshot_load(&b.snap, path));
-    ddp_sampler_set_epoch(&b.sampler, 3);
-    g_warned[0] = 0;
-    ddp_set_log(keep_warning, NULL);
-    CHECK_OK(ddp_loader_start(&b.loader, &b.sampler));
-    ddp_set_log(NULL, NULL);
-    CHECK(b.loader.pos == 0 && b.loader.count == 25);
+    CHECK(resumed_at_next_epoch(&sp, &other, 14, path) == 0); /* epoch 2, all 25 samples in */
     CHECKF(!g_warned[0], "an unexpected warning: \"%s\"", g_warned);
-    job_free(&a);
-    job_free(&b);
     job_free(&ref);
 }
 
