@@ -182,10 +182,11 @@ if ! command -v python3 >/dev/null 2>&1; then skp bench_gpu_code_path "python3 i
 else
     out=$(BENCH_FAKEGPU=1 BENCH_HAVE_CUDA=1 BENCH_STEPS=1 BENCH_WARMUP=1 BENCH_STEP_ROUNDS=1 timeout 600 \
           python3 bench/run.py --gpu "$BUILD" 2>&1); rc=$?
+    # the large model's three ddp.h rows, and the tutorial model's "ddp.h, 1 process, GPU" row
     rows=$(grep -cE '^ddp\.h(, 1 process, GPU| DDP, 1 rank, NCCL| DDP, 2 ranks, CPU backend, GPU buffers) +[0-9.]+ ' <<<"$out")
-    if [ $rc -eq 0 ] && [ "$rows" = 3 ] && grep -q '^took [0-9]* s; CSV: ' <<<"$out"; then
-        ok "bench_gpu_code_path (ddp.h's three rows measured: 1 process, DDP over NCCL, the CPU backend with GPU buffers)"
-    else bad bench_gpu_code_path "exit status $rc, $rows of 3 ddp.h rows measured" "$(tail -n 12 <<<"$out")"; fi
+    if [ $rc -eq 0 ] && [ "$rows" = 4 ] && grep -q '^took [0-9]* s; CSV: ' <<<"$out"; then
+        ok "bench_gpu_code_path (ddp.h's four rows measured: the large model in 1 process, DDP over NCCL, the CPU backend with GPU buffers; the tutorial model)"
+    else bad bench_gpu_code_path "exit status $rc, $rows of 4 ddp.h rows measured" "$(tail -n 12 <<<"$out")"; fi
 fi
 
 echo "GPU stand-in section: $pass passed, $fail failed, $skip skipped"
