@@ -1306,11 +1306,15 @@ DDP__DEF ddp_rng ddp_rng_seed(uint64_t seed) {
     r.state = seed;
     return r;
 }
-DDP__DEF uint64_t ddp_rng_next(ddp_rng* r) {
-    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull); /* splitmix64 (Steele, Lea, Flood 2014) */
+/* splitmix64's output function: a bijection of 64-bit words under which nearby inputs land far
+   apart, so it also serves to derive unrelated seeds from related ones (ddp__param_new). */
+DDP__PRIVATE uint64_t ddp__mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+DDP__DEF uint64_t ddp_rng_next(ddp_rng* r) {
+    return ddp__mix64(r->state += 0x9E3779B97F4A7C15ull); /* splitmix64 (Steele, Lea, Flood 2014) */
 }
 DDP__DEF float ddp_rng_uniform(ddp_rng* r) {
     return (float)(ddp_rng_next(r) >> 40) * (1.0f / 16777216.0f); /* 24 random mantissa bits */
@@ -2460,9 +2464,12 @@ DDP__PRIVATE ddp_status ddp__param_new(ddp_model* m, const char* name, int ndim,
         DDP_FREE(p);
         return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating parameter %s failed", name);
     }
-    /* Each parameter draws from its own stream, seeded by (model seed, parameter index), on the
-       host: the weights do not depend on the device or on how many layers follow. */
-    r = ddp_rng_seed(m->seed * 0x100000001B3ull + (uint64_t)p->index * 0x9E3779B97F4A7C15ull + 1);
+    /* Each parameter draws from its own stream, on the host: the weights do not depend on the
+       device or on how many layers follow. The stream's start is a hash of (model seed, parameter
+       index). Not an affine function of the index: splitmix64's state advances by 0x9E37...7C15
+       per draw, so a start of seed + index * 0x9E37...7C15 made parameter i's values parameter 0's
+       shifted by i draws (fc1.bias was fc1.weight's values 1..64). */
+    r = ddp_rng_seed(ddp__mix64(ddp__mix64(m->seed ^ 0x6A09E667F3BCC909ull) ^ (uint64_t)p->index));
     for (i = 0; i < p->count; i++) host[i] = (2.f * ddp_rng_uniform(&r) - 1.f) * bound;
     s = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->data);
     if (s == DDP_OK) s = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->grad);
