@@ -7785,16 +7785,31 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
     }
     snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
     DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
+    /* Every rank reads every verdict (the first one given, in rank order, is the one all report),
+       even after finding one: returning at the first would let rank 0 fail, and its program exit
+       with the store, while a slower rank still waits for a verdict, which would then see the
+       store vanish instead of the mismatch. */
+    verdict[0] = 0;
     for (i = 0; i < W; i++) {
         char theirs[512];
         memset(theirs, 0, sizeof theirs);
         snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, i);
         DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
-        if (theirs[0])
-            return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the "
-                             "same model", theirs);
+        if (theirs[0] && !verdict[0]) snprintf(verdict, sizeof verdict, "%s", theirs);
     }
-    return DDP_OK;
+    if (!verdict[0]) return DDP_OK;
+    /* A mismatch ends the job. Rank 0 holds the store until every rank has read its verdicts
+       (each says so with one add, whose answer it has when the count is complete). */
+    snprintf(key, sizeof key, "ddp/wrap/%d/told", gen);
+    {
+        int64_t told = 0;
+        double deadline = ddp__now() + w->pg->timeout;
+        if (ddp_store_add(st, key, 1, &told) == DDP_OK)
+            while (me == 0 && told < W && ddp__now() < deadline && ddp_store_add(st, key, 0, &told) == DDP_OK)
+                ddp__sleep(0.002);
+    }
+    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the same "
+                     "model", verdict);
 }
 
 DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out) {

@@ -387,7 +387,10 @@ static void find_unused_parameters(void) {
     CHECK_OK(ddp_spawn(2, unused_rank, &f));
 }
 
-/* Rank 1 builds a wider hidden layer: ddp_wrap fails on every rank, naming the difference. */
+/* Rank 1 builds a wider hidden layer: ddp_wrap fails on every rank, naming the difference. With
+   arg set, as a student's program with DDP_CHECK does: ranks 1 and 2 both differ from rank 0, rank
+   2 comes to ddp_wrap late, and every rank exits right after the error, without ddp_destroy (rank
+   0, which hosts the store, must not take it away while another rank still needs it). */
 static int mismatch_rank(int rank, void* arg) {
     ddp_desc d;
     ddp_pg* pg;
@@ -402,20 +405,27 @@ static int mismatch_rank(int rank, void* arg) {
     d.timeout_s = 20;
     if (ddp_init(&d, &pg) != DDP_OK) return 1;
     if (rank == 1) sizes[1] = 11;
+    if (rank == 2 && arg) sizes[1] = 12;
     memset(&md, 0, sizeof md);
     md.device.type = DDP_DEVICE_CPU;
     if (ddp_model_mlp(&md, sizes, 4, DDP_LAYER_RELU, &m) != DDP_OK) return 2;
+    if (rank == 2 && arg) ddp__sleep(0.5);
     s = ddp_wrap(pg, m, NULL, &w);
     if (s != DDP_ERR_MODEL_MISMATCH || !strstr(ddp_error_string(), "fc1.weight[11,6]") ||
         !strstr(ddp_error_string(), "rank 1")) {
         printf("    rank %d: ddp_wrap returned %s: %s\n", rank, ddp_status_name(s), ddp_error_string());
         return 3;
     }
+    if (arg) return 0; /* DDP_CHECK would exit here */
     ddp_model_destroy(m);
     ddp_destroy(pg);
     return 0;
 }
 static void mismatched_models_fail_on_every_rank(void) { CHECK_OK(ddp_spawn(3, mismatch_rank, NULL)); }
+static void mismatched_models_late_rank_told_too(void) {
+    int late = 1;
+    CHECK_OK(ddp_spawn(3, mismatch_rank, &late));
+}
 
 /* Overlap: with the network slowed down (DDP_SIMULATE_NS_PER_BYTE), a step whose gradients go
    in several buckets, launched while backward still runs, is faster than the same step with one
@@ -615,6 +625,7 @@ int main(int argc, char** argv) {
     RUN(unused_parameter_error);
     RUN(find_unused_parameters);
     RUN(mismatched_models_fail_on_every_rank);
+    RUN(mismatched_models_late_rank_told_too);
     RUN(overlap_is_real);
     h_remove_tree(g_dir);
     return H_EXIT();
