@@ -118,6 +118,9 @@
                             backward, each collective, the wait and the optimizer step, for
                             ui.perfetto.dev or chrome://tracing.
     DDP_KILL_GRACE_S        seconds a stopped rank gets between SIGTERM and SIGKILL (5).
+    DDP_RELAYED_RANK        set by ddprun for its ranks: it starts each line they print with
+                            "[rank R]: ", so the library's own "[rank R/W]" label is left out of
+                            the lines that rank R writes to stderr (a log sink still gets it).
     DDP_LAUNCH_ID           set by ddprun for its ranks ("host:pid:start time"): the ranks of one
                             node must all come from one launch, so a second ddprun given the same
                             MASTER_PORT and DDP_JOB_TOKEN cannot slip its ranks into this job.
@@ -301,7 +304,8 @@ typedef enum ddp_log_level {
     DDP_LOG_INFO,      /* DDP_DEBUG=INFO or DETAIL */
     DDP_LOG_DETAIL     /* DDP_DEBUG=DETAIL */
 } ddp_log_level;
-/* A log sink receives each line, already prefixed with "[rank R/W]", without a newline. */
+/* A log sink receives each line, already prefixed with "[rank R/W]", without a newline (before
+   ddp_init, R and W come from the launcher's RANK and WORLD_SIZE when set). */
 typedef void (*ddp_log_fn)(ddp_log_level level, const char* line, void* user);
 /* Send log lines to `fn` instead of stderr (NULL restores stderr). Not thread-safe: call early. */
 DDP_API void ddp_set_log(ddp_log_fn fn, void* user);
@@ -1079,13 +1083,45 @@ DDP__DEF const char* ddp_status_fix(ddp_status s) {
 
 /* ---- logging ------------------------------------------------------------------------------------ */
 
-/* Process-wide facts every log line needs. rank/world stay 0/1 until the process group exists. */
+/* Process-wide facts every log line needs. rank/world are set when the placement is known
+   (ddp_env_resolve, or MPI); until then log lines take them from the launcher's variables. */
 static struct {
     int rank, world;
     ddp_log_fn log_fn;
     void* log_user;
     int level; /* 0: not read from DDP_DEBUG yet */
-} ddp__g = {0, 1, NULL, NULL, 0};
+    int placed; /* 1: rank and world are this process's placement */
+} ddp__g = {0, 1, NULL, NULL, 0, 0};
+
+/* The "[rank R/W] " that starts a log line. Before ddp_init knows the placement, a launcher's
+   RANK and WORLD_SIZE (or Open MPI's or SLURM's) name the rank, so that rank 1's first lines do
+   not read "[rank 0/1]". */
+DDP__PRIVATE void ddp__label(char* out, size_t n) {
+    static const char* const vars[3][2] = {{"RANK", "WORLD_SIZE"}, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                           {"SLURM_PROCID", "SLURM_NTASKS"}};
+    int rank = ddp__g.rank, world = ddp__g.world, i;
+    for (i = 0; i < 3 && !ddp__g.placed; i++) {
+        const char *r = getenv(vars[i][0]), *w = getenv(vars[i][1]);
+        char *re = NULL, *we = NULL;
+        long rv, wv;
+        if (!r || !w || !*r || !*w) continue;
+        rv = strtol(r, &re, 10), wv = strtol(w, &we, 10);
+        if (*re == 0 && *we == 0 && rv >= 0 && rv < wv && wv <= INT_MAX) rank = (int)rv, world = (int)wv;
+        break;
+    }
+    snprintf(out, n, "[rank %d/%d] ", rank, world);
+}
+
+/* 1 when ddprun relays this process's stderr with its own "[rank R]: " before each line
+   (DDP_RELAYED_RANK names the rank it shows): a line printed there needs no second label. */
+DDP__PRIVATE int ddp__relayed(void) {
+    const char* v = getenv("DDP_RELAYED_RANK");
+    char label[48], want[48];
+    if (!v || !*v) return 0;
+    ddp__label(label, sizeof label);
+    snprintf(want, sizeof want, "[rank %s/", v);
+    return strncmp(label, want, strlen(want)) == 0;
+}
 
 DDP__DEF ddp_log_level ddp_log_level_enabled(void) {
     if (ddp__g.level == 0) {
@@ -1093,9 +1129,11 @@ DDP__DEF ddp_log_level ddp_log_level_enabled(void) {
         int level = DDP_LOG_WARN;
         if (v && (!strcmp(v, "INFO") || !strcmp(v, "info"))) level = DDP_LOG_INFO;
         else if (v && (!strcmp(v, "DETAIL") || !strcmp(v, "detail"))) level = DDP_LOG_DETAIL;
-        else if (v && *v && strcmp(v, "OFF") && strcmp(v, "off"))
-            fprintf(stderr, "[rank %d/%d] warning: DDP_DEBUG=%s is not OFF, INFO or DETAIL; using OFF\n",
-                    ddp__g.rank, ddp__g.world, v);
+        else if (v && *v && strcmp(v, "OFF") && strcmp(v, "off")) {
+            char label[48] = "";
+            if (!ddp__relayed()) ddp__label(label, sizeof label);
+            fprintf(stderr, "%swarning: DDP_DEBUG=%s is not OFF, INFO or DETAIL; using OFF\n", label, v);
+        }
         ddp__g.level = level;
     }
     return (ddp_log_level)ddp__g.level;
@@ -1108,14 +1146,17 @@ DDP__DEF void ddp_set_log(ddp_log_fn fn, void* user) {
 
 DDP__PRIVATE void ddp__vlog(ddp_log_level level, const char* fmt, va_list ap) {
     char line[2048];
+    size_t label;
     int n;
     if ((int)level > (int)ddp_log_level_enabled()) return;
-    n = snprintf(line, sizeof line, "[rank %d/%d] %s", ddp__g.rank, ddp__g.world,
+    ddp__label(line, sizeof line);
+    label = strlen(line);
+    n = snprintf(line + label, sizeof line - label, "%s",
                  level == DDP_LOG_ERROR ? "error: " : level == DDP_LOG_WARN ? "warning: " : "");
-    if (n < 0 || n >= (int)sizeof line) n = 0;
-    vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-    if (ddp__g.log_fn) ddp__g.log_fn(level, line, ddp__g.log_user);
-    else fprintf(stderr, "%s\n", line);
+    if (n < 0) n = 0;
+    vsnprintf(line + label + (size_t)n, sizeof line - label - (size_t)n, fmt, ap);
+    if (ddp__g.log_fn) ddp__g.log_fn(level, line, ddp__g.log_user); /* a sink always gets the label */
+    else fprintf(stderr, "%s\n", ddp__relayed() ? line + label : line);
 }
 
 DDP__DEF void ddp_log(ddp_log_level level, const char* fmt, ...) {
@@ -1187,12 +1228,12 @@ DDP__DEF void ddp_clear_error(void) {
 }
 
 DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* file, int line) {
-    fprintf(stderr, "[rank %d/%d] error: %s failed (%s:%d)\n", ddp__g.rank, ddp__g.world,
-            call_text, file, line);
-    fprintf(stderr, "[rank %d/%d]   %s: %s\n", ddp__g.rank, ddp__g.world, ddp_status_name(s),
+    char label[48] = "";
+    if (!ddp__relayed()) ddp__label(label, sizeof label);
+    fprintf(stderr, "%serror: %s failed (%s:%d)\n", label, call_text, file, line);
+    fprintf(stderr, "%s  %s: %s\n", label, ddp_status_name(s),
             ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
-    fprintf(stderr, "[rank %d/%d]   fix: %s\n", ddp__g.rank, ddp__g.world,
-            ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
+    fprintf(stderr, "%s  fix: %s\n", label, ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
     exit(1);
 }
 
@@ -6367,6 +6408,7 @@ DDP__PRIVATE ddp_status ddp__mpi_join(const ddp_desc* d, ddp_pg* pg) {
     e->source = "mpi";
     ddp__g.rank = e->rank; /* from now on log lines read "[rank R/W]" */
     ddp__g.world = e->world_size;
+    ddp__g.placed = 1;
     DDP__TRY(ddp__mpi_check_env(d, e));
     /* our own communicator, duplicated without blocking: a rank that never calls ddp_init costs
        a timeout, not a hang */
@@ -8987,6 +9029,7 @@ DDP__DEF ddp_status ddp_env_resolve(const ddp_desc* desc, ddp_env* out) {
     *out = e;
     ddp__g.rank = e.rank; /* from now on log lines read "[rank R/W]" */
     ddp__g.world = e.world_size;
+    ddp__g.placed = 1;
     ddp_log(DDP_LOG_INFO, "placement from %s: rank %d of %d, local rank %d of %d, node %d, master %s:%d",
             e.source, e.rank, e.world_size, e.local_rank, e.local_world_size, e.node_rank, e.master_addr,
             e.master_port);
@@ -9392,8 +9435,10 @@ DDP__PRIVATE void ddp__spawn_child(int rank, int nproc, int port, const char* to
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     ddp__ln_setenv_int("MASTER_PORT", port);
     setenv("DDP_JOB_TOKEN", token, 1);
+    unsetenv("DDP_RELAYED_RANK"); /* a spawned rank writes to the terminal directly: it keeps its label */
     ddp__g.rank = rank;
     ddp__g.world = nproc;
+    ddp__g.placed = 1;
     rc = fn(rank, arg);
     fflush(NULL);
     _exit(rc < 0 || rc > 255 ? 255 : rc); /* _exit: no atexit handlers of the parent's copy */
@@ -9707,6 +9752,7 @@ DDP__PRIVATE void ddp__ln_pump(ddp__ln_stream* st) {
 /* In the child: the job's variables, the pipes as stdout/stderr, then the program. Never returns. */
 DDP__PRIVATE void ddp__ln_exec(const ddp__ln_opts* o, const char* token, int local, int out_fd, int err_fd) {
     ddp__ln_setenv_int("RANK", o->node_rank * o->nproc + local);
+    ddp__ln_setenv_int("DDP_RELAYED_RANK", o->node_rank * o->nproc + local); /* see ddp__relayed */
     ddp__ln_setenv_int("WORLD_SIZE", o->nnodes * o->nproc);
     ddp__ln_setenv_int("LOCAL_RANK", local);
     ddp__ln_setenv_int("LOCAL_WORLD_SIZE", o->nproc);
