@@ -683,8 +683,11 @@ typedef struct ddp_pg ddp_pg;     /* a process group: every rank of the job */
 typedef struct ddp_work ddp_work; /* a collective in flight */
 
 /* Join the job (collective: every rank calls it): resolve the environment, start or reach the
-   store, check every rank agrees on the world size, and connect the backend. Errors: DDP_ERR_ENV,
-   the store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT, DDP_ERR_NCCL. */
+   store, check every rank agrees on the world size, and connect the backend. While ranks are
+   missing, rank 0 logs every 5 s which have joined and which are awaited; a SIGTERM or SIGINT
+   during ddp_init (unless the program handles it) prints what the rank was waiting for before it
+   ends the process. Errors: DDP_ERR_ENV, the store's errors, DDP_ERR_WORLD_MISMATCH,
+   DDP_ERR_TIMEOUT (a rank never came: named), DDP_ERR_NCCL. */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
 /* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
    timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
@@ -4386,6 +4389,80 @@ static void ddp__usr1_setup(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
 }
+/* What ddp_init is waiting for, said when a SIGTERM or SIGINT stops it there (ddprun stops a job
+   whose ranks never all came with SIGTERM; ^C sends SIGINT): otherwise a rank killed during a
+   long rendezvous dies without a word. The text is formatted beforehand, into the buffer the
+   handler is not reading, because a handler may only write(). Installed only for signals that
+   still have their default action (a program's own handler is left alone), from the start of
+   ddp_init to its end. */
+static char ddp__waiting[2][640];
+static volatile sig_atomic_t ddp__waiting_at = -1; /* the buffer to print, -1: nothing */
+static const int ddp__wait_sigs[2] = {SIGTERM, SIGINT};
+static struct sigaction ddp__wait_old[2];
+static int ddp__wait_mine[2]; /* 1: our handler is installed for that signal */
+static pthread_mutex_t ddp__wait_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ddp__wait_on_signal(int sig, siginfo_t* info, void* ctx) {
+    int saved = errno, i, at = ddp__waiting_at;
+    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    if (at == 0 || at == 1) {
+        const char* t = ddp__waiting[at];
+        const char* cut = strchr(t, '\t'); /* the text is "LABELddp_init got \tSIGNAL while ...\n" */
+        ssize_t k = cut ? write(2, t, (size_t)(cut - t)) : 0;
+        k = write(2, name, strlen(name));
+        k = write(2, cut ? cut + 1 : t, strlen(cut ? cut + 1 : t));
+        (void)k;
+    }
+    for (i = 0; i < 2 && ddp__wait_sigs[i] != sig; i++) {}
+    if (i < 2) { /* then what the signal would have done: its default action */
+        sigaction(sig, &ddp__wait_old[i], NULL);
+        raise(sig); /* blocked while this runs: acted on when it returns */
+    }
+    (void)info, (void)ctx;
+    errno = saved;
+}
+
+/* Say (for a signal to print) what ddp_init waits for now: printf-style, one line. */
+DDP__PRIVATE void ddp__wait_note(const char* fmt, ...) DDP__PRINTF(1, 2);
+DDP__PRIVATE void ddp__wait_note(const char* fmt, ...) {
+    int next = ddp__waiting_at == 0 ? 1 : 0;
+    char label[48] = "";
+    size_t n;
+    va_list ap;
+    if (!ddp__relayed()) ddp__label(label, sizeof label);
+    n = (size_t)snprintf(ddp__waiting[next], sizeof ddp__waiting[next], "%sddp_init got \t while ", label);
+    if (n >= sizeof ddp__waiting[next]) n = 0;
+    va_start(ap, fmt);
+    vsnprintf(ddp__waiting[next] + n, sizeof ddp__waiting[next] - n - 1, fmt, ap);
+    va_end(ap);
+    strcat(ddp__waiting[next], "\n");
+    ddp__waiting_at = next;
+}
+
+DDP__PRIVATE void ddp__wait_watch(int on) {
+    int i;
+    pthread_mutex_lock(&ddp__wait_lock);
+    for (i = 0; i < 2; i++) {
+        struct sigaction cur, sa;
+        if (on && !ddp__wait_mine[i] && sigaction(ddp__wait_sigs[i], NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) &&
+            cur.sa_handler == SIG_DFL) {
+            memset(&sa, 0, sizeof sa);
+            sa.sa_sigaction = ddp__wait_on_signal;
+            sa.sa_flags = SA_SIGINFO;
+            sigemptyset(&sa.sa_mask);
+            if (sigaction(ddp__wait_sigs[i], &sa, &ddp__wait_old[i]) == 0) ddp__wait_mine[i] = 1;
+        } else if (!on && ddp__wait_mine[i]) {
+            /* only while ours is still the handler (the shared-memory guard may sit on top of it and
+               puts ours back when it is done; then ours stays, and with nothing noted only dies) */
+            if (sigaction(ddp__wait_sigs[i], NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) &&
+                cur.sa_sigaction == ddp__wait_on_signal)
+                sigaction(ddp__wait_sigs[i], &ddp__wait_old[i], NULL), ddp__wait_mine[i] = 0;
+        }
+    }
+    if (!on) ddp__waiting_at = -1;
+    pthread_mutex_unlock(&ddp__wait_lock);
+}
+
 DDP__PRIVATE const char* ddp__op_name(ddp_reduce_op op) {
     return op == DDP_SUM ? "sum" : op == DDP_AVG ? "avg" : op == DDP_MAX ? "max" : "?";
 }
@@ -6672,16 +6749,71 @@ DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* valu
     return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
 }
 
+/* The ranks 0..n-1 whose flag equals `want`, compactly ("0-3, 7, 9-12"), cut short with "..." when
+   they do not fit in out. Returns how many there are. */
+DDP__PRIVATE int ddp__rank_list(const unsigned char* flags, int n, int want, char* out, size_t cap) {
+    int i = 0, count = 0;
+    size_t len = 0;
+    out[0] = 0;
+    while (i < n) {
+        int j = i;
+        if ((flags[i] != 0) != (want != 0)) { i++; continue; }
+        while (j + 1 < n && (flags[j + 1] != 0) == (want != 0)) j++;
+        count += j - i + 1;
+        if (len + 32 < cap) {
+            int k = j == i ? snprintf(out + len, cap - len, "%s%d", len ? ", " : "", i)
+                           : snprintf(out + len, cap - len, "%s%d-%d", len ? ", " : "", i, j);
+            len += k > 0 ? (size_t)k : 0;
+        } else if (len + 5 < cap && strcmp(out + len - 3, "...") != 0) {
+            len += (size_t)snprintf(out + len, cap - len, ", ...");
+        }
+        i = j + 1;
+    }
+    return count;
+}
+
+/* While ranks are missing from the rendezvous: which have joined (published their world size)
+   and which are awaited. Rank 0, which hosts the store, says so every few seconds (as torchrun's
+   rendezvous does), so that a WORLD_SIZE larger than the processes started is not 300 s of
+   silence; every rank notes it for a SIGTERM to print. */
+DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say) {
+    unsigned char* joined = (unsigned char*)ddp__calloc((size_t)pg->world);
+    char have[160], missing[160], key[64];
+    int i, nj, nm, present = 0;
+    if (!joined) return;
+    for (i = 0; i < pg->world; i++) {
+        const char* k[1];
+        snprintf(key, sizeof key, "ddp/world/%d", i);
+        k[0] = key;
+        if (ddp__store_check(pg->store, k, 1, &present) != DDP_OK) break;
+        joined[i] = (unsigned char)(present != 0);
+    }
+    if (i == pg->world) {
+        nj = ddp__rank_list(joined, pg->world, 1, have, sizeof have);
+        nm = ddp__rank_list(joined, pg->world, 0, missing, sizeof missing);
+        ddp__wait_note("waiting for rank%s %s to join the job: %d of %d (WORLD_SIZE) had joined after %.0f s (rank%s %s)",
+                       nm == 1 ? "" : "s", missing, nj, pg->world, ddp__now() - started, nj == 1 ? "" : "s", have);
+        if (say)
+            ddp_log(DDP_LOG_WARN, "waiting for rank%s %s to join the job: %d of %d ranks (WORLD_SIZE=%d) have joined "
+                    "after %.0f s (rank%s %s). Start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+                    "or fix WORLD_SIZE if fewer processes belong to the job; DDP_TIMEOUT ends the wait after %.0f s",
+                    nm == 1 ? "" : "s", missing, nj, pg->world, pg->world, ddp__now() - started, nj == 1 ? "" : "s",
+                    have, pg->timeout);
+    }
+    DDP_FREE(joined);
+}
+
 /* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
    disagreement publishes it under ddp/abort so that the others fail at once with the same
    explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
    for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
+#define DDP__JOIN_REPORT_S 5.0 /* seconds between rank 0's reports of who is missing */
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
     char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
     const char* abort_key[1] = {"ddp/abort"};
     const char* launch = getenv("DDP_LAUNCH_ID");
     int i, present, taken = 0;
-    double deadline = ddp__now() + pg->timeout;
+    double started = ddp__now(), deadline = started + pg->timeout, report = started + DDP__JOIN_REPORT_S;
     gethostname(host, sizeof host - 1);
     /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
        launch that started that node's first rank, or two launches given one MASTER_PORT and one
@@ -6713,6 +6845,7 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
         size_t n = 0;
         snprintf(key, sizeof key, "ddp/world/%d", i);
         k[0] = key;
+        ddp__wait_note("waiting for rank %d to join the job (WORLD_SIZE=%d)", i, pg->world);
         for (;;) {
             DDP__TRY(ddp__store_check(pg->store, abort_key, 1, &present));
             if (present) {
@@ -6725,6 +6858,10 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
             if (ddp__now() >= deadline)
                 return ddp__fail(DDP_ERR_TIMEOUT, "rank %d never joined within %.0f s (this rank expects WORLD_SIZE=%d): "
                                  "start all %d processes, or fix WORLD_SIZE", i, pg->timeout, pg->world, pg->world);
+            if (ddp__now() >= report) {
+                ddp__join_progress(pg, started, pg->rank == 0);
+                report = ddp__now() + DDP__JOIN_REPORT_S;
+            }
             ddp__sleep(0.02);
         }
         memset(theirs, 0, sizeof theirs);
@@ -6966,6 +7103,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (d.log) ddp_set_log(d.log, d.log_user);
     pg = (ddp_pg*)ddp__calloc(sizeof *pg);
     if (!pg) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a process group failed");
+    ddp__wait_watch(1); /* a SIGTERM or SIGINT from here to the end says what init waited for */
     pg->left_fd = pg->right_fd = -1;
     pthread_mutex_init(&pg->lock, NULL);
     pthread_cond_init(&pg->cond, NULL);
@@ -7021,6 +7159,8 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     sd.is_server = pg->rank == 0;
     sd.timeout_s = pg->timeout;
     sd.token = d.token;
+    if (pg->rank == 0) ddp__wait_note("starting the rendezvous store on port %d", sd.port);
+    else ddp__wait_note("connecting to the rendezvous store at %s:%d, which rank 0 hosts", sd.host, sd.port);
     s = pg->store ? DDP_OK : ddp_store_create(&sd, &pg->store); /* the mpi backend made it already */
     if (s == DDP_OK) s = ddp__agree(pg);
     if (s == DDP_OK && want.type == DDP_DEVICE_AUTO) s = ddp__own_gpu(pg, want, &pg->device);
@@ -7036,6 +7176,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     else
 #endif
         pg->vt = &ddp__cpu_backend;
+    ddp__wait_note("connecting to the other ranks (backend %s)", pg->vt->name);
     s = pg->vt->connect(pg);
     if (s != DDP_OK) goto fail;
     if (pg->vt == &ddp__cpu_backend) {
@@ -7055,6 +7196,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     }
 #endif
     /* Nobody leaves init before everyone has read what it needs from the store. */
+    ddp__wait_note("waiting for every rank to finish ddp_init");
     s = ddp_store_barrier(pg->store, "init", pg->world);
     if (s != DDP_OK) goto fail;
     pg->joined = 1;
@@ -7069,6 +7211,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
                 host, pg->vt->name, ddp_device_name(pg->device, devname, sizeof devname), pg->env.master_addr,
                 pg->env.master_port, pg->env.source);
     }
+    ddp__wait_watch(0);
     *out = pg;
     return DDP_OK;
 fail:
@@ -7080,6 +7223,7 @@ fail:
         ddp__fail(s, "%s", msg);
         ddp__err_fix = fix;
     }
+    ddp__wait_watch(0);
     return s;
 }
 

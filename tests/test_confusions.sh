@@ -423,6 +423,26 @@ grep -qE "\[rank 1/3\]   (DDP_ERR_TIMEOUT: rank 2 never joined within 2 s|DDP_ER
     "$TMP/world_rank1.err" || WHY+=("rank 1's stderr says neither that rank 2 never joined nor that the store closed: $(tail -n 2 "$TMP/world_rank1.err")")
 check_end confusion_world_size_larger_than_started
 
+# The same with the default DDP_TIMEOUT (300 s): rank 0 says within seconds who has joined and who is
+# awaited, and a SIGTERM (what ddprun sends to stop a job) makes each rank say what it waited for.
+free_port P_WAIT
+run_bg wait_rank0 60 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P_WAIT -- "$C" eval; W0=$BG
+run_bg wait_rank1 60 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P_WAIT -- "$C" eval; W1=$BG
+T0=$(now)
+wait_line "$TMP/wait_rank0.err" 20 "waiting for rank 2 to join the job:"
+kill -TERM $W0 $W1 2>/dev/null
+wait $W0; RC=$?
+wait $W1; RC1=$?
+T1=$(now)
+check_begin wait_rank0
+need_rc 143; need_time 4 25  # killed by SIGTERM (timeout passes it on), after the first report
+need_re err "^\[rank 0/3\] warning: waiting for rank 2 to join the job: 2 of 3 ranks \(WORLD_SIZE=3\) have joined after [5-9] s \(ranks 0-1\)\. Start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, or fix WORLD_SIZE if fewer processes belong to the job; DDP_TIMEOUT ends the wait after 300 s$"
+need_line err "[rank 0/3] ddp_init got SIGTERM while waiting for rank 2 to join the job"
+grep -qF "[rank 1/3] ddp_init got SIGTERM while waiting for rank 2 to join the job" "$TMP/wait_rank1.err" ||
+    WHY+=("rank 1 (status $RC1) did not say what it waited for: $(tail -n 2 "$TMP/wait_rank1.err")")
+MSG=$(grep -m1 'waiting for rank 2' "$TMP/wait_rank0.err")
+check_end confusion_world_size_larger_reported_while_waiting
+
 # ---- nothing left behind ---------------------------------------------------------------------------
 left=""
 for p in $PIDS; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
