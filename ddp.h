@@ -21,6 +21,8 @@
 
     Other files include "ddp.h" without the define. Build with the flags of the installed
     pkg-config file:   cc train.c $(pkg-config --cflags --libs ddp)
+    (ddp-cpu instead of ddp: the CPU-only flavour, which links no CUDA library; make install
+    PREFIX=DIR with a DIR pkg-config does not search needs PKG_CONFIG_PATH=DIR/lib/pkgconfig)
     or by hand, CPU only:   cc -DDDP_NO_CUDA train.c -lpthread -lm
     or with CUDA:           cc train.c -I$CUDA_HOME/include -L$CUDA_HOME/lib64 \
                                -lcublas -lnvrtc -lnccl -lcudart -lpthread -lm

@@ -268,19 +268,28 @@ else
 fi
 
 # ---- make install: the pkg-config line a student uses builds and runs chapter 1 --------------
+# ddp.pc is this build's flavour (CUDA when make found it), ddp-cpu.pc the CPU-only one, whose
+# program needs no CUDA library; install says how to point pkg-config at a PREFIX it does not search.
 echo "== install"
 if command -v pkg-config >/dev/null 2>&1; then
-    if out=$(make --no-print-directory install PREFIX="$TMP/prefix" BUILD="$BUILD" 2>&1) &&
-       flags=$(PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig" pkg-config --cflags --libs ddp 2>&1) &&
-       cp examples/01_single_gpu.c "$TMP/train.c" &&
-       out=$(cd "$TMP" && ${CC:-cc} train.c $flags -o train 2>&1) &&
-       out=$("$TMP/train" --device cpu --epochs 2 --save-every 0 2>&1); then
-        ok "install_pkg_config_build"
-    else
-        bad "install_pkg_config_build" "$(tail -n 5 <<<"$out")"
-    fi
+    for pc in ddp ddp-cpu; do
+        if out=$(make --no-print-directory install PREFIX="$TMP/prefix" BUILD="$BUILD" 2>&1) &&
+           { grep -qF "export PKG_CONFIG_PATH=$TMP/prefix/lib/pkgconfig" <<<"$out" ||
+             ! out="make install did not say how to point pkg-config at $TMP/prefix/lib/pkgconfig: $out"; } &&
+           flags=$(PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig" pkg-config --cflags --libs $pc 2>&1) &&
+           cp examples/01_single_gpu.c "$TMP/train.c" &&
+           out=$(cd "$TMP" && ${CC:-cc} train.c $flags -o train 2>&1) &&
+           { [ $pc = ddp ] || ! ldd "$TMP/train" | grep -E 'lib(cudart|cublas|nvrtc|nccl)' ||
+             ! out="built with ddp-cpu, the program still needs CUDA libraries: $(ldd "$TMP/train" | grep -E 'cuda|nccl|nvrtc|cublas')"; } &&
+           out=$("$TMP/train" --device cpu --epochs 2 --save-every 0 2>&1); then
+            ok "install_pkg_config_build_$pc"
+        else
+            bad "install_pkg_config_build_$pc" "$(tail -n 5 <<<"$out")"
+        fi
+    done
 else
-    skp install_pkg_config_build "pkg-config is not installed"
+    skp install_pkg_config_build_ddp "pkg-config is not installed (apt-get install pkg-config)"
+    skp install_pkg_config_build_ddp-cpu "pkg-config is not installed (apt-get install pkg-config)"
 fi
 
 # ---- the chapter-1 example, end to end ----------------------------------------------------------
