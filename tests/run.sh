@@ -15,7 +15,7 @@ trap 'rm -rf "$TMP"' EXIT
 
 ok()   { echo "ok   $1"; pass=$((pass + 1)); }
 bad()  { echo "FAIL $1"; shift; for l in "$@"; do echo "    $l"; done; fail=$((fail + 1)); }
-skp()  { echo "skip $1: $2"; skip=$((skip + 1)); }
+skp()  { echo "skip $1: $2"; skip=$((skip + 1)); echo "$2" >>"$TMP/skip_reasons"; }
 
 # Run one test program and count the lines it prints; a crash without a FAIL line is a failure.
 run_prog() {
@@ -26,6 +26,7 @@ run_prog() {
     printf '%s\n' "$out"
     p=$(grep -c '^ok ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out"); s=$(grep -c '^skip ' <<<"$out")
     pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+    grep '^skip ' <<<"$out" | sed 's/^skip [^:]*: //' >>"$TMP/skip_reasons"
     if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then bad "$name" "exited with status $rc without reporting a failed case"; fi
     if [ $((p + f + s)) -eq 0 ] && [ $rc -eq 0 ]; then bad "$name" "reported no case at all"; fi
 }
@@ -71,7 +72,7 @@ run_prog test_transport bash tests/test_transport.sh "$BUILD"
 # ---- a snapshot read in Python: struct + json + numpy, the checksum rule, every tensor exact ----
 echo "== snapshot in numpy"
 if [ ! -x /usr/bin/python3 ]; then
-    skp snapshot_read_by_numpy "/usr/bin/python3 is not installed"
+    skp snapshot_read_by_numpy "/usr/bin/python3 is not installed (apt-get install python3 python3-numpy)"
 elif ! /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1; then
     skp snapshot_read_by_numpy "numpy is not installed for /usr/bin/python3 (apt-get install python3-numpy)"
 elif ! out=$("$BUILD/tests/snapshot_dump" "$TMP/dump.safetensors" "$TMP/dump.txt" 2>&1); then
@@ -85,7 +86,7 @@ fi
 # ---- the sampler against PyTorch's DistributedSampler: exact without shuffling, the rules with it ----
 echo "== sampler against PyTorch"
 if [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
-    skp sampler_matches_pytorch "/usr/bin/python3 with torch not found"
+    skp sampler_matches_pytorch "/usr/bin/python3 with torch not found (apt-get install python3-torch)"
 elif [ ! -x "$BUILD/tests/sampler_dump" ]; then
     bad sampler_matches_pytorch "$BUILD/tests/sampler_dump is not built"
 elif out=$(/usr/bin/python3 tests/sampler_torch.py "$BUILD/tests/sampler_dump" 2>&1); then
@@ -107,7 +108,7 @@ if command -v "$FUZZ_CC" >/dev/null 2>&1 &&
 fi
 for f in snapshot store; do
     name=fuzz_${f}_short bin="$BUILD/fuzz/fuzz_$f"
-    if [ $fuzz_works = 0 ]; then skp "$name" "clang with libFuzzer not found (apt-get install clang)"; continue; fi
+    if [ $fuzz_works = 0 ]; then skp "$name" "clang with libFuzzer not found (apt-get install clang libclang-rt-14-dev)"; continue; fi
     if ! out=$(make --no-print-directory BUILD="$BUILD" FUZZ_CC="$FUZZ_CC" "$bin" 2>&1); then
         bad "$name" "building $bin failed:" "$(tail -n 5 <<<"$out")"; continue
     fi
@@ -125,7 +126,7 @@ echo "== docs"
 # The tutorial never rots: every generated diff is current, and every block of TUTORIAL.md and
 # README.md marked runnable runs as written, with the output shown where the text marks it.
 if ! command -v python3 >/dev/null 2>&1; then
-    skp docs_diffs "python3 is not installed"; skp docs_runnable_blocks "python3 is not installed"
+    skp docs_diffs "python3 is not installed (apt-get install python3)"; skp docs_runnable_blocks "python3 is not installed (apt-get install python3)"
 else
     run_prog docs_diffs python3 tools/docs.py diffs --check
     case $BUILD in
@@ -249,22 +250,22 @@ compile_mode c99_no_cuda "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA" ""
 compile_mode c99_static "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_STATIC" ""
 HAVE_GXX=0; command -v g++ >/dev/null 2>&1 && HAVE_GXX=1
 if [ $HAVE_GXX = 1 ]; then compile_mode cxx_no_cuda g++ "-x c++ $WFLAGS -DDDP_NO_CUDA" "-x none"
-else skp compile_cxx_no_cuda "no g++ on this machine"; fi
+else skp compile_cxx_no_cuda "no g++ on this machine (apt-get install g++)"; fi
 if [ "${HAVE_CUDA:-0}" = 1 ]; then
     compile_mode c99_cuda "$CCX" "-std=c99 $WFLAGS ${CUDA_CFLAGS:-}" "${CUDA_LIBS:-}"
     if [ $HAVE_GXX = 1 ]; then compile_mode cxx_cuda g++ "-x c++ $WFLAGS ${CUDA_CFLAGS:-}" "-x none ${CUDA_LIBS:-}"
-    else skp compile_cxx_cuda "no g++ on this machine"; fi
+    else skp compile_cxx_cuda "no g++ on this machine (apt-get install g++)"; fi
 else
-    skp compile_c99_cuda "this build is CPU-only (see the make line above)"
-    skp compile_cxx_cuda "this build is CPU-only (see the make line above)"
+    skp compile_c99_cuda "this build is CPU-only: make found no CUDA toolkit (see its first line)"
+    skp compile_cxx_cuda "this build is CPU-only: make found no CUDA toolkit (see its first line)"
 fi
 if [ "${HAVE_MPI:-0}" = 1 ]; then
     compile_mode c99_mpi "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_MPI ${MPI_CFLAGS:-}" "${MPI_LIBS:-}"
     if [ $HAVE_GXX = 1 ]; then compile_mode cxx_mpi g++ "-x c++ $WFLAGS -DDDP_NO_CUDA -DDDP_MPI ${MPI_CFLAGS:-}" "-x none ${MPI_LIBS:-}"
-    else skp compile_cxx_mpi "no g++ on this machine"; fi
+    else skp compile_cxx_mpi "no g++ on this machine (apt-get install g++)"; fi
 else
-    skp compile_c99_mpi "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
-    skp compile_cxx_mpi "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+    skp compile_c99_mpi "no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
+    skp compile_cxx_mpi "no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
 fi
 
 # ---- make install: the pkg-config line a student uses builds and runs chapter 1 --------------
@@ -342,7 +343,7 @@ ex="$BUILD/examples/01_single_gpu"
 # chapter-3 example must end where the cpu backend ended above, under the same mpirun.
 echo "== mpi backend"
 mpi_skip=
-if [ ! -x "$BUILD/tests/test_mpi" ]; then mpi_skip="no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+if [ ! -x "$BUILD/tests/test_mpi" ]; then mpi_skip="no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
 elif ! command -v mpirun >/dev/null 2>&1; then mpi_skip="Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
 elif [ "${DDP_TSAN:-0}" = 1 ]; then
     mpi_skip="Open MPI is not built with -fsanitize=thread, and TSan reports its own locking (mca_pml_ob1, mca_btl_tcp)"
@@ -392,7 +393,7 @@ for r in (0, 1):
 PY
 ); then ok trace_files_per_rank; else bad trace_files_per_rank "$out"; fi
 else
-    skp trace_files_per_rank "python3 is not installed (needed to parse the JSON)"
+    skp trace_files_per_rank "python3 is not installed, which parses the JSON (apt-get install python3)"
 fi
 
 # ---- chapter 3 across two hosts: network namespaces, and a real two-node SLURM cluster ------------
@@ -424,5 +425,28 @@ expect_error example01_bad_device "is not one of cpu, cuda" "$ex" --device tpu
 printf 'a,b,label\n1,2,0\n3,x,1\n' > "$TMP/bad.csv"
 expect_error example01_bad_csv "bad.csv:3: column 2" "$ex" --data "$TMP/bad.csv"
 
+# ---- what would turn the skips into tests ---------------------------------------------------------
+# A skip that a Debian package cures says so in its reason ("apt-get install PKG ..."), in the
+# package names .ci/run installs; the line before the summary collects them, and counts the skips
+# nothing installable cures (a GPU, root, ...). A named package that .ci/run does not install is a
+# stale hint, and fails.
+if [ -s "$TMP/skip_reasons" ]; then
+    hint='apt-get install( -[a-z-]+)*( [a-z0-9][a-z0-9.+-]*)+'
+    pkgs=$(grep -oE "$hint" "$TMP/skip_reasons" | sed -E 's/^apt-get install//; s/ -[a-z-]+//g' | tr ' ' '\n' | grep -v '^$' | sort -u)
+    cured=$(grep -cE "$hint" "$TMP/skip_reasons")
+    ci=" $(sed -n '/^for p in/,/; do/p' .ci/run | tr -d '\\;' | tr '\n' ' ') "
+    stale=""
+    for p in $pkgs; do case $ci in *" $p "*) ;; *) stale="$stale $p" ;; esac; done
+    [ -z "$stale" ] || bad skip_hints_name_ci_packages "skip reasons name packages that .ci/run does not install:$stale"
+    others=$(grep -vE "$hint" "$TMP/skip_reasons" | awk '
+        /GPU|CUDA/ { gpu++; next } /root|sudo|namespace/ { root++; next } { rest++ }
+        END { s = ""; if (gpu) s = gpu " need a GPU or the CUDA toolkit"; if (root) s = s (s ? ", " : "") root " need root";
+              if (rest) s = s (s ? ", " : "") rest " other (see their lines)"; print s }')
+    if [ "$cured" -gt 0 ]; then
+        echo "skipped cases: apt-get install $(echo $pkgs) would turn $cured of the $skip into tests (as .ci/run installs them)${others:+; $others}"
+    else
+        echo "skipped cases: no package would turn them into tests: $others"
+    fi
+fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]

@@ -42,6 +42,8 @@ DIFF_CLOSE = "<!-- /diff -->"
 RUN = re.compile(r"^<!-- run((?: fails| root| timeout=\d+| needs=\S+)*) -->$")
 OUTPUT = re.compile(r"^<!-- output(?: rtol=([0-9.eE+-]+))? -->$")
 NUMBER = re.compile(r"-?\d+\.\d+(?:[eE][+-]?\d+)?")
+# The Debian package (as .ci/run installs it) of a program a block needs, for the skip's reason.
+PACKAGE = {"mpirun": "openmpi-bin", "ip": "iproute2", "sudo": "sudo", "gnuplot": "gnuplot-nox"}
 
 
 def header_end(lines):
@@ -200,13 +202,17 @@ def run(build, files):
                 first = text.strip().split("\n")[0][:60]
                 name = "docs_%s_line%d (%s)" % (os.path.splitext(f)[0].lower(), line, first)
                 if "root" in opts and not can_netns:
-                    print("skip %s: needs sudo and network namespaces (Linux, ip from iproute2, root)" % name)
+                    missing = [p for p in ("sudo", "ip") if not shutil.which(p)]
+                    print("skip %s: needs root, sudo and network namespaces (Linux)%s" % (name, (
+                        ": apt-get install " + " ".join(PACKAGE.get(p, p) for p in missing)) if missing else
+                        "" if os.geteuid() == 0 else ": this user is not root"))
                     continue
                 need = [o[6:] for o in opts if o.startswith("needs=") and not (
                     os.access(os.path.join(where, o[6:]), os.X_OK) if "/" in o[6:] else shutil.which(o[6:]))]
                 if need:
                     print("skip %s: %s is not %s" % (name, need[0], "built (make found no CUDA toolkit)"
-                                                     if need[0].startswith("build/fakegpu/") else "installed"))
+                                                     if need[0].startswith("build/fakegpu/") else
+                                                     "installed (apt-get install %s)" % PACKAGE.get(need[0], need[0])))
                     continue
                 if "numpy" in text and not have_numpy:
                     print("skip %s: python3 with numpy is not installed (apt-get install python3-numpy)" % name)
