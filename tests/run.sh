@@ -426,27 +426,20 @@ printf 'a,b,label\n1,2,0\n3,x,1\n' > "$TMP/bad.csv"
 expect_error example01_bad_csv "bad.csv:3: column 2" "$ex" --data "$TMP/bad.csv"
 
 # ---- what would turn the skips into tests ---------------------------------------------------------
-# A skip that a Debian package cures says so in its reason ("apt-get install PKG ..."), in the
-# package names .ci/run installs; the line before the summary collects them, and counts the skips
-# nothing installable cures (a GPU, root, ...). A named package that .ci/run does not install is a
-# stale hint, and fails.
+# tests/skip_hints.sh reads every skip's reason and prints the packages that cure them (a check on
+# made-up reasons first: the line must name exactly their packages).
+printf '%s\n' "no mpicc (apt-get install libopenmpi-dev)" "no GPU: no driver" "x (apt-get install --no-install-recommends slurmd munge)" \
+    "needs root" "numpy is missing (apt-get install python3-numpy)" "(apt-get install no-such-package)" >"$TMP/hints_fixture"
+out=$(bash tests/skip_hints.sh "$TMP/hints_fixture" 6 2>&1); rc=$?
+if [ $rc = 1 ] && [ "$out" = "skipped cases: apt-get install libopenmpi-dev munge no-such-package python3-numpy slurmd would turn 4 of the 6 into tests (as .ci/run installs them); 1 need a GPU or the CUDA toolkit, 1 need root
+skip reasons name packages that .ci/run does not install: no-such-package" ]; then ok skip_hints_line
+else bad skip_hints_line "exit status $rc (want 1: a package .ci/run lacks), printed:" "$out"; fi
 if [ -s "$TMP/skip_reasons" ]; then
-    hint='apt-get install( -[a-z-]+)*( [a-z0-9][a-z0-9.+-]*)+'
-    pkgs=$(grep -oE "$hint" "$TMP/skip_reasons" | sed -E 's/^apt-get install//; s/ -[a-z-]+//g' | tr ' ' '\n' | grep -v '^$' | sort -u)
-    cured=$(grep -cE "$hint" "$TMP/skip_reasons")
-    ci=" $(sed -n '/^for p in/,/; do/p' .ci/run | tr -d '\\;' | tr '\n' ' ') "
-    stale=""
-    for p in $pkgs; do case $ci in *" $p "*) ;; *) stale="$stale $p" ;; esac; done
-    [ -z "$stale" ] || bad skip_hints_name_ci_packages "skip reasons name packages that .ci/run does not install:$stale"
-    others=$(grep -vE "$hint" "$TMP/skip_reasons" | awk '
-        /GPU|CUDA/ { gpu++; next } /root|sudo|namespace/ { root++; next } { rest++ }
-        END { s = ""; if (gpu) s = gpu " need a GPU or the CUDA toolkit"; if (root) s = s (s ? ", " : "") root " need root";
-              if (rest) s = s (s ? ", " : "") rest " other (see their lines)"; print s }')
-    if [ "$cured" -gt 0 ]; then
-        echo "skipped cases: apt-get install $(echo $pkgs) would turn $cured of the $skip into tests (as .ci/run installs them)${others:+; $others}"
-    else
-        echo "skipped cases: no package would turn them into tests: $others"
+    if ! out=$(bash tests/skip_hints.sh "$TMP/skip_reasons" "$skip"); then
+        bad skip_hints_name_ci_packages "$(tail -n 1 <<<"$out")"
+        out=$(head -n 1 <<<"$out")
     fi
+    echo "$out"
 fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]
