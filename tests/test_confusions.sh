@@ -330,7 +330,7 @@ check_end confusion12_eval_padding_counted_twice
 run_fg freeze 40 DDP_TIMEOUT=20 -- "$DDPRUN" --standalone --nproc-per-node 2 "$C" freeze
 check_begin freeze
 need_rc nonzero; need_time 0 10
-need_re err "\[rank [01]/2\]   DDP_ERR_UNUSED_PARAMETER: parameter fc1\.weight \(index 0\) received no gradient in this backward pass on rank [01], so its bucket can never be all-reduced\. Make every parameter take part in the loss, or set ddp_wrap_desc\.find_unused_parameters$"
+need_re err "^\[rank [01]\]:   DDP_ERR_UNUSED_PARAMETER: parameter fc1\.weight \(index 0\) received no gradient in this backward pass on rank [01], so its bucket can never be all-reduced\. Make every parameter take part in the loss, or set ddp_wrap_desc\.find_unused_parameters$"
 need_line err "fix: make every parameter take part in the loss, or set find_unused_parameters"
 MSG=$(grep -m1 -o 'DDP_ERR_UNUSED_PARAMETER: .*' "$TMP/freeze.err")
 check_end confusion13_unused_parameter
