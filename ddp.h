@@ -686,10 +686,11 @@ typedef struct ddp_work ddp_work; /* a collective in flight */
 
 /* Join the job (collective: every rank calls it): resolve the environment, start or reach the
    store, check every rank agrees on the world size, and connect the backend. While ranks are
-   missing, rank 0 logs every 5 s which have joined and which are awaited; a SIGTERM or SIGINT
-   during ddp_init (unless the program handles it) prints what the rank was waiting for before it
-   ends the process. Errors: DDP_ERR_ENV, the store's errors, DDP_ERR_WORLD_MISMATCH,
-   DDP_ERR_TIMEOUT (a rank never came: named), DDP_ERR_NCCL. */
+   missing, rank 0 logs which have joined and which are awaited (every 5 s, after the first half
+   minute every 30 s); a SIGTERM or SIGINT during ddp_init (unless the program handles or ignores
+   it) prints what the rank was waiting for before it ends the process. Errors: DDP_ERR_ENV, the
+   store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT (a rank never came: named),
+   DDP_ERR_NCCL. */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
 /* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
    timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
@@ -6809,7 +6810,7 @@ DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say) {
    disagreement publishes it under ddp/abort so that the others fail at once with the same
    explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
    for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
-#define DDP__JOIN_REPORT_S 5.0 /* seconds between rank 0's reports of who is missing */
+#define DDP__JOIN_REPORT_S 5.0 /* seconds between rank 0's first reports of who is missing */
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
     char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
     const char* abort_key[1] = {"ddp/abort"};
@@ -6860,9 +6861,9 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
             if (ddp__now() >= deadline)
                 return ddp__fail(DDP_ERR_TIMEOUT, "rank %d never joined within %.0f s (this rank expects WORLD_SIZE=%d): "
                                  "start all %d processes, or fix WORLD_SIZE", i, pg->timeout, pg->world, pg->world);
-            if (ddp__now() >= report) {
+            if (ddp__now() >= report) { /* every 5 s, and every 30 s after the first half minute */
                 ddp__join_progress(pg, started, pg->rank == 0);
-                report = ddp__now() + DDP__JOIN_REPORT_S;
+                report = ddp__now() + (ddp__now() - started < 30 ? DDP__JOIN_REPORT_S : 6 * DDP__JOIN_REPORT_S);
             }
             ddp__sleep(0.02);
         }
