@@ -22,6 +22,10 @@ Markers, each on its own line in the Markdown:
       process id, "pid 1234", matches any other). With rtol=R a number in a line matches a number
       within R of it, relatively: for figures whose last digits depend on the CPU (OpenBLAS picks
       its matrix kernels by the instruction set, and they round differently).
+  <!-- output or -->, with the same options
+      another output block for the same run: the real output must match one of them. For what
+      differs by build (a program built without the CUDA toolkit says so where one built with it
+      says that the machine has no GPU); the text between the blocks says which is which.
 
 Standard library only: this runs on a student's laptop too. Each block is one case of the test
 suite: "ok   NAME", "FAIL NAME" (and indented details) or "skip NAME: reason".
@@ -40,7 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIFF_OPEN = re.compile(r"^<!-- diff (\S+) (\S+)(?: max=(\d+))? -->$")
 DIFF_CLOSE = "<!-- /diff -->"
 RUN = re.compile(r"^<!-- run((?: fails| root| timeout=\d+| needs=\S+)*) -->$")
-OUTPUT = re.compile(r"^<!-- output(?: rtol=([0-9.eE+-]+))? -->$")
+OUTPUT = re.compile(r"^<!-- output( or)?(?: rtol=([0-9.eE+-]+))? -->$")
 NUMBER = re.compile(r"-?\d+\.\d+(?:[eE][+-]?\d+)?")
 # The Debian package (as .ci/run installs it) of a program a block needs, for the skip's reason.
 PACKAGE = {"mpirun": "openmpi-bin", "ip": "iproute2", "sudo": "sudo", "gnuplot": "gnuplot-nox"}
@@ -119,7 +123,8 @@ def diffs(check):
 
 
 def blocks(path):
-    """The runnable blocks of a Markdown file: [line, options, text, expected output, rtol]."""
+    """The runnable blocks of a Markdown file: [line, options, text, expected outputs, rtol], where
+    expected outputs is a list of the blocks one of which must match (None: no output shown)."""
     lines = open(path).read().split("\n")
     found, i = [], 0
 
@@ -138,10 +143,13 @@ def blocks(path):
             found.append([i + 2, m.group(1).split(), "\n".join(body), None, 0.0])  # the fence's line
             i = end
         elif OUTPUT.match(lines[i].strip()):
-            if not found:
-                raise SystemExit("%s:%d: an output marker with no run block before it" % (path, i + 1))
-            found[-1][4] = float(OUTPUT.match(lines[i].strip()).group(1) or 0)
-            found[-1][3], i = fence(i + 1)
+            m = OUTPUT.match(lines[i].strip())
+            if not found or (m.group(1) and found[-1][3] is None):
+                raise SystemExit("%s:%d: an output marker with no %s before it" % (
+                    path, i + 1, "output block" if found else "run block"))
+            found[-1][4] = float(m.group(2) or 0)
+            shown, i = fence(i + 1)
+            found[-1][3] = (found[-1][3] if m.group(1) else []) + [shown]
         else:
             i += 1
     return found
@@ -230,7 +238,13 @@ def run(build, files):
                     continue
                 took = time.time() - start
                 actual = out.split("\n")
-                missing = missing_in_order(expected, actual, rtol) if expected is not None else None
+                missing = None
+                for shown in expected or []:  # the first block shown, or another that matches
+                    first = missing_in_order(shown, actual, rtol)
+                    if first is None:
+                        missing = None
+                        break
+                    missing = missing or first
                 tail = ["    | " + l for l in actual[-8:]]
                 if (p.returncode != 0) != fails:
                     print("FAIL %s\n    %s (exit status %d)" % (
