@@ -932,10 +932,13 @@ typedef struct ddp_snapshot {
    no_sync backward passes (gradients are not saved). DDP_ERR_INVALID_ARGUMENT without a model,
    DDP_ERR_IO when the file cannot be written (the message names the path and the reason). */
 DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
-/* Read `path` into what s points to, and s->epoch/s->step. Checks the whole file first (length,
-   header, offsets, checksum, names, shapes, optimizer kind, sampler settings) and changes nothing
-   unless all of it matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated
-   or foreign file, DDP_ERR_IO when it cannot be read (DDP_ERR_IO with errno ENOENT: no file). */
+/* Read `path` into what s points to, and s->epoch/s->step. Under DDP, call it on every rank after
+   ddp_wrap (whose broadcast of rank 0's initial weights would overwrite what was loaded) and after
+   ddp_optim_create. Checks the whole file first (length, header, offsets, checksum, names, shapes,
+   optimizer kind, sampler settings, the number of ranks) and changes nothing unless all of it
+   matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated or foreign file,
+   or one of a job with another number of ranks; DDP_ERR_IO when it cannot be read (DDP_ERR_IO with
+   errno ENOENT: no file). */
 DDP_API ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path);
 /* 1 if `path` exists (a snapshot to resume from), 0 if nothing is there (or path is NULL); -1
    when it cannot be checked (a symlink loop, a folder this user may not search): ddp_error_string()
