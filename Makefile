@@ -320,20 +320,30 @@ gpu-check-standin: all
 
 -include labs/labs.mk
 -include docs/figures/figures.mk
-# Installs ddp.h and a pkg-config file, so a student's build line is
-#   cc train.c $(pkg-config --cflags --libs ddp)
+# Installs ddp.h and two pkg-config files, so a student's build line is
+#   cc train.c $(pkg-config --cflags --libs ddp)        this build's flavour (CUDA when make found it)
+#   cc train.c $(pkg-config --cflags --libs ddp-cpu)    CPU only (-DDDP_NO_CUDA): links no CUDA library
+# pkg-config searches only its own folders (pkg-config --variable pc_path pkg-config): for another
+# PREFIX, PKG_CONFIG_PATH=$(PREFIX)/lib/pkgconfig, which install prints when it is needed.
+PC_FILE = printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$${prefix}/include' '' 'Name: $(1)' \
+	  'Description: Distributed Data Parallel training in one C header$(2)' 'Version: $(VERSION)' \
+	  'Cflags: -I$${includedir} $(3)' 'Libs: $(4)' > $(DESTDIR)$(PREFIX)/lib/pkgconfig/$(1).pc
 install: $(TOOLS)
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 ddp.h $(DESTDIR)$(PREFIX)/include/ddp.h
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
-	printf '%s\n' 'prefix=$(PREFIX)' 'includedir=$${prefix}/include' '' 'Name: ddp' \
-	  'Description: Distributed Data Parallel training in one C header' 'Version: $(VERSION)' \
-	  'Cflags: -I$${includedir} $(CUDA_CFLAGS) $(BLAS_CFLAGS)' 'Libs: $(DDP_LIBS)' \
-	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ddp.pc
+	$(call PC_FILE,ddp,,$(CUDA_CFLAGS) $(BLAS_CFLAGS),$(DDP_LIBS))
+	$(call PC_FILE,ddp-cpu, (CPU only),-DDDP_NO_CUDA $(BLAS_CFLAGS),$(BLAS_LIBS) -lpthread -lm)
+	@case ":$$(pkg-config --variable pc_path pkg-config 2>/dev/null):$${PKG_CONFIG_PATH:-}:" in \
+	  *":$(PREFIX)/lib/pkgconfig:"*) ;; \
+	  *) echo "make install: pkg-config does not look in $(PREFIX)/lib/pkgconfig; to build with it, set"; \
+	     echo "  export PKG_CONFIG_PATH=$(PREFIX)/lib/pkgconfig$${PKG_CONFIG_PATH:+:$$PKG_CONFIG_PATH}"; \
+	     echo "then: cc train.c \$$(pkg-config --cflags --libs ddp)   (ddp-cpu: the CPU-only flavour)" ;; \
+	esac
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/include/ddp.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/ddp.pc \
-	      $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(notdir $(TOOLS)))
+	      $(DESTDIR)$(PREFIX)/lib/pkgconfig/ddp-cpu.pc $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(notdir $(TOOLS)))
 
 clean:
 	rm -rf $(BUILD)
@@ -354,4 +364,4 @@ help:
 	@echo "make sanitize   run the CPU suite under ASan and UBSan"
 	@echo "make tsan       run the CPU suite under ThreadSanitizer (CPU-only build)"
 	@echo "make fuzz       fuzz the snapshot reader and the store server with libFuzzer (clang), FUZZ_TIME=60 s each"
-	@echo "make install    install ddp.h and ddp.pc under PREFIX ($(PREFIX))"
+	@echo "make install    install ddp.h, ddp.pc and ddp-cpu.pc (CPU only) under PREFIX ($(PREFIX))"

@@ -21,6 +21,8 @@
 
     Other files include "ddp.h" without the define. Build with the flags of the installed
     pkg-config file:   cc train.c $(pkg-config --cflags --libs ddp)
+    (ddp-cpu instead of ddp: the CPU-only flavour, which links no CUDA library; make install
+    PREFIX=DIR with a DIR pkg-config does not search needs PKG_CONFIG_PATH=DIR/lib/pkgconfig)
     or by hand, CPU only:   cc -DDDP_NO_CUDA train.c -lpthread -lm
     or with CUDA:           cc train.c -I$CUDA_HOME/include -L$CUDA_HOME/lib64 \
                                -lcublas -lnvrtc -lnccl -lcudart -lpthread -lm
@@ -121,6 +123,9 @@
                             backward, each collective, the wait and the optimizer step, for
                             ui.perfetto.dev or chrome://tracing.
     DDP_KILL_GRACE_S        seconds a stopped rank gets between SIGTERM and SIGKILL (5).
+    DDP_RELAYED_RANK        set by ddprun for its ranks: it starts each line they print with
+                            "[rank R]: ", so the library's own "[rank R/W]" label is left out of
+                            the lines that rank R writes to stderr (a log sink still gets it).
     DDP_LAUNCH_ID           set by ddprun for its ranks ("host:pid:start time"): the ranks of one
                             node must all come from one launch, so a second ddprun given the same
                             MASTER_PORT and DDP_JOB_TOKEN cannot slip its ranks into this job.
@@ -304,7 +309,8 @@ typedef enum ddp_log_level {
     DDP_LOG_INFO,      /* DDP_DEBUG=INFO or DETAIL */
     DDP_LOG_DETAIL     /* DDP_DEBUG=DETAIL */
 } ddp_log_level;
-/* A log sink receives each line, already prefixed with "[rank R/W]", without a newline. */
+/* A log sink receives each line, already prefixed with "[rank R/W]", without a newline (before
+   ddp_init, R and W come from the launcher's RANK and WORLD_SIZE when set). */
 typedef void (*ddp_log_fn)(ddp_log_level level, const char* line, void* user);
 /* Send log lines to `fn` instead of stderr (NULL restores stderr). Not thread-safe: call early. */
 DDP_API void ddp_set_log(ddp_log_fn fn, void* user);
@@ -527,7 +533,8 @@ DDP_API ddp_status ddp_loss_cross_entropy(ddp_model* m, const int* labels, float
 /* Mean squared error against host targets[batch, out_features] (F.mse_loss); as above. */
 DDP_API ddp_status ddp_loss_mse(ddp_model* m, const float* targets, float* loss);
 /* Backpropagate the last loss, last layer first, ADDING each gradient into p->grad and calling
-   ddp_param_grad_ready(p) as soon as p's gradient is final. DDP_ERR_STATE without a loss. */
+   ddp_param_grad_ready(p) as soon as p's gradient is final. DDP_ERR_STATE without a loss, or
+   when backward already ran for this loss (one backward per loss, as in PyTorch). */
 DDP_API ddp_status ddp_model_backward(ddp_model* m);
 /* Run fn(m, user) at the end of every ddp_model_backward, after the last hook; its status becomes
    backward's. The analogue of an autograd engine callback: the DDP wrapper waits for its
@@ -681,8 +688,12 @@ typedef struct ddp_pg ddp_pg;     /* a process group: every rank of the job */
 typedef struct ddp_work ddp_work; /* a collective in flight */
 
 /* Join the job (collective: every rank calls it): resolve the environment, start or reach the
-   store, check every rank agrees on the world size, and connect the backend. Errors: DDP_ERR_ENV,
-   the store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT, DDP_ERR_NCCL. */
+   store, check every rank agrees on the world size, and connect the backend. While ranks are
+   missing, rank 0 logs which have joined and which are awaited (every 5 s, after the first half
+   minute every 30 s); a SIGTERM or SIGINT during ddp_init (unless the program handles or ignores
+   it) prints what the rank was waiting for before it ends the process. Errors: DDP_ERR_ENV, the
+   store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT (a rank never came: named),
+   DDP_ERR_NCCL. */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
 /* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
    timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
@@ -806,19 +817,26 @@ typedef struct ddp_loader {
     int drop_last;     /* 1: skip a last batch smaller than batch_size */
     int* order;        /* this epoch's indices */
     int count, pos;
-    int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start begins here */
+    int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start of epoch resume_epoch
+                          begins here (a start at another epoch begins at that epoch's first batch) */
     int last_epoch;    /* the sampler's epoch + 1 at this loader's previous shuffled start (0:
                           none); the same epoch twice means ddp_sampler_set_epoch was not called */
     float* x;          /* the current batch, [batch_size, nfeatures] */
     int* y;
+    int epoch;         /* the sampler's epoch at this loader's last start: where pos belongs */
+    int resume_epoch;  /* the epoch resume_pos belongs to */
+    int resume;        /* 1: ddp_snapshot_load left resume_pos for the next start; 2: the same, from
+                          a file that does not say which epoch the position belongs to */
 } ddp_loader;
 
 /* Prepare a loader (allocates its batch buffers once). DDP_ERR_INVALID_ARGUMENT for batch < 1. */
 DDP_API ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, int batch_size, int drop_last);
 /* Start an epoch in the sampler's current order (call ddp_sampler_set_epoch first). After
-   ddp_snapshot_load, the first start resumes at the snapshot's position in the epoch. A shuffling
-   sampler at the same epoch as this loader's previous start logs a warning (once per process)
-   naming ddp_sampler_set_epoch: every epoch would repeat one order. */
+   ddp_snapshot_load, the first start resumes at the snapshot's position when the sampler is at the
+   snapshot's epoch (a position at the epoch's end then leaves no batch: that epoch is done); at
+   any other epoch it begins at the first batch, with a warning if that leaves the snapshot's epoch
+   unfinished. A shuffling sampler at the same epoch as this loader's previous start logs a
+   warning (once per process) naming ddp_sampler_set_epoch: every epoch would repeat one order. */
 DDP_API ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s);
 /* The next batch: *x and *y point into the loader; returns its size, 0 when the epoch is over. */
 DDP_API int ddp_loader_next(ddp_loader* l, const float** x, const int** y);
@@ -873,7 +891,8 @@ DDP_API ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc,
 DDP_API void ddp_wrapper_destroy(ddp_wrapper* w);
 /* on = 1: the following backward passes only accumulate gradients locally (PyTorch's no_sync());
    on = 0: the next backward all-reduces the accumulated sum. An optimizer step on gradients that
-   no_sync backward passes added after the last all-reduce logs a warning (once per process). */
+   no_sync backward passes added after the last all-reduce logs a warning (once per process; not
+   with one rank, whose one replica cannot drift from another). */
 DDP_API void ddp_no_sync(ddp_wrapper* w, int on);
 /* Copy the counters into *out. */
 DDP_API void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out);
@@ -902,7 +921,9 @@ typedef struct ddp_snapshot {
     ddp_model* model;     /* required */
     ddp_optim* optim;     /* optional: moments or momentum buffers, and the step count */
     ddp_sampler* sampler; /* optional: its epoch (seed, size and replicas are checked on load) */
-    ddp_loader* loader;   /* optional: how far into the epoch; the next ddp_loader_start skips on */
+    ddp_loader* loader;   /* optional: how far into which epoch; the next ddp_loader_start of that
+                             epoch skips on (a save after an epoch's last batch: the next epoch
+                             starts at its first batch). Without it a resumed epoch starts afresh */
     ddp_rng* rng;         /* optional: a generator the program draws from (the same on every rank) */
     int epoch;            /* the program's counters, saved and restored as they are */
     long step;
@@ -914,10 +935,13 @@ typedef struct ddp_snapshot {
    no_sync backward passes (gradients are not saved). DDP_ERR_INVALID_ARGUMENT without a model,
    DDP_ERR_IO when the file cannot be written (the message names the path and the reason). */
 DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
-/* Read `path` into what s points to, and s->epoch/s->step. Checks the whole file first (length,
-   header, offsets, checksum, names, shapes, optimizer kind, sampler settings) and changes nothing
-   unless all of it matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated
-   or foreign file, DDP_ERR_IO when it cannot be read (DDP_ERR_IO with errno ENOENT: no file). */
+/* Read `path` into what s points to, and s->epoch/s->step. Under DDP, call it on every rank after
+   ddp_wrap (whose broadcast of rank 0's initial weights would overwrite what was loaded) and after
+   ddp_optim_create. Checks the whole file first (length, header, offsets, checksum, names, shapes,
+   optimizer kind, sampler settings, the number of ranks) and changes nothing unless all of it
+   matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated or foreign file,
+   or one of a job with another number of ranks; DDP_ERR_IO when it cannot be read (DDP_ERR_IO with
+   errno ENOENT: no file). */
 DDP_API ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path);
 /* 1 if `path` exists (a snapshot to resume from), 0 if nothing is there (or path is NULL); -1
    when it cannot be checked (a symlink loop, a folder this user may not search): ddp_error_string()
@@ -1091,13 +1115,45 @@ DDP__DEF const char* ddp_status_fix(ddp_status s) {
 
 /* ---- logging ------------------------------------------------------------------------------------ */
 
-/* Process-wide facts every log line needs. rank/world stay 0/1 until the process group exists. */
+/* Process-wide facts every log line needs. rank/world are set when the placement is known
+   (ddp_env_resolve, or MPI); until then log lines take them from the launcher's variables. */
 static struct {
     int rank, world;
     ddp_log_fn log_fn;
     void* log_user;
     int level; /* 0: not read from DDP_DEBUG yet */
-} ddp__g = {0, 1, NULL, NULL, 0};
+    int placed; /* 1: rank and world are this process's placement */
+} ddp__g = {0, 1, NULL, NULL, 0, 0};
+
+/* The "[rank R/W] " that starts a log line. Before ddp_init knows the placement, a launcher's
+   RANK and WORLD_SIZE (or Open MPI's or SLURM's) name the rank, so that rank 1's first lines do
+   not read "[rank 0/1]". */
+DDP__PRIVATE void ddp__label(char* out, size_t n) {
+    static const char* const vars[3][2] = {{"RANK", "WORLD_SIZE"}, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                           {"SLURM_PROCID", "SLURM_NTASKS"}};
+    int rank = ddp__g.rank, world = ddp__g.world, i;
+    for (i = 0; i < 3 && !ddp__g.placed; i++) {
+        const char *r = getenv(vars[i][0]), *w = getenv(vars[i][1]);
+        char *re = NULL, *we = NULL;
+        long rv, wv;
+        if (!r || !w || !*r || !*w) continue;
+        rv = strtol(r, &re, 10), wv = strtol(w, &we, 10);
+        if (*re == 0 && *we == 0 && rv >= 0 && rv < wv && wv <= INT_MAX) rank = (int)rv, world = (int)wv;
+        break;
+    }
+    snprintf(out, n, "[rank %d/%d] ", rank, world);
+}
+
+/* 1 when ddprun relays this process's stderr with its own "[rank R]: " before each line
+   (DDP_RELAYED_RANK names the rank it shows): a line printed there needs no second label. */
+DDP__PRIVATE int ddp__relayed(void) {
+    const char* v = getenv("DDP_RELAYED_RANK");
+    char label[48], want[48];
+    if (!v || !*v) return 0;
+    ddp__label(label, sizeof label);
+    snprintf(want, sizeof want, "[rank %s/", v);
+    return strncmp(label, want, strlen(want)) == 0;
+}
 
 DDP__DEF ddp_log_level ddp_log_level_enabled(void) {
     if (ddp__g.level == 0) {
@@ -1105,9 +1161,11 @@ DDP__DEF ddp_log_level ddp_log_level_enabled(void) {
         int level = DDP_LOG_WARN;
         if (v && (!strcmp(v, "INFO") || !strcmp(v, "info"))) level = DDP_LOG_INFO;
         else if (v && (!strcmp(v, "DETAIL") || !strcmp(v, "detail"))) level = DDP_LOG_DETAIL;
-        else if (v && *v && strcmp(v, "OFF") && strcmp(v, "off"))
-            fprintf(stderr, "[rank %d/%d] warning: DDP_DEBUG=%s is not OFF, INFO or DETAIL; using OFF\n",
-                    ddp__g.rank, ddp__g.world, v);
+        else if (v && *v && strcmp(v, "OFF") && strcmp(v, "off")) {
+            char label[48] = "";
+            if (!ddp__relayed()) ddp__label(label, sizeof label);
+            fprintf(stderr, "%swarning: DDP_DEBUG=%s is not OFF, INFO or DETAIL; using OFF\n", label, v);
+        }
         ddp__g.level = level;
     }
     return (ddp_log_level)ddp__g.level;
@@ -1136,14 +1194,17 @@ DDP__PRIVATE void ddp__eprint_line(const char* fmt, ...) {
 
 DDP__PRIVATE void ddp__vlog(ddp_log_level level, const char* fmt, va_list ap) {
     char line[2048];
+    size_t label;
     int n;
     if ((int)level > (int)ddp_log_level_enabled()) return;
-    n = snprintf(line, sizeof line, "[rank %d/%d] %s", ddp__g.rank, ddp__g.world,
+    ddp__label(line, sizeof line);
+    label = strlen(line);
+    n = snprintf(line + label, sizeof line - label, "%s",
                  level == DDP_LOG_ERROR ? "error: " : level == DDP_LOG_WARN ? "warning: " : "");
-    if (n < 0 || n >= (int)sizeof line) n = 0;
-    vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-    if (ddp__g.log_fn) ddp__g.log_fn(level, line, ddp__g.log_user);
-    else ddp__eprint_line("%s", line);
+    if (n < 0 || (size_t)n >= sizeof line - label) n = 0;
+    vsnprintf(line + label + (size_t)n, sizeof line - label - (size_t)n, fmt, ap);
+    if (ddp__g.log_fn) ddp__g.log_fn(level, line, ddp__g.log_user); /* a sink always gets the label */
+    else ddp__eprint_line("%s", ddp__relayed() ? line + label : line);
 }
 
 DDP__DEF void ddp_log(ddp_log_level level, const char* fmt, ...) {
@@ -1215,11 +1276,12 @@ DDP__DEF void ddp_clear_error(void) {
 }
 
 DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* file, int line) {
-    ddp__eprint_line("[rank %d/%d] error: %s failed (%s:%d)", ddp__g.rank, ddp__g.world, call_text, file, line);
-    ddp__eprint_line("[rank %d/%d]   %s: %s", ddp__g.rank, ddp__g.world, ddp_status_name(s),
+    char label[48] = "";
+    if (!ddp__relayed()) ddp__label(label, sizeof label);
+    ddp__eprint_line("%serror: %s failed (%s:%d)", label, call_text, file, line);
+    ddp__eprint_line("%s  %s: %s", label, ddp_status_name(s),
                      ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
-    ddp__eprint_line("[rank %d/%d]   fix: %s", ddp__g.rank, ddp__g.world,
-                     ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
+    ddp__eprint_line("%s  fix: %s", label, ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
     exit(1);
 }
 
@@ -1329,11 +1391,15 @@ DDP__DEF ddp_rng ddp_rng_seed(uint64_t seed) {
     r.state = seed;
     return r;
 }
-DDP__DEF uint64_t ddp_rng_next(ddp_rng* r) {
-    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull); /* splitmix64 (Steele, Lea, Flood 2014) */
+/* splitmix64's output function: a bijection of 64-bit words under which nearby inputs land far
+   apart, so it also serves to derive unrelated seeds from related ones (ddp__param_new). */
+DDP__PRIVATE uint64_t ddp__mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+DDP__DEF uint64_t ddp_rng_next(ddp_rng* r) {
+    return ddp__mix64(r->state += 0x9E3779B97F4A7C15ull); /* splitmix64 (Steele, Lea, Flood 2014) */
 }
 DDP__DEF float ddp_rng_uniform(ddp_rng* r) {
     return (float)(ddp_rng_next(r) >> 40) * (1.0f / 16777216.0f); /* 24 random mantissa bits */
@@ -2400,7 +2466,8 @@ struct ddp_model {
     int* labels;            /* device copy of the batch's labels */
     float* targets;         /* device copy of the batch's regression targets */
     int capacity, max_width, batch;
-    int have_output, have_loss;
+    int have_output;
+    int have_loss;          /* 0: no loss since forward, 1: a loss to backpropagate, 2: backward used it */
     ddp_post_backward_fn post_backward;
     void* post_backward_user;
     int local_backwards;  /* backward passes added into p->grad under ddp_no_sync since the last
@@ -2482,9 +2549,12 @@ DDP__PRIVATE ddp_status ddp__param_new(ddp_model* m, const char* name, int ndim,
         DDP_FREE(p);
         return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating parameter %s failed", name);
     }
-    /* Each parameter draws from its own stream, seeded by (model seed, parameter index), on the
-       host: the weights do not depend on the device or on how many layers follow. */
-    r = ddp_rng_seed(m->seed * 0x100000001B3ull + (uint64_t)p->index * 0x9E3779B97F4A7C15ull + 1);
+    /* Each parameter draws from its own stream, on the host: the weights do not depend on the
+       device or on how many layers follow. The stream's start is a hash of (model seed, parameter
+       index). Not an affine function of the index: splitmix64's state advances by 0x9E37...7C15
+       per draw, so a start of seed + index * 0x9E37...7C15 made parameter i's values parameter 0's
+       shifted by i draws (fc1.bias was fc1.weight's values 1..64). */
+    r = ddp_rng_seed(ddp__mix64(ddp__mix64(m->seed ^ 0x6A09E667F3BCC909ull) ^ (uint64_t)p->index));
     for (i = 0; i < p->count; i++) host[i] = (2.f * ddp_rng_uniform(&r) - 1.f) * bound;
     s = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->data);
     if (s == DDP_OK) s = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->grad);
@@ -2862,8 +2932,12 @@ DDP__PRIVATE ddp_status ddp__bias_grad(ddp_model* m, const float* g, ddp_param* 
 DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
     int i, B = m->batch;
     float *g = m->grad_a, *gnext = m->grad_b, *t;
-    if (!m->have_loss) return ddp__fail(DDP_ERR_STATE, "backward needs forward and a loss first");
-    m->have_loss = 0; /* one backward per loss, as autograd frees the graph after backward */
+    if (m->have_loss == 2)
+        return ddp__fail(DDP_ERR_STATE, "backward already ran for this loss, and a second one would add its gradients "
+                         "again: compute the loss again (or run forward and the loss on the next batch) before the next "
+                         "ddp_model_backward (in PyTorch, a second loss.backward() fails the same way)");
+    if (m->have_loss != 1) return ddp__fail(DDP_ERR_STATE, "backward needs forward and a loss first");
+    m->have_loss = 2; /* one backward per loss, as autograd frees the graph after backward */
     for (i = m->nlayers - 1; i >= 0; i--) {
         const ddp__layer* L = &m->layers[i];
         long long n = (long long)B * L->in;
@@ -4368,6 +4442,80 @@ static void ddp__usr1_setup(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
 }
+/* What ddp_init is waiting for, said when a SIGTERM or SIGINT stops it there (ddprun stops a job
+   whose ranks never all came with SIGTERM; ^C sends SIGINT): otherwise a rank killed during a
+   long rendezvous dies without a word. The text is formatted beforehand, into the buffer the
+   handler is not reading, because a handler may only write(). Installed only for signals that
+   still have their default action (a program's own handler is left alone), from the start of
+   ddp_init to its end. */
+static char ddp__waiting[2][640];
+static volatile sig_atomic_t ddp__waiting_at = -1; /* the buffer to print, -1: nothing */
+static const int ddp__wait_sigs[2] = {SIGTERM, SIGINT};
+static struct sigaction ddp__wait_old[2];
+static int ddp__wait_mine[2]; /* 1: our handler is installed for that signal */
+static pthread_mutex_t ddp__wait_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ddp__wait_on_signal(int sig, siginfo_t* info, void* ctx) {
+    int saved = errno, i, at = ddp__waiting_at;
+    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    if (at == 0 || at == 1) {
+        const char* t = ddp__waiting[at];
+        const char* cut = strchr(t, '\t'); /* the text is "LABELddp_init got \tSIGNAL while ...\n" */
+        ssize_t k = cut ? write(2, t, (size_t)(cut - t)) : 0;
+        k = write(2, name, strlen(name));
+        k = write(2, cut ? cut + 1 : t, strlen(cut ? cut + 1 : t));
+        (void)k;
+    }
+    for (i = 0; i < 2 && ddp__wait_sigs[i] != sig; i++) {}
+    if (i < 2) { /* then what the signal would have done: its default action */
+        sigaction(sig, &ddp__wait_old[i], NULL);
+        raise(sig); /* blocked while this runs: acted on when it returns */
+    }
+    (void)info, (void)ctx;
+    errno = saved;
+}
+
+/* Say (for a signal to print) what ddp_init waits for now: printf-style, one line. */
+DDP__PRIVATE void ddp__wait_note(const char* fmt, ...) DDP__PRINTF(1, 2);
+DDP__PRIVATE void ddp__wait_note(const char* fmt, ...) {
+    int next = ddp__waiting_at == 0 ? 1 : 0;
+    char label[48] = "";
+    size_t n;
+    va_list ap;
+    if (!ddp__relayed()) ddp__label(label, sizeof label);
+    n = (size_t)snprintf(ddp__waiting[next], sizeof ddp__waiting[next], "%sddp_init got \t while ", label);
+    if (n >= sizeof ddp__waiting[next]) n = 0;
+    va_start(ap, fmt);
+    vsnprintf(ddp__waiting[next] + n, sizeof ddp__waiting[next] - n - 1, fmt, ap);
+    va_end(ap);
+    strcat(ddp__waiting[next], "\n");
+    ddp__waiting_at = next;
+}
+
+DDP__PRIVATE void ddp__wait_watch(int on) {
+    int i;
+    pthread_mutex_lock(&ddp__wait_lock);
+    for (i = 0; i < 2; i++) {
+        struct sigaction cur, sa;
+        if (on && !ddp__wait_mine[i] && sigaction(ddp__wait_sigs[i], NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) &&
+            cur.sa_handler == SIG_DFL) {
+            memset(&sa, 0, sizeof sa);
+            sa.sa_sigaction = ddp__wait_on_signal;
+            sa.sa_flags = SA_SIGINFO;
+            sigemptyset(&sa.sa_mask);
+            if (sigaction(ddp__wait_sigs[i], &sa, &ddp__wait_old[i]) == 0) ddp__wait_mine[i] = 1;
+        } else if (!on && ddp__wait_mine[i]) {
+            /* only while ours is still the handler (the shared-memory guard may sit on top of it and
+               puts ours back when it is done; then ours stays, and with nothing noted only dies) */
+            if (sigaction(ddp__wait_sigs[i], NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) &&
+                cur.sa_sigaction == ddp__wait_on_signal)
+                sigaction(ddp__wait_sigs[i], &ddp__wait_old[i], NULL), ddp__wait_mine[i] = 0;
+        }
+    }
+    if (!on) ddp__waiting_at = -1;
+    pthread_mutex_unlock(&ddp__wait_lock);
+}
+
 DDP__PRIVATE const char* ddp__op_name(ddp_reduce_op op) {
     return op == DDP_SUM ? "sum" : op == DDP_AVG ? "avg" : op == DDP_MAX ? "max" : "?";
 }
@@ -6447,6 +6595,7 @@ DDP__PRIVATE ddp_status ddp__mpi_join(const ddp_desc* d, ddp_pg* pg) {
     e->source = "mpi";
     ddp__g.rank = e->rank; /* from now on log lines read "[rank R/W]" */
     ddp__g.world = e->world_size;
+    ddp__g.placed = 1;
     DDP__TRY(ddp__mpi_check_env(d, e));
     /* our own communicator, duplicated without blocking: a rank that never calls ddp_init costs
        a timeout, not a hang */
@@ -6699,16 +6848,71 @@ DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* valu
     return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
 }
 
+/* The ranks 0..n-1 whose flag equals `want`, compactly ("0-3, 7, 9-12"), cut short with "..." when
+   they do not fit in out. Returns how many there are. */
+DDP__PRIVATE int ddp__rank_list(const unsigned char* flags, int n, int want, char* out, size_t cap) {
+    int i = 0, count = 0;
+    size_t len = 0;
+    out[0] = 0;
+    while (i < n) {
+        int j = i;
+        if ((flags[i] != 0) != (want != 0)) { i++; continue; }
+        while (j + 1 < n && (flags[j + 1] != 0) == (want != 0)) j++;
+        count += j - i + 1;
+        if (len + 32 < cap) {
+            int k = j == i ? snprintf(out + len, cap - len, "%s%d", len ? ", " : "", i)
+                           : snprintf(out + len, cap - len, "%s%d-%d", len ? ", " : "", i, j);
+            len += k > 0 ? (size_t)k : 0;
+        } else if (len + 5 < cap && strcmp(out + len - 3, "...") != 0) {
+            len += (size_t)snprintf(out + len, cap - len, ", ...");
+        }
+        i = j + 1;
+    }
+    return count;
+}
+
+/* While ranks are missing from the rendezvous: which have joined (published their world size)
+   and which are awaited. Rank 0, which hosts the store, says so every few seconds (as torchrun's
+   rendezvous does), so that a WORLD_SIZE larger than the processes started is not 300 s of
+   silence; every rank notes it for a SIGTERM to print. */
+DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say) {
+    unsigned char* joined = (unsigned char*)ddp__calloc((size_t)pg->world);
+    char have[160], missing[160], key[64];
+    int i, nj, nm, present = 0;
+    if (!joined) return;
+    for (i = 0; i < pg->world; i++) {
+        const char* k[1];
+        snprintf(key, sizeof key, "ddp/world/%d", i);
+        k[0] = key;
+        if (ddp__store_check(pg->store, k, 1, &present) != DDP_OK) break;
+        joined[i] = (unsigned char)(present != 0);
+    }
+    if (i == pg->world) {
+        nj = ddp__rank_list(joined, pg->world, 1, have, sizeof have);
+        nm = ddp__rank_list(joined, pg->world, 0, missing, sizeof missing);
+        ddp__wait_note("waiting for rank%s %s to join the job: %d of %d (WORLD_SIZE) had joined after %.0f s (rank%s %s)",
+                       nm == 1 ? "" : "s", missing, nj, pg->world, ddp__now() - started, nj == 1 ? "" : "s", have);
+        if (say)
+            ddp_log(DDP_LOG_WARN, "waiting for rank%s %s to join the job: %d of %d ranks (WORLD_SIZE=%d) have joined "
+                    "after %.0f s (rank%s %s). Start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+                    "or fix WORLD_SIZE if fewer processes belong to the job; DDP_TIMEOUT ends the wait after %.0f s",
+                    nm == 1 ? "" : "s", missing, nj, pg->world, pg->world, ddp__now() - started, nj == 1 ? "" : "s",
+                    have, pg->timeout);
+    }
+    DDP_FREE(joined);
+}
+
 /* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
    disagreement publishes it under ddp/abort so that the others fail at once with the same
    explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
    for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
+#define DDP__JOIN_REPORT_S 5.0 /* seconds between rank 0's first reports of who is missing */
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
     char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
     const char* abort_key[1] = {"ddp/abort"};
     const char* launch = getenv("DDP_LAUNCH_ID");
     int i, present, taken = 0;
-    double deadline = ddp__now() + pg->timeout;
+    double started = ddp__now(), deadline = started + pg->timeout, report = started + DDP__JOIN_REPORT_S;
     gethostname(host, sizeof host - 1);
     /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
        launch that started that node's first rank, or two launches given one MASTER_PORT and one
@@ -6740,6 +6944,7 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
         size_t n = 0;
         snprintf(key, sizeof key, "ddp/world/%d", i);
         k[0] = key;
+        ddp__wait_note("waiting for rank %d to join the job (WORLD_SIZE=%d)", i, pg->world);
         for (;;) {
             DDP__TRY(ddp__store_check(pg->store, abort_key, 1, &present));
             if (present) {
@@ -6752,6 +6957,10 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
             if (ddp__now() >= deadline)
                 return ddp__fail(DDP_ERR_TIMEOUT, "rank %d never joined within %.0f s (this rank expects WORLD_SIZE=%d): "
                                  "start all %d processes, or fix WORLD_SIZE", i, pg->timeout, pg->world, pg->world);
+            if (ddp__now() >= report) { /* every 5 s, and every 30 s after the first half minute */
+                ddp__join_progress(pg, started, pg->rank == 0);
+                report = ddp__now() + (ddp__now() - started < 30 ? DDP__JOIN_REPORT_S : 6 * DDP__JOIN_REPORT_S);
+            }
             ddp__sleep(0.02);
         }
         memset(theirs, 0, sizeof theirs);
@@ -7000,6 +7209,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (d.log) ddp_set_log(d.log, d.log_user);
     pg = (ddp_pg*)ddp__calloc(sizeof *pg);
     if (!pg) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a process group failed");
+    ddp__wait_watch(1); /* a SIGTERM or SIGINT from here to the end says what init waited for */
     pg->left_fd = pg->right_fd = -1;
     pthread_mutex_init(&pg->lock, NULL);
     pthread_cond_init(&pg->cond, NULL);
@@ -7055,6 +7265,8 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     sd.is_server = pg->rank == 0;
     sd.timeout_s = pg->timeout;
     sd.token = d.token;
+    if (pg->rank == 0) ddp__wait_note("starting the rendezvous store on port %d", sd.port);
+    else ddp__wait_note("connecting to the rendezvous store at %s:%d, which rank 0 hosts", sd.host, sd.port);
     s = pg->store ? DDP_OK : ddp_store_create(&sd, &pg->store); /* the mpi backend made it already */
     if (s == DDP_OK) s = ddp__agree(pg);
     if (s == DDP_OK && want.type == DDP_DEVICE_AUTO) s = ddp__own_gpu(pg, want, &pg->device);
@@ -7070,6 +7282,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     else
 #endif
         pg->vt = &ddp__cpu_backend;
+    ddp__wait_note("connecting to the other ranks (backend %s)", pg->vt->name);
     s = pg->vt->connect(pg);
     if (s != DDP_OK) goto fail;
     if (pg->vt == &ddp__cpu_backend) {
@@ -7089,6 +7302,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     }
 #endif
     /* Nobody leaves init before everyone has read what it needs from the store. */
+    ddp__wait_note("waiting for every rank to finish ddp_init");
     s = ddp_store_barrier(pg->store, "init", pg->world);
     if (s != DDP_OK) goto fail;
     pg->joined = 1;
@@ -7103,6 +7317,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
                 host, pg->vt->name, ddp_device_name(pg->device, devname, sizeof devname), pg->env.master_addr,
                 pg->env.master_port, pg->env.source);
     }
+    ddp__wait_watch(0);
     *out = pg;
     return DDP_OK;
 fail:
@@ -7114,6 +7329,7 @@ fail:
         ddp__fail(s, "%s", msg);
         ddp__err_fix = fix;
     }
+    ddp__wait_watch(0);
     return s;
 }
 
@@ -7714,7 +7930,8 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
     int i, k;
     ddp_status s = DDP_OK;
     if (!w->sync) { /* no_sync: the gradients stay this rank's own until a synchronised backward */
-        m->local_backwards++;
+        /* With one rank there is no other replica to drift from: nothing to warn about later. */
+        if (ddp_world_size(w->pg) > 1) m->local_backwards++;
         return DDP_OK;
     }
     if (w->broken) return ddp__fail(w->broken, "%s", w->err);
@@ -7854,16 +8071,31 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
     }
     snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
     DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
+    /* Every rank reads every verdict (the first one given, in rank order, is the one all report),
+       even after finding one: returning at the first would let rank 0 fail, and its program exit
+       with the store, while a slower rank still waits for a verdict, which would then see the
+       store vanish instead of the mismatch. */
+    verdict[0] = 0;
     for (i = 0; i < W; i++) {
         char theirs[512];
         memset(theirs, 0, sizeof theirs);
         snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, i);
         DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
-        if (theirs[0])
-            return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the "
-                             "same model", theirs);
+        if (theirs[0] && !verdict[0]) snprintf(verdict, sizeof verdict, "%s", theirs);
     }
-    return DDP_OK;
+    if (!verdict[0]) return DDP_OK;
+    /* A mismatch ends the job. Rank 0 holds the store until every rank has read its verdicts
+       (each says so with one add, whose answer it has when the count is complete). */
+    snprintf(key, sizeof key, "ddp/wrap/%d/told", gen);
+    {
+        int64_t told = 0;
+        double deadline = ddp__now() + w->pg->timeout;
+        if (ddp_store_add(st, key, 1, &told) == DDP_OK)
+            while (me == 0 && told < W && ddp__now() < deadline && ddp_store_add(st, key, 0, &told) == DDP_OK)
+                ddp__sleep(0.002);
+    }
+    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the same "
+                     "model", verdict);
 }
 
 DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out) {
@@ -8108,8 +8340,24 @@ DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
     }
     ddp__sampler_fill(s, l->order, l->order);
     l->count = s->num_samples;
-    l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
-    l->resume_pos = 0;
+    l->pos = 0;
+    /* A snapshot's position belongs to the epoch it was taken in. A program that resumes at the
+       next epoch (it saved after an epoch's last batch, with the next epoch as its counter) starts
+       that epoch at its first batch; only a position in the middle of its epoch is then lost, and
+       said so. */
+    if (l->resume == 1 && s->epoch != l->resume_epoch) {
+        if (l->resume_pos > 0 && l->resume_pos < l->count &&
+            !(l->drop_last && l->count - l->resume_pos < l->batch_size))
+            ddp_log(DDP_LOG_WARN, "ddp_loader_start: the snapshot was taken %d samples into epoch %d (of %d on this "
+                    "rank), but the sampler is at epoch %d: epoch %d starts at its first batch, and the last %d samples "
+                    "of epoch %d are skipped. A snapshot taken inside the batch loop names the epoch it is in "
+                    "(snap.epoch = epoch); one taken after the loop names the next", l->resume_pos, l->resume_epoch,
+                    l->count, s->epoch, s->epoch, l->count - l->resume_pos, l->resume_epoch);
+    } else if (l->resume) {
+        l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
+    }
+    l->resume = 0, l->resume_pos = 0;
+    l->epoch = s->epoch;
     /* PyTorch's most common sampler slip: no set_epoch, so every epoch draws the same order (the
        order is a function of the seed and the epoch). A resumed epoch (ddp_snapshot_load) starts
        afresh. */
@@ -8339,9 +8587,13 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
                       "\"sampler_shuffle\":\"%d\",\"sampler_drop_last\":\"%d\",\"sampler_epoch\":\"%d\"",
                   s->sampler->n, s->sampler->num_replicas, (unsigned long long)s->sampler->seed,
                   s->sampler->shuffle, s->sampler->drop_last, s->sampler->epoch);
-    /* a position loaded but not yet used (no ddp_loader_start since) is still the position */
-    if (s->loader)
-        ddp__putf(&b, ",\"loader_position\":\"%d\"", s->loader->resume_pos ? s->loader->resume_pos : s->loader->pos);
+    /* A position loaded but not yet used (no ddp_loader_start since) is still the position. The
+       epoch it belongs to goes with it: a resumed loader starts at the position only in that epoch. */
+    if (s->loader) {
+        const ddp_loader* l = s->loader;
+        ddp__putf(&b, ",\"loader_position\":\"%d\",\"loader_epoch\":\"%d\"", l->resume ? l->resume_pos : l->pos,
+                  l->resume == 1 ? l->resume_epoch : l->resume && s->sampler ? s->sampler->epoch : l->epoch);
+    }
     if (s->rng) ddp__putf(&b, ",\"rng\":\"%016llx\"", (unsigned long long)s->rng->state);
     ddp__putf(&b, ",\"checksum\":\"");
     cs_at = b.n;
@@ -8620,7 +8872,8 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     float* data;
     const ddp_param* p;
     const char* v;
-    long long epoch = 0, step = 0, osteps = 0, pos = 0, x;
+    long long epoch = 0, step = 0, osteps = 0, pos = 0, x = 0, pos_epoch = 0;
+    int pos_epoch_known = 0;
     uint64_t rng = 0;
     int i, k, okind = 0;
     int match[DDP__ST_MAX_TENSORS]; /* match[i]: where the i-th tensor the struct needs is in st->t */
@@ -8704,12 +8957,26 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
                         "one is over %d (shuffle %d, drop_last %d, seed %llu): not the same data or settings",
                         path, n, shuffle, drop, v ? v : "?", sp->n, sp->shuffle, sp->drop_last,
                         (unsigned long long)sp->seed);
-        if (reps != sp->num_replicas && s->loader && ddp__st_get(st, "loader_position") &&
-            strcmp(ddp__st_get(st, "loader_position"), "0") != 0)
-            DDP__ST_BAD("%s was taken mid-epoch with %lld ranks; this job has %d, so the epoch's remaining samples "
-                        "cannot be split the same way: resume with %lld ranks", path, reps, sp->num_replicas, reps);
+        /* Each rank's share of every epoch depends on the number of ranks: a run resumed with
+           another number trains on other batches than the run that wrote the file. */
+        if (reps != sp->num_replicas)
+            DDP__ST_BAD("%s was taken by a job of %lld rank%s; this job has %d rank%s, so each rank's share of the "
+                        "data (and the training from here on) would differ from that run's. Resume with %lld rank%s, "
+                        "or leave snap.sampler and snap.loader NULL to carry on deliberately with %d (the epoch "
+                        "then starts afresh)", path, reps, reps == 1 ? "" : "s", sp->num_replicas,
+                        sp->num_replicas == 1 ? "" : "s", reps, reps == 1 ? "" : "s", sp->num_replicas);
+        pos_epoch = x, pos_epoch_known = 1;
     }
-    if (s->loader) DDP__ST_NUM("loader_position", 0, INT_MAX, &pos);
+    if (s->loader) {
+        DDP__ST_NUM("loader_position", 0, INT_MAX, &pos);
+        if (ddp__st_get(st, "loader_epoch")) { /* older files name only the sampler's epoch */
+            DDP__ST_NUM("loader_epoch", INT_MIN, INT_MAX, &pos_epoch);
+            pos_epoch_known = 1;
+        } else if (!pos_epoch_known && ddp__st_get(st, "sampler_epoch")) {
+            DDP__ST_NUM("sampler_epoch", INT_MIN, INT_MAX, &pos_epoch);
+            pos_epoch_known = 1;
+        }
+    }
     if (s->rng) {
         char* end;
         v = ddp__st_get(st, "rng");
@@ -8727,7 +8994,11 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     if (r != DDP_OK) goto done;
     if (s->optim) s->optim->steps = (long)osteps;
     if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
-    if (s->loader) s->loader->resume_pos = (int)pos, s->loader->last_epoch = 0; /* a resumed epoch is no repeat */
+    if (s->loader) {
+        ddp_loader* l = s->loader;
+        l->resume_pos = (int)pos, l->resume_epoch = (int)pos_epoch, l->resume = pos_epoch_known ? 1 : 2;
+        l->last_epoch = 0; /* a resumed epoch is no repeat */
+    }
     if (s->rng) s->rng->state = rng;
     s->epoch = (int)epoch;
     s->step = (long)step;
@@ -9012,6 +9283,7 @@ DDP__DEF ddp_status ddp_env_resolve(const ddp_desc* desc, ddp_env* out) {
     *out = e;
     ddp__g.rank = e.rank; /* from now on log lines read "[rank R/W]" */
     ddp__g.world = e.world_size;
+    ddp__g.placed = 1;
     ddp_log(DDP_LOG_INFO, "placement from %s: rank %d of %d, local rank %d of %d, node %d, master %s:%d",
             e.source, e.rank, e.world_size, e.local_rank, e.local_world_size, e.node_rank, e.master_addr,
             e.master_port);
@@ -9417,8 +9689,10 @@ DDP__PRIVATE void ddp__spawn_child(int rank, int nproc, int port, const char* to
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     ddp__ln_setenv_int("MASTER_PORT", port);
     setenv("DDP_JOB_TOKEN", token, 1);
+    unsetenv("DDP_RELAYED_RANK"); /* a spawned rank writes to the terminal directly: it keeps its label */
     ddp__g.rank = rank;
     ddp__g.world = nproc;
+    ddp__g.placed = 1;
     rc = fn(rank, arg);
     fflush(NULL);
     _exit(rc < 0 || rc > 255 ? 255 : rc); /* _exit: no atexit handlers of the parent's copy */
@@ -9732,6 +10006,7 @@ DDP__PRIVATE void ddp__ln_pump(ddp__ln_stream* st) {
 /* In the child: the job's variables, the pipes as stdout/stderr, then the program. Never returns. */
 DDP__PRIVATE void ddp__ln_exec(const ddp__ln_opts* o, const char* token, int local, int out_fd, int err_fd) {
     ddp__ln_setenv_int("RANK", o->node_rank * o->nproc + local);
+    ddp__ln_setenv_int("DDP_RELAYED_RANK", o->node_rank * o->nproc + local); /* see ddp__relayed */
     ddp__ln_setenv_int("WORLD_SIZE", o->nnodes * o->nproc);
     ddp__ln_setenv_int("LOCAL_RANK", local);
     ddp__ln_setenv_int("LOCAL_WORLD_SIZE", o->nproc);

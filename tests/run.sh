@@ -13,6 +13,7 @@ GPU_ONLY=0 FAULTS=0
 . tests/report.sh   # pass, fail, skip; ok, bad, skp, run_prog
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+SKIP_REASONS=$TMP/skip_reasons
 
 # ---- the GPU suite (make test-gpu) -----------------------------------------------------------
 if [ $GPU_ONLY = 1 ]; then
@@ -55,7 +56,7 @@ run_prog test_transport bash tests/test_transport.sh "$BUILD"
 # ---- a snapshot read in Python: struct + json + numpy, the checksum rule, every tensor exact ----
 echo "== snapshot in numpy"
 if [ ! -x /usr/bin/python3 ]; then
-    skp snapshot_read_by_numpy "/usr/bin/python3 is not installed"
+    skp snapshot_read_by_numpy "/usr/bin/python3 is not installed (apt-get install python3 python3-numpy)"
 elif ! /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1; then
     skp snapshot_read_by_numpy "numpy is not installed for /usr/bin/python3 (apt-get install python3-numpy)"
 elif ! out=$("$BUILD/tests/snapshot_dump" "$TMP/dump.safetensors" "$TMP/dump.txt" 2>&1); then
@@ -69,7 +70,7 @@ fi
 # ---- the sampler against PyTorch's DistributedSampler: exact without shuffling, the rules with it ----
 echo "== sampler against PyTorch"
 if [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
-    skp sampler_matches_pytorch "/usr/bin/python3 with torch not found"
+    skp sampler_matches_pytorch "/usr/bin/python3 with torch not found (apt-get install python3-torch)"
 elif [ ! -x "$BUILD/tests/sampler_dump" ]; then
     bad sampler_matches_pytorch "$BUILD/tests/sampler_dump is not built"
 elif out=$(/usr/bin/python3 tests/sampler_torch.py "$BUILD/tests/sampler_dump" 2>&1); then
@@ -91,7 +92,7 @@ if command -v "$FUZZ_CC" >/dev/null 2>&1 &&
 fi
 for f in snapshot store; do
     name=fuzz_${f}_short bin="$BUILD/fuzz/fuzz_$f"
-    if [ $fuzz_works = 0 ]; then skp "$name" "clang with libFuzzer not found (apt-get install clang)"; continue; fi
+    if [ $fuzz_works = 0 ]; then skp "$name" "clang with libFuzzer not found (apt-get install clang libclang-rt-14-dev)"; continue; fi
     if ! out=$(make --no-print-directory BUILD="$BUILD" FUZZ_CC="$FUZZ_CC" "$bin" 2>&1); then
         bad "$name" "building $bin failed:" "$(tail -n 5 <<<"$out")"; continue
     fi
@@ -109,7 +110,7 @@ echo "== docs"
 # The tutorial never rots: every generated diff is current, and every block of TUTORIAL.md and
 # README.md marked runnable runs as written, with the output shown where the text marks it.
 if ! command -v python3 >/dev/null 2>&1; then
-    skp docs_diffs "python3 is not installed"; skp docs_runnable_blocks "python3 is not installed"
+    skp docs_diffs "python3 is not installed (apt-get install python3)"; skp docs_runnable_blocks "python3 is not installed (apt-get install python3)"
 else
     run_prog docs_diffs python3 tools/docs.py diffs --check
     case $BUILD in
@@ -190,6 +191,17 @@ if grep -q "step 1/4 (reduce-scatter): send segment 0 \[0, 1) to rank 1" <<<"$ou
    grep -q "step 4/4 (all-gather): received segment 2 \[2, 3) from rank 2 and copied it" <<<"$out"; then
     ok ring_steps_printed_at_detail
 else bad ring_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
+# log lines carry one rank label: under ddprun its "[rank R]: " alone, even before ddp_init; by hand,
+# before ddp_init, the launcher's RANK and WORLD_SIZE (nobody listens at the port: init fails at once)
+out=$(DDP_DEBUG=INFO timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 2 "$BUILD/examples/03_multi_node" --device cpu \
+      --epochs 1 --save-every 0 2>&1)
+port=$((20000 + RANDOM % 20000))
+out1=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_TIMEOUT=1 DDP_DEBUG=INFO timeout 30 \
+       "$BUILD/examples/03_multi_node" --device cpu 2>&1)
+if grep -q '^\[rank 1\]: loaded examples/data/wine.csv' <<<"$out" && grep -q '^\[rank 1\]: placement from torchrun: rank 1 of 2' <<<"$out" &&
+   ! grep -q '^\[rank [0-9]*\]: .*\[rank [0-9]*/' <<<"$out" && grep -q '^\[rank 1/2\] loaded examples/data/wine.csv' <<<"$out1"; then
+    ok log_lines_one_rank_label
+else bad log_lines_one_rank_label "under ddprun:" "$(grep -E 'loaded|placement' <<<"$out" | head -n 4)" "by hand, RANK=1:" "$(head -n 2 <<<"$out1")"; fi
 # a rank that dies before joining: the others must not wait for it; ddprun ends promptly
 start=$(date +%s)
 out=$(DDP_TIMEOUT=60 with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 sh -c 'if [ "$RANK" = 2 ]; then exit 5; fi; exec "$0" -b 4K -e 4K' "$perf" 2>&1); rc=$?
@@ -222,14 +234,14 @@ compile_mode c99_no_cuda "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA" ""
 compile_mode c99_static "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_STATIC" ""
 HAVE_GXX=0; command -v g++ >/dev/null 2>&1 && HAVE_GXX=1
 if [ $HAVE_GXX = 1 ]; then compile_mode cxx_no_cuda g++ "-x c++ $WFLAGS -DDDP_NO_CUDA" "-x none"
-else skp compile_cxx_no_cuda "no g++ on this machine"; fi
+else skp compile_cxx_no_cuda "no g++ on this machine (apt-get install g++)"; fi
 if [ "${HAVE_CUDA:-0}" = 1 ]; then
     compile_mode c99_cuda "$CCX" "-std=c99 $WFLAGS ${CUDA_CFLAGS:-}" "${CUDA_LIBS:-}"
     if [ $HAVE_GXX = 1 ]; then compile_mode cxx_cuda g++ "-x c++ $WFLAGS ${CUDA_CFLAGS:-}" "-x none ${CUDA_LIBS:-}"
-    else skp compile_cxx_cuda "no g++ on this machine"; fi
+    else skp compile_cxx_cuda "no g++ on this machine (apt-get install g++)"; fi
 else
-    skp compile_c99_cuda "this build is CPU-only (see the make line above)"
-    skp compile_cxx_cuda "this build is CPU-only (see the make line above)"
+    skp compile_c99_cuda "this build is CPU-only: make found no CUDA toolkit (see its first line)"
+    skp compile_cxx_cuda "this build is CPU-only: make found no CUDA toolkit (see its first line)"
 fi
 # DDP_PORTABLE: the header without its Linux-only code, as macOS and the BSDs compile it
 compile_mode c99_portable "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_PORTABLE" ""
@@ -242,10 +254,10 @@ else skp compile_clang_fortify "clang is not installed (apt-get install clang)";
 if [ "${HAVE_MPI:-0}" = 1 ]; then
     compile_mode c99_mpi "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_MPI ${MPI_CFLAGS:-}" "${MPI_LIBS:-}"
     if [ $HAVE_GXX = 1 ]; then compile_mode cxx_mpi g++ "-x c++ $WFLAGS -DDDP_NO_CUDA -DDDP_MPI ${MPI_CFLAGS:-}" "-x none ${MPI_LIBS:-}"
-    else skp compile_cxx_mpi "no g++ on this machine"; fi
+    else skp compile_cxx_mpi "no g++ on this machine (apt-get install g++)"; fi
 else
-    skp compile_c99_mpi "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
-    skp compile_cxx_mpi "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+    skp compile_c99_mpi "no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
+    skp compile_cxx_mpi "no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
 fi
 
 # ---- a student's laptop: what a Mac's shell and a Windows-side clone need (make test-portable
@@ -280,19 +292,28 @@ else
 fi
 
 # ---- make install: the pkg-config line a student uses builds and runs chapter 1 --------------
+# ddp.pc is this build's flavour (CUDA when make found it), ddp-cpu.pc the CPU-only one, whose
+# program needs no CUDA library; install says how to point pkg-config at a PREFIX it does not search.
 echo "== install"
 if command -v pkg-config >/dev/null 2>&1; then
-    if out=$(make --no-print-directory install PREFIX="$TMP/prefix" BUILD="$BUILD" 2>&1) &&
-       flags=$(PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig" pkg-config --cflags --libs ddp 2>&1) &&
-       cp examples/01_single_gpu.c "$TMP/train.c" &&
-       out=$(cd "$TMP" && ${CC:-cc} train.c $flags -o train 2>&1) &&
-       out=$("$TMP/train" --device cpu --epochs 2 --save-every 0 2>&1); then
-        ok "install_pkg_config_build"
-    else
-        bad "install_pkg_config_build" "$(tail -n 5 <<<"$out")"
-    fi
+    for pc in ddp ddp-cpu; do
+        if out=$(make --no-print-directory install PREFIX="$TMP/prefix" BUILD="$BUILD" 2>&1) &&
+           { grep -qF "export PKG_CONFIG_PATH=$TMP/prefix/lib/pkgconfig" <<<"$out" ||
+             ! out="make install did not say how to point pkg-config at $TMP/prefix/lib/pkgconfig: $out"; } &&
+           flags=$(PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig" pkg-config --cflags --libs $pc 2>&1) &&
+           cp examples/01_single_gpu.c "$TMP/train.c" &&
+           out=$(cd "$TMP" && ${CC:-cc} train.c $flags -o train 2>&1) &&
+           { [ $pc = ddp ] || ! ldd "$TMP/train" | grep -E 'lib(cudart|cublas|nvrtc|nccl)' ||
+             ! out="built with ddp-cpu, the program still needs CUDA libraries: $(ldd "$TMP/train" | grep -E 'cuda|nccl|nvrtc|cublas')"; } &&
+           out=$("$TMP/train" --device cpu --epochs 2 --save-every 0 2>&1); then
+            ok "install_pkg_config_build_$pc"
+        else
+            bad "install_pkg_config_build_$pc" "$(tail -n 5 <<<"$out")"
+        fi
+    done
 else
-    skp install_pkg_config_build "pkg-config is not installed"
+    skp install_pkg_config_build_ddp "pkg-config is not installed (apt-get install pkg-config)"
+    skp install_pkg_config_build_ddp-cpu "pkg-config is not installed (apt-get install pkg-config)"
 fi
 
 # ---- the chapter-1 example, end to end ----------------------------------------------------------
@@ -345,7 +366,7 @@ ex="$BUILD/examples/01_single_gpu"
 # chapter-3 example must end where the cpu backend ended above, under the same mpirun.
 echo "== mpi backend"
 mpi_skip=
-if [ ! -x "$BUILD/tests/test_mpi" ]; then mpi_skip="no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+if [ ! -x "$BUILD/tests/test_mpi" ]; then mpi_skip="no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
 elif ! command -v mpirun >/dev/null 2>&1; then mpi_skip="Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
 elif [ "${DDP_TSAN:-0}" = 1 ]; then
     mpi_skip="Open MPI is not built with -fsanitize=thread, and TSan reports its own locking (mca_pml_ob1, mca_btl_tcp)"
@@ -395,7 +416,7 @@ for r in (0, 1):
 PY
 ); then ok trace_files_per_rank; else bad trace_files_per_rank "$out"; fi
 else
-    skp trace_files_per_rank "python3 is not installed (needed to parse the JSON)"
+    skp trace_files_per_rank "python3 is not installed, which parses the JSON (apt-get install python3)"
 fi
 
 # ---- chapter 3 across two hosts: network namespaces, and a real two-node SLURM cluster ------------
@@ -427,5 +448,21 @@ expect_error example01_bad_device "is not one of cpu, cuda" "$ex" --device tpu
 printf 'a,b,label\n1,2,0\n3,x,1\n' > "$TMP/bad.csv"
 expect_error example01_bad_csv "bad.csv:3: column 2" "$ex" --data "$TMP/bad.csv"
 
+# ---- what would turn the skips into tests ---------------------------------------------------------
+# tests/skip_hints.sh reads every skip's reason and prints the packages that cure them (a check on
+# made-up reasons first: the line must name exactly their packages).
+printf '%s\n' "no mpicc (apt-get install libopenmpi-dev)" "no GPU: no driver" "x (apt-get install --no-install-recommends slurmd munge)" \
+    "needs root" "numpy is missing (apt-get install python3-numpy)" "(apt-get install no-such-package)" >"$TMP/hints_fixture"
+out=$(bash tests/skip_hints.sh "$TMP/hints_fixture" 6 2>&1); rc=$?
+if [ $rc = 1 ] && [ "$out" = "skipped cases: apt-get install libopenmpi-dev munge no-such-package python3-numpy slurmd would turn 4 of the 6 into tests (as .ci/run installs them); 1 need a GPU or the CUDA toolkit, 1 need root
+skip reasons name packages that .ci/run does not install: no-such-package" ]; then ok skip_hints_line
+else bad skip_hints_line "exit status $rc (want 1: a package .ci/run lacks), printed:" "$out"; fi
+if [ -s "$TMP/skip_reasons" ]; then
+    if ! out=$(bash tests/skip_hints.sh "$TMP/skip_reasons" "$skip"); then
+        bad skip_hints_name_ci_packages "$(tail -n 1 <<<"$out")"
+        out=$(head -n 1 <<<"$out")
+    fi
+    echo "$out"
+fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]

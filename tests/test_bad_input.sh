@@ -241,7 +241,7 @@ if [ $HAVE_PY = 1 ]; then
     fi
     stop "$LST"
 else
-    skp port_held_by_other_program "python3 is not installed (it plays the other program)"
+    skp port_held_by_other_program "python3 is not installed, and it plays the other program (apt-get install python3)"
 fi
 
 # ---- rank 1 pointed at a port another program holds: one that answers in its own protocol, one ----
@@ -265,8 +265,8 @@ if [ $HAVE_PY = 1 ]; then
         bad port_held_by_silent_program "the python listener never started: $(cat "$TMP/listener.silent.err")"
     fi
 else
-    skp port_held_by_other_protocol "python3 is not installed (it plays the other program)"
-    skp port_held_by_silent_program "python3 is not installed (it plays the other program)"
+    skp port_held_by_other_protocol "python3 is not installed, and it plays the other program (apt-get install python3)"
+    skp port_held_by_silent_program "python3 is not installed, and it plays the other program (apt-get install python3)"
 fi
 
 # ---- 7: two jobs on one port: job B's rank 0 finds job A's store there --------------------------------
@@ -330,8 +330,8 @@ if [ $HAVE_PY = 1 ]; then
     fi
     stop "$LST"
 else
-    skp protocol_version_mismatch "python3 is not installed (it plays the client of another version)"
-    skp protocol_version_mismatch_seen_by_rank "python3 is not installed (it plays the store of another version)"
+    skp protocol_version_mismatch "python3 is not installed, and it plays the client of another version (apt-get install python3)"
+    skp protocol_version_mismatch_seen_by_rank "python3 is not installed, and it plays the store of another version (apt-get install python3)"
 fi
 
 # ---- 10: the ranks disagree about the world size ------------------------------------------------

@@ -99,7 +99,7 @@ done
 
 # ---- the mpi backend with GPU buffers (staged through host memory) -------------------------------------
 echo "== mpi backend on fake GPUs"
-if [ ! -x "$FG/tests/test_mpi" ]; then skp mpi_backend_gpu_buffers "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+if [ ! -x "$FG/tests/test_mpi" ]; then skp mpi_backend_gpu_buffers "no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
 elif ! command -v mpirun >/dev/null 2>&1; then skp mpi_backend_gpu_buffers "Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
 else
     for np in 2 4; do
@@ -206,7 +206,7 @@ else bad failed_send_closes_its_group "$(grep -E 'ERR|group still open' <<<"$out
 
 # ---- make bench-gpu's code path, run to the end (its figures mean nothing on the stand-in) ------------------
 echo "== bench-gpu on the stand-in"
-if ! command -v python3 >/dev/null 2>&1; then skp bench_gpu_code_path "python3 is not installed (bench/run.py needs it)"
+if ! command -v python3 >/dev/null 2>&1; then skp bench_gpu_code_path "python3 is not installed, which bench/run.py needs (apt-get install python3)"
 else
     out=$(BENCH_FAKEGPU=1 BENCH_HAVE_CUDA=1 BENCH_STEPS=1 BENCH_WARMUP=1 BENCH_STEP_ROUNDS=1 with_timeout 600 \
           python3 bench/run.py --gpu "$BUILD" 2>&1); rc=$?

@@ -24,9 +24,12 @@ Markers, each on its own line in the Markdown:
       except the `...` lines that mark cuts, must appear in the real output, in that order (a
       process id, "pid 1234", matches any other). With rtol=R a number in a line matches a number
       within R of it, relatively: for figures whose last digits depend on the CPU (OpenBLAS picks
-      its matrix kernels by the instruction set, and they round differently). Several output
-      blocks after one run block are alternatives: the real output must match one of them (a
-      CPU-only build and a CUDA build on a machine without a GPU print different errors).
+      its matrix kernels by the instruction set, and they round differently).
+  <!-- output or -->, with the same options
+      another output block for the same run: the real output must match one of them (a plain
+      output block right after another is read the same way). For what differs by build (a
+      program built without the CUDA toolkit says so where one built with it says that the
+      machine has no GPU); the text between the blocks says which is which.
 
 Standard library only: this runs on a student's laptop too. Each block is one case of the test
 suite: "ok   NAME", "FAIL NAME" (and indented details) or "skip NAME: reason".
@@ -45,9 +48,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIFF_OPEN = re.compile(r"^<!-- diff (\S+) (\S+)(?: max=(\d+))? -->$")
 DIFF_CLOSE = "<!-- /diff -->"
 RUN = re.compile(r"^<!-- run((?: fails| root| timeout=\d+| needs=\S+)*) -->$")
-OUTPUT = re.compile(r"^<!-- output(?: rtol=([0-9.eE+-]+))? -->$")
+OUTPUT = re.compile(r"^<!-- output( or)?(?: rtol=([0-9.eE+-]+))? -->$")
 NUMBER = re.compile(r"-?\d+\.\d+(?:[eE][+-]?\d+)?")
 CHAPTER = re.compile(r"^## Chapter (\d+)\b")
+# The Debian package (as .ci/run installs it) of a program a block needs, for the skip's reason.
+PACKAGE = {"mpirun": "openmpi-bin", "ip": "iproute2", "sudo": "sudo", "gnuplot": "gnuplot-nox"}
 
 
 def header_end(lines):
@@ -124,7 +129,8 @@ def diffs(check):
 
 def blocks(path):
     """The runnable blocks of a Markdown file: [line, options, text, [(expected output, rtol)...],
-    chapter] (chapter: the number of the "## Chapter N" heading above, else None)."""
+    chapter] (chapter: the number of the "## Chapter N" heading above, else None). Several output
+    blocks are alternatives, one of which must match."""
     lines = open(path).read().split("\n")
     found, i, chapter = [], 0, None
 
@@ -148,7 +154,10 @@ def blocks(path):
         elif OUTPUT.match(lines[i].strip()):
             if not found:
                 raise SystemExit("%s:%d: an output marker with no run block before it" % (path, i + 1))
-            rtol = float(OUTPUT.match(lines[i].strip()).group(1) or 0)
+            m = OUTPUT.match(lines[i].strip())
+            if m.group(1) and not found[-1][3]:
+                raise SystemExit("%s:%d: an \"output or\" marker with no output block before it" % (path, i + 1))
+            rtol = float(m.group(2) or 0)
             expected, i = fence(i + 1)
             found[-1][3].append((expected, rtol))
         else:
@@ -216,13 +225,17 @@ def run(build, files, chapters=None, no_root=None):
                     print("skip %s: %s" % (name, no_root))
                     continue
                 if "root" in opts and not can_netns:
-                    print("skip %s: needs sudo and network namespaces (Linux, ip from iproute2, root)" % name)
+                    missing = [p for p in ("sudo", "ip") if not shutil.which(p)]
+                    print("skip %s: needs root, sudo and network namespaces (Linux)%s" % (name, (
+                        ": apt-get install " + " ".join(PACKAGE.get(p, p) for p in missing)) if missing else
+                        "" if os.geteuid() == 0 else ": this user is not root"))
                     continue
                 need = [o[6:] for o in opts if o.startswith("needs=") and not (
                     os.access(os.path.join(where, o[6:]), os.X_OK) if "/" in o[6:] else shutil.which(o[6:]))]
                 if need:
                     print("skip %s: %s is not %s" % (name, need[0], "built (make found no CUDA toolkit)"
-                                                     if need[0].startswith("build/fakegpu/") else "installed"))
+                                                     if need[0].startswith("build/fakegpu/") else
+                                                     "installed (apt-get install %s)" % PACKAGE.get(need[0], need[0])))
                     continue
                 if "numpy" in text and not have_numpy:
                     print("skip %s: python3 with numpy is not installed (apt-get install python3-numpy)" % name)
