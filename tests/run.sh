@@ -193,10 +193,10 @@ if grep -q "step 1/4 (reduce-scatter): send segment 0 \[0, 1) to rank 1" <<<"$ou
 else bad ring_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
 # log lines carry one rank label: under ddprun its "[rank R]: " alone, even before ddp_init; by hand,
 # before ddp_init, the launcher's RANK and WORLD_SIZE (nobody listens at the port: init fails at once)
-out=$(DDP_DEBUG=INFO timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 2 "$BUILD/examples/03_multi_node" --device cpu \
+out=$(DDP_DEBUG=INFO with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 2 "$BUILD/examples/03_multi_node" --device cpu \
       --epochs 1 --save-every 0 2>&1)
 port=$((20000 + RANDOM % 20000))
-out1=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_TIMEOUT=1 DDP_DEBUG=INFO timeout 30 \
+out1=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_TIMEOUT=1 DDP_DEBUG=INFO with_timeout 30 \
        "$BUILD/examples/03_multi_node" --device cpu 2>&1)
 if grep -q '^\[rank 1\]: loaded examples/data/wine.csv' <<<"$out" && grep -q '^\[rank 1\]: placement from torchrun: rank 1 of 2' <<<"$out" &&
    ! grep -q '^\[rank [0-9]*\]: .*\[rank [0-9]*/' <<<"$out" && grep -q '^\[rank 1/2\] loaded examples/data/wine.csv' <<<"$out1"; then

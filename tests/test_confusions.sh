@@ -423,7 +423,7 @@ run_bg wait_rank0 60 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P_WA
 run_bg wait_rank1 60 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P_WAIT -- "$C" eval; W1=$BG
 T0=$(now)
 wait_line "$TMP/wait_rank0.err" 20 "waiting for rank 2 to join the job:"
-kill -TERM $W0 $W1 2>/dev/null
+kill -TERM "$(prog_pid wait_rank0)" "$(prog_pid wait_rank1)" 2>/dev/null   # the programs, not their deadline keepers
 wait $W0; RC=$?
 wait $W1; RC1=$?
 T1=$(now)
