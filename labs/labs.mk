@@ -15,7 +15,7 @@ $(BUILD)/labs/ddp.o: labs/ddp_impl.c ddp.h
 	$(CC) $(WARN) $(CFLAGS) -DDDP_NO_CUDA -I. -c labs/ddp_impl.c -o $@
 
 $(LAB_TARGETS): lab-%: $(BUILD)/labs/ddp.o
-	@BUILD="$(BUILD)" CC="$(CC)" CFLAGS="$(CFLAGS)" LDFLAGS="$(LDFLAGS)" WARN="$(WARN)" SOLUTION="$(SOLUTION)" \
+	@BUILD="$(BUILD)" CC="$(CC)" CFLAGS="$(CFLAGS)" LDFLAGS="$(LDFLAGS)" WARN="$(WARN)" SOLUTION="$(SOLUTION)" WRONG="$(WRONG)" \
 	 bash labs/run_lab.sh $* $(LAB_FILE)
 
 lab-handout:
