@@ -28,12 +28,11 @@
    THE TRAP (rule 7). send() returns only once its message is in the link, and the link holds
    `window` floats. If every rank first sends a chunk larger than the window and only then
    receives, every send waits for a receiver that is itself stuck in its own send: a deadlock,
-   and the tests will say so within a second, naming what each rank waits for. Two ways out,
-   both used by real libraries: cut what you send into pieces that fit and alternate sending and
-   receiving, or make the ranks not all send first. Pick one and be ready to say why it cannot
-   deadlock.
+   and the tests will say so within a second, naming what each rank waits for. Find an order of
+   sends and receives that cannot deadlock, whatever the window, and be ready to say why it
+   cannot (real libraries know two).
 
-   PART 2 (lab_ring_all_reduce_pipelined, below). Real rings (NCCL's, ddp.h's) cut every chunk
+   PART 2 (lab_ring_all_reduce_pipelined, below). Real rings (NCCL's, for one) cut every chunk
    into pieces and keep the link busy: while a rank adds piece p that it just received, piece
    p+1 of what it sends is already on the wire. Here the link holds 2 * piece floats: room for
    two pieces, a double buffer. Rules 1-3, 5 and 7 as above, and:

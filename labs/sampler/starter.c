@@ -28,7 +28,7 @@
    longer pair up and the job hangs.
 
    Edge cases the tests try: n = 0, R = 1, n < R (with and without drop_last), n a multiple of R,
-   and then thousands of settings against ddp.h's own sampler (40 more from the seed, LAB_SEED).
+   and then thousands of settings against a reference (40 more from the seed, LAB_SEED).
    Stuck? labs/sampler/HINTS.md. Then answer labs/sampler/QUESTIONS.md. */
 #include "sampler.h"
 
