@@ -21,6 +21,8 @@
 
     Other files include "ddp.h" without the define. Build with the flags of the installed
     pkg-config file:   cc train.c $(pkg-config --cflags --libs ddp)
+    (ddp-cpu instead of ddp: the CPU-only flavour, which links no CUDA library; make install
+    PREFIX=DIR with a DIR pkg-config does not search needs PKG_CONFIG_PATH=DIR/lib/pkgconfig)
     or by hand, CPU only:   cc -DDDP_NO_CUDA train.c -lpthread -lm
     or with CUDA:           cc train.c -I$CUDA_HOME/include -L$CUDA_HOME/lib64 \
                                -lcublas -lnvrtc -lnccl -lcudart -lpthread -lm
@@ -80,6 +82,9 @@
     DDP_CBLAS            Linear layers on the CPU call cblas_sgemm (link a CBLAS such as
                          OpenBLAS: -lopenblas); otherwise a cache-blocked loop of our own.
     DDP_STATIC           make every function static (for a private copy in one file).
+    DDP_PORTABLE         leave out the Linux-only code on Linux too (futexes, /dev/shm, /proc, core
+                         binding, PR_SET_PDEATHSIG): the plain POSIX paths that macOS and the BSDs
+                         take, so that Linux can run and test them (make test-portable).
     DDP_MALLOC(n), DDP_FREE(p)
                          host allocator; define both or neither.
     DDP_ASSERT(c)        internal consistency checks (default: assert from <assert.h>).
@@ -120,6 +125,9 @@
                             backward, each collective, the wait and the optimizer step, for
                             ui.perfetto.dev or chrome://tracing.
     DDP_KILL_GRACE_S        seconds a stopped rank gets between SIGTERM and SIGKILL (5).
+    DDP_RELAYED_RANK        set by ddprun for its ranks: it starts each line they print with
+                            "[rank R]: ", so the library's own "[rank R/W]" label is left out of
+                            the lines that rank R writes to stderr (a log sink still gets it).
     DDP_LAUNCH_ID           set by ddprun for its ranks ("host:pid:start time"): the ranks of one
                             node must all come from one launch, so a second ddprun given the same
                             MASTER_PORT and DDP_JOB_TOKEN cannot slip its ranks into this job.
@@ -303,7 +311,8 @@ typedef enum ddp_log_level {
     DDP_LOG_INFO,      /* DDP_DEBUG=INFO or DETAIL */
     DDP_LOG_DETAIL     /* DDP_DEBUG=DETAIL */
 } ddp_log_level;
-/* A log sink receives each line, already prefixed with "[rank R/W]", without a newline. */
+/* A log sink receives each line, already prefixed with "[rank R/W]", without a newline (before
+   ddp_init, R and W come from the launcher's RANK and WORLD_SIZE when set). */
 typedef void (*ddp_log_fn)(ddp_log_level level, const char* line, void* user);
 /* Send log lines to `fn` instead of stderr (NULL restores stderr). Not thread-safe: call early. */
 DDP_API void ddp_set_log(ddp_log_fn fn, void* user);
@@ -526,7 +535,8 @@ DDP_API ddp_status ddp_loss_cross_entropy(ddp_model* m, const int* labels, float
 /* Mean squared error against host targets[batch, out_features] (F.mse_loss); as above. */
 DDP_API ddp_status ddp_loss_mse(ddp_model* m, const float* targets, float* loss);
 /* Backpropagate the last loss, last layer first, ADDING each gradient into p->grad and calling
-   ddp_param_grad_ready(p) as soon as p's gradient is final. DDP_ERR_STATE without a loss. */
+   ddp_param_grad_ready(p) as soon as p's gradient is final. DDP_ERR_STATE without a loss, or
+   when backward already ran for this loss (one backward per loss, as in PyTorch). */
 DDP_API ddp_status ddp_model_backward(ddp_model* m);
 /* Run fn(m, user) at the end of every ddp_model_backward, after the last hook; its status becomes
    backward's. The analogue of an autograd engine callback: the DDP wrapper waits for its
@@ -680,8 +690,12 @@ typedef struct ddp_pg ddp_pg;     /* a process group: every rank of the job */
 typedef struct ddp_work ddp_work; /* a collective in flight */
 
 /* Join the job (collective: every rank calls it): resolve the environment, start or reach the
-   store, check every rank agrees on the world size, and connect the backend. Errors: DDP_ERR_ENV,
-   the store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT, DDP_ERR_NCCL. */
+   store, check every rank agrees on the world size, and connect the backend. While ranks are
+   missing, rank 0 logs which have joined and which are awaited (every 5 s, after the first half
+   minute every 30 s); a SIGTERM or SIGINT during ddp_init (unless the program handles or ignores
+   it) prints what the rank was waiting for before it ends the process. Errors: DDP_ERR_ENV, the
+   store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT (a rank never came: named),
+   DDP_ERR_NCCL. */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
 /* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
    timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
@@ -809,19 +823,26 @@ typedef struct ddp_loader {
     int drop_last;     /* 1: skip a last batch smaller than batch_size */
     int* order;        /* this epoch's indices */
     int count, pos;
-    int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start begins here */
+    int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start of epoch resume_epoch
+                          begins here (a start at another epoch begins at that epoch's first batch) */
     int last_epoch;    /* the sampler's epoch + 1 at this loader's previous shuffled start (0:
                           none); the same epoch twice means ddp_sampler_set_epoch was not called */
     float* x;          /* the current batch, [batch_size, nfeatures] */
     int* y;
+    int epoch;         /* the sampler's epoch at this loader's last start: where pos belongs */
+    int resume_epoch;  /* the epoch resume_pos belongs to */
+    int resume;        /* 1: ddp_snapshot_load left resume_pos for the next start; 2: the same, from
+                          a file that does not say which epoch the position belongs to */
 } ddp_loader;
 
 /* Prepare a loader (allocates its batch buffers once). DDP_ERR_INVALID_ARGUMENT for batch < 1. */
 DDP_API ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, int batch_size, int drop_last);
 /* Start an epoch in the sampler's current order (call ddp_sampler_set_epoch first). After
-   ddp_snapshot_load, the first start resumes at the snapshot's position in the epoch. A shuffling
-   sampler at the same epoch as this loader's previous start logs a warning (once per process)
-   naming ddp_sampler_set_epoch: every epoch would repeat one order. */
+   ddp_snapshot_load, the first start resumes at the snapshot's position when the sampler is at the
+   snapshot's epoch (a position at the epoch's end then leaves no batch: that epoch is done); at
+   any other epoch it begins at the first batch, with a warning if that leaves the snapshot's epoch
+   unfinished. A shuffling sampler at the same epoch as this loader's previous start logs a
+   warning (once per process) naming ddp_sampler_set_epoch: every epoch would repeat one order. */
 DDP_API ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s);
 /* The next batch: *x and *y point into the loader; returns its size, 0 when the epoch is over. */
 DDP_API int ddp_loader_next(ddp_loader* l, const float** x, const int** y);
@@ -876,7 +897,8 @@ DDP_API ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc,
 DDP_API void ddp_wrapper_destroy(ddp_wrapper* w);
 /* on = 1: the following backward passes only accumulate gradients locally (PyTorch's no_sync());
    on = 0: the next backward all-reduces the accumulated sum. An optimizer step on gradients that
-   no_sync backward passes added after the last all-reduce logs a warning (once per process). */
+   no_sync backward passes added after the last all-reduce logs a warning (once per process; not
+   with one rank, whose one replica cannot drift from another). */
 DDP_API void ddp_no_sync(ddp_wrapper* w, int on);
 /* Copy the counters into *out. */
 DDP_API void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out);
@@ -905,7 +927,9 @@ typedef struct ddp_snapshot {
     ddp_model* model;     /* required */
     ddp_optim* optim;     /* optional: moments or momentum buffers, and the step count */
     ddp_sampler* sampler; /* optional: its epoch (seed, size and replicas are checked on load) */
-    ddp_loader* loader;   /* optional: how far into the epoch; the next ddp_loader_start skips on */
+    ddp_loader* loader;   /* optional: how far into which epoch; the next ddp_loader_start of that
+                             epoch skips on (a save after an epoch's last batch: the next epoch
+                             starts at its first batch). Without it a resumed epoch starts afresh */
     ddp_rng* rng;         /* optional: a generator the program draws from (the same on every rank) */
     int epoch;            /* the program's counters, saved and restored as they are */
     long step;
@@ -917,10 +941,13 @@ typedef struct ddp_snapshot {
    no_sync backward passes (gradients are not saved). DDP_ERR_INVALID_ARGUMENT without a model,
    DDP_ERR_IO when the file cannot be written (the message names the path and the reason). */
 DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
-/* Read `path` into what s points to, and s->epoch/s->step. Checks the whole file first (length,
-   header, offsets, checksum, names, shapes, optimizer kind, sampler settings) and changes nothing
-   unless all of it matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated
-   or foreign file, DDP_ERR_IO when it cannot be read (DDP_ERR_IO with errno ENOENT: no file). */
+/* Read `path` into what s points to, and s->epoch/s->step. Under DDP, call it on every rank after
+   ddp_wrap (whose broadcast of rank 0's initial weights would overwrite what was loaded) and after
+   ddp_optim_create. Checks the whole file first (length, header, offsets, checksum, names, shapes,
+   optimizer kind, sampler settings, the number of ranks) and changes nothing unless all of it
+   matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated or foreign file,
+   or one of a job with another number of ranks; DDP_ERR_IO when it cannot be read (DDP_ERR_IO with
+   errno ENOENT: no file). */
 DDP_API ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path);
 /* 1 if `path` exists (a snapshot to resume from), 0 if nothing is there (or path is NULL); -1
    when it cannot be checked (a symlink loop, a folder this user may not search): ddp_error_string()
@@ -982,6 +1009,26 @@ DDP_API int ddp_launcher_main(int argc, char** argv);
 #include <unistd.h>  /* fsync, unlink: atomic snapshot writes */
 #if defined(__GLIBC__) && !defined(__USE_POSIX199309)
 #error "ddp.h: POSIX declarations are hidden. Include ddp.h (with DDP_IMPLEMENTATION) before any other header, or compile with -D_POSIX_C_SOURCE=200809L."
+#endif
+
+/* Linux-only code (futexes, /dev/shm, /proc, core binding, PR_SET_PDEATHSIG) sits under DDP__LINUX.
+   DDP_PORTABLE turns it off on Linux as well, so that a Linux machine runs and tests the plain
+   POSIX paths that macOS and the BSDs take (make test-portable). */
+#if defined(__linux__) && !defined(DDP_PORTABLE)
+#define DDP__LINUX 1
+#else
+#define DDP__LINUX 0
+#endif
+/* The commands that error messages suggest exist on the system that prints them. */
+#if DDP__LINUX
+#define DDP__HINT_WHO_LISTENS "`ss -ltnp | grep :%d` shows which"
+#define DDP__HINT_INSTALL_MPI "apt-get install libopenmpi-dev"
+#elif defined(__APPLE__)
+#define DDP__HINT_WHO_LISTENS "`lsof -nP -iTCP:%d -sTCP:LISTEN` shows which"
+#define DDP__HINT_INSTALL_MPI "brew install open-mpi"
+#else
+#define DDP__HINT_WHO_LISTENS "`lsof -nP -iTCP:%d -sTCP:LISTEN` shows which"
+#define DDP__HINT_INSTALL_MPI "install Open MPI or MPICH with the system's package manager"
 #endif
 
 #if defined(DDP_CBLAS)
@@ -1074,13 +1121,45 @@ DDP__DEF const char* ddp_status_fix(ddp_status s) {
 
 /* ---- logging ------------------------------------------------------------------------------------ */
 
-/* Process-wide facts every log line needs. rank/world stay 0/1 until the process group exists. */
+/* Process-wide facts every log line needs. rank/world are set when the placement is known
+   (ddp_env_resolve, or MPI); until then log lines take them from the launcher's variables. */
 static struct {
     int rank, world;
     ddp_log_fn log_fn;
     void* log_user;
     int level; /* 0: not read from DDP_DEBUG yet */
-} ddp__g = {0, 1, NULL, NULL, 0};
+    int placed; /* 1: rank and world are this process's placement */
+} ddp__g = {0, 1, NULL, NULL, 0, 0};
+
+/* The "[rank R/W] " that starts a log line. Before ddp_init knows the placement, a launcher's
+   RANK and WORLD_SIZE (or Open MPI's or SLURM's) name the rank, so that rank 1's first lines do
+   not read "[rank 0/1]". */
+DDP__PRIVATE void ddp__label(char* out, size_t n) {
+    static const char* const vars[3][2] = {{"RANK", "WORLD_SIZE"}, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                           {"SLURM_PROCID", "SLURM_NTASKS"}};
+    int rank = ddp__g.rank, world = ddp__g.world, i;
+    for (i = 0; i < 3 && !ddp__g.placed; i++) {
+        const char *r = getenv(vars[i][0]), *w = getenv(vars[i][1]);
+        char *re = NULL, *we = NULL;
+        long rv, wv;
+        if (!r || !w || !*r || !*w) continue;
+        rv = strtol(r, &re, 10), wv = strtol(w, &we, 10);
+        if (*re == 0 && *we == 0 && rv >= 0 && rv < wv && wv <= INT_MAX) rank = (int)rv, world = (int)wv;
+        break;
+    }
+    snprintf(out, n, "[rank %d/%d] ", rank, world);
+}
+
+/* 1 when ddprun relays this process's stderr with its own "[rank R]: " before each line
+   (DDP_RELAYED_RANK names the rank it shows): a line printed there needs no second label. */
+DDP__PRIVATE int ddp__relayed(void) {
+    const char* v = getenv("DDP_RELAYED_RANK");
+    char label[48], want[48];
+    if (!v || !*v) return 0;
+    ddp__label(label, sizeof label);
+    snprintf(want, sizeof want, "[rank %s/", v);
+    return strncmp(label, want, strlen(want)) == 0;
+}
 
 DDP__DEF ddp_log_level ddp_log_level_enabled(void) {
     if (ddp__g.level == 0) {
@@ -1088,9 +1167,11 @@ DDP__DEF ddp_log_level ddp_log_level_enabled(void) {
         int level = DDP_LOG_WARN;
         if (v && (!strcmp(v, "INFO") || !strcmp(v, "info"))) level = DDP_LOG_INFO;
         else if (v && (!strcmp(v, "DETAIL") || !strcmp(v, "detail"))) level = DDP_LOG_DETAIL;
-        else if (v && *v && strcmp(v, "OFF") && strcmp(v, "off"))
-            fprintf(stderr, "[rank %d/%d] warning: DDP_DEBUG=%s is not OFF, INFO or DETAIL; using OFF\n",
-                    ddp__g.rank, ddp__g.world, v);
+        else if (v && *v && strcmp(v, "OFF") && strcmp(v, "off")) {
+            char label[48] = "";
+            if (!ddp__relayed()) ddp__label(label, sizeof label);
+            fprintf(stderr, "%swarning: DDP_DEBUG=%s is not OFF, INFO or DETAIL; using OFF\n", label, v);
+        }
         ddp__g.level = level;
     }
     return (ddp_log_level)ddp__g.level;
@@ -1101,16 +1182,35 @@ DDP__DEF void ddp_set_log(ddp_log_fn fn, void* user) {
     ddp__g.log_user = user;
 }
 
+/* One line to stderr in one write. stderr is unbuffered, and musl's fprintf then writes 80 bytes at
+   a time, so the lines of ranks that share a terminal would interleave mid-line. */
+DDP__PRIVATE void ddp__eprint_line(const char* fmt, ...) DDP__PRINTF(1, 2);
+DDP__PRIVATE void ddp__eprint_line(const char* fmt, ...) {
+    char line[2200];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    fwrite(line, 1, (size_t)n, stderr);
+}
+
 DDP__PRIVATE void ddp__vlog(ddp_log_level level, const char* fmt, va_list ap) {
     char line[2048];
+    size_t label;
     int n;
     if ((int)level > (int)ddp_log_level_enabled()) return;
-    n = snprintf(line, sizeof line, "[rank %d/%d] %s", ddp__g.rank, ddp__g.world,
+    ddp__label(line, sizeof line);
+    label = strlen(line);
+    n = snprintf(line + label, sizeof line - label, "%s",
                  level == DDP_LOG_ERROR ? "error: " : level == DDP_LOG_WARN ? "warning: " : "");
-    if (n < 0 || n >= (int)sizeof line) n = 0;
-    vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-    if (ddp__g.log_fn) ddp__g.log_fn(level, line, ddp__g.log_user);
-    else fprintf(stderr, "%s\n", line);
+    if (n < 0 || (size_t)n >= sizeof line - label) n = 0;
+    vsnprintf(line + label + (size_t)n, sizeof line - label - (size_t)n, fmt, ap);
+    if (ddp__g.log_fn) ddp__g.log_fn(level, line, ddp__g.log_user); /* a sink always gets the label */
+    else ddp__eprint_line("%s", ddp__relayed() ? line + label : line);
 }
 
 DDP__DEF void ddp_log(ddp_log_level level, const char* fmt, ...) {
@@ -1182,12 +1282,12 @@ DDP__DEF void ddp_clear_error(void) {
 }
 
 DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* file, int line) {
-    fprintf(stderr, "[rank %d/%d] error: %s failed (%s:%d)\n", ddp__g.rank, ddp__g.world,
-            call_text, file, line);
-    fprintf(stderr, "[rank %d/%d]   %s: %s\n", ddp__g.rank, ddp__g.world, ddp_status_name(s),
-            ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
-    fprintf(stderr, "[rank %d/%d]   fix: %s\n", ddp__g.rank, ddp__g.world,
-            ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
+    char label[48] = "";
+    if (!ddp__relayed()) ddp__label(label, sizeof label);
+    ddp__eprint_line("%serror: %s failed (%s:%d)", label, call_text, file, line);
+    ddp__eprint_line("%s  %s: %s", label, ddp_status_name(s),
+                     ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
+    ddp__eprint_line("%s  fix: %s", label, ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
     exit(1);
 }
 
@@ -1259,6 +1359,14 @@ DDP__PRIVATE ddp_status ddp__fail_cublas(cublasStatus_t e, const char* call, int
 
 DDP__DEF const char* ddp_build_info(void) {
     static char info[256];
+    /* Chosen before the calls, not inside their arguments: with _FORTIFY_SOURCE (macOS's default,
+       or -D_FORTIFY_SOURCE=2 with clang) snprintf is a macro, and a directive inside a macro's
+       arguments is undefined behaviour, which compilers warn about. */
+#if defined(DDP_CBLAS)
+    const char* linear = "CPU Linear through CBLAS";
+#else
+    const char* linear = "CPU Linear through the built-in blocked loop";
+#endif
     if (!info[0]) {
 #if DDP__CUDA
         int rt = 0, drv = 0, nv_major = 0, nv_minor = 0, nccl = 0;
@@ -1270,22 +1378,10 @@ DDP__DEF const char* ddp_build_info(void) {
         ncclGetVersion(&nccl); /* 22809: 2.28.9 (from NCCL 2.9 on, 10000 * major + 100 * minor + patch) */
         snprintf(info, sizeof info, "ddp.h %d.%d.%d: CUDA runtime %d.%d (%s), NVRTC %d.%d, NCCL %d.%d.%d, cuBLAS; %s",
                  DDP_VERSION_MAJOR, DDP_VERSION_MINOR, DDP_VERSION_PATCH, rt / 1000,
-                 (rt % 1000) / 10, driver, nv_major, nv_minor, nccl / 10000, nccl % 10000 / 100, nccl % 100,
-#if defined(DDP_CBLAS)
-                 "CPU Linear through CBLAS"
-#else
-                 "CPU Linear through the built-in blocked loop"
-#endif
-        );
+                 (rt % 1000) / 10, driver, nv_major, nv_minor, nccl / 10000, nccl % 10000 / 100, nccl % 100, linear);
 #else
         snprintf(info, sizeof info, "ddp.h %d.%d.%d: CPU only (DDP_NO_CUDA); %s", DDP_VERSION_MAJOR,
-                 DDP_VERSION_MINOR, DDP_VERSION_PATCH,
-#if defined(DDP_CBLAS)
-                 "CPU Linear through CBLAS"
-#else
-                 "CPU Linear through the built-in blocked loop"
-#endif
-        );
+                 DDP_VERSION_MINOR, DDP_VERSION_PATCH, linear);
 #endif
 #if defined(DDP_MPI)
         strncat(info, "; mpi backend (DDP_MPI)", sizeof info - strlen(info) - 1);
@@ -1301,11 +1397,15 @@ DDP__DEF ddp_rng ddp_rng_seed(uint64_t seed) {
     r.state = seed;
     return r;
 }
-DDP__DEF uint64_t ddp_rng_next(ddp_rng* r) {
-    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull); /* splitmix64 (Steele, Lea, Flood 2014) */
+/* splitmix64's output function: a bijection of 64-bit words under which nearby inputs land far
+   apart, so it also serves to derive unrelated seeds from related ones (ddp__param_new). */
+DDP__PRIVATE uint64_t ddp__mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+DDP__DEF uint64_t ddp_rng_next(ddp_rng* r) {
+    return ddp__mix64(r->state += 0x9E3779B97F4A7C15ull); /* splitmix64 (Steele, Lea, Flood 2014) */
 }
 DDP__DEF float ddp_rng_uniform(ddp_rng* r) {
     return (float)(ddp_rng_next(r) >> 40) * (1.0f / 16777216.0f); /* 24 random mantissa bits */
@@ -2372,7 +2472,8 @@ struct ddp_model {
     int* labels;            /* device copy of the batch's labels */
     float* targets;         /* device copy of the batch's regression targets */
     int capacity, max_width, batch;
-    int have_output, have_loss;
+    int have_output;
+    int have_loss;          /* 0: no loss since forward, 1: a loss to backpropagate, 2: backward used it */
     ddp_post_backward_fn post_backward;
     void* post_backward_user;
     int local_backwards;  /* backward passes added into p->grad under ddp_no_sync since the last
@@ -2454,9 +2555,12 @@ DDP__PRIVATE ddp_status ddp__param_new(ddp_model* m, const char* name, int ndim,
         DDP_FREE(p);
         return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating parameter %s failed", name);
     }
-    /* Each parameter draws from its own stream, seeded by (model seed, parameter index), on the
-       host: the weights do not depend on the device or on how many layers follow. */
-    r = ddp_rng_seed(m->seed * 0x100000001B3ull + (uint64_t)p->index * 0x9E3779B97F4A7C15ull + 1);
+    /* Each parameter draws from its own stream, on the host: the weights do not depend on the
+       device or on how many layers follow. The stream's start is a hash of (model seed, parameter
+       index). Not an affine function of the index: splitmix64's state advances by 0x9E37...7C15
+       per draw, so a start of seed + index * 0x9E37...7C15 made parameter i's values parameter 0's
+       shifted by i draws (fc1.bias was fc1.weight's values 1..64). */
+    r = ddp_rng_seed(ddp__mix64(ddp__mix64(m->seed ^ 0x6A09E667F3BCC909ull) ^ (uint64_t)p->index));
     for (i = 0; i < p->count; i++) host[i] = (2.f * ddp_rng_uniform(&r) - 1.f) * bound;
     s = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->data);
     if (s == DDP_OK) s = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->grad);
@@ -2834,8 +2938,12 @@ DDP__PRIVATE ddp_status ddp__bias_grad(ddp_model* m, const float* g, ddp_param* 
 DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
     int i, B = m->batch;
     float *g = m->grad_a, *gnext = m->grad_b, *t;
-    if (!m->have_loss) return ddp__fail(DDP_ERR_STATE, "backward needs forward and a loss first");
-    m->have_loss = 0; /* one backward per loss, as autograd frees the graph after backward */
+    if (m->have_loss == 2)
+        return ddp__fail(DDP_ERR_STATE, "backward already ran for this loss, and a second one would add its gradients "
+                         "again: compute the loss again (or run forward and the loss on the next batch) before the next "
+                         "ddp_model_backward (in PyTorch, a second loss.backward() fails the same way)");
+    if (m->have_loss != 1) return ddp__fail(DDP_ERR_STATE, "backward needs forward and a loss first");
+    m->have_loss = 2; /* one backward per loss, as autograd frees the graph after backward */
     for (i = m->nlayers - 1; i >= 0; i--) {
         const ddp__layer* L = &m->layers[i];
         long long n = (long long)B * L->in;
@@ -3774,7 +3882,7 @@ DDP__PRIVATE ddp_status ddp__server_start(int port, int local, const char* token
         if (e == EADDRINUSE)
             return ddp__fail(DDP_ERR_PORT_IN_USE,
                              "the rendezvous store cannot listen on port %d: it is already in use (another "
-                             "job or program holds it; `ss -ltnp | grep :%d` shows which). Pick another "
+                             "job or program holds it; " DDP__HINT_WHO_LISTENS "). Pick another "
                              "MASTER_PORT, or let ddprun --standalone choose a free one", port, port);
         return ddp__fail(DDP_ERR_IO, "the rendezvous store cannot listen on port %d: %s", port, strerror(e));
     }
@@ -4247,6 +4355,18 @@ DDP__PRIVATE void ddp__fingerprint(const ddp_work* w, char* out, size_t n) {
                  ddp_dtype_name(w->dtype), w->op == DDP_SUM ? "sum" : w->op == DDP_AVG ? "avg" : "max");
 }
 
+/* A failed or timed-out collective breaks the group: later calls fail at once with its message
+   (the first failure's, kept under the lock that the communication thread also takes). Returns s. */
+DDP__PRIVATE ddp_status ddp__pg_break(ddp_pg* pg, ddp_status s) {
+    pthread_mutex_lock(&pg->lock);
+    if (!pg->broken) {
+        pg->broken = s;
+        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+    }
+    pthread_mutex_unlock(&pg->lock);
+    return s;
+}
+
 /* Record that collective w reached `state`. */
 DDP__PRIVATE void ddp__flight_note(ddp_pg* pg, const ddp_work* w, int state) {
     ddp__flight* f = &pg->flight[w->seq % DDP__FLIGHT_N];
@@ -4331,6 +4451,80 @@ static void ddp__usr1_setup(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
 }
+/* What ddp_init is waiting for, said when a SIGTERM or SIGINT stops it there (ddprun stops a job
+   whose ranks never all came with SIGTERM; ^C sends SIGINT): otherwise a rank killed during a
+   long rendezvous dies without a word. The text is formatted beforehand, into the buffer the
+   handler is not reading, because a handler may only write(). Installed only for signals that
+   still have their default action (a program's own handler is left alone), from the start of
+   ddp_init to its end. */
+static char ddp__waiting[2][640];
+static volatile sig_atomic_t ddp__waiting_at = -1; /* the buffer to print, -1: nothing */
+static const int ddp__wait_sigs[2] = {SIGTERM, SIGINT};
+static struct sigaction ddp__wait_old[2];
+static int ddp__wait_mine[2]; /* 1: our handler is installed for that signal */
+static pthread_mutex_t ddp__wait_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ddp__wait_on_signal(int sig, siginfo_t* info, void* ctx) {
+    int saved = errno, i, at = ddp__waiting_at;
+    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    if (at == 0 || at == 1) {
+        const char* t = ddp__waiting[at];
+        const char* cut = strchr(t, '\t'); /* the text is "LABELddp_init got \tSIGNAL while ...\n" */
+        ssize_t k = cut ? write(2, t, (size_t)(cut - t)) : 0;
+        k = write(2, name, strlen(name));
+        k = write(2, cut ? cut + 1 : t, strlen(cut ? cut + 1 : t));
+        (void)k;
+    }
+    for (i = 0; i < 2 && ddp__wait_sigs[i] != sig; i++) {}
+    if (i < 2) { /* then what the signal would have done: its default action */
+        sigaction(sig, &ddp__wait_old[i], NULL);
+        raise(sig); /* blocked while this runs: acted on when it returns */
+    }
+    (void)info, (void)ctx;
+    errno = saved;
+}
+
+/* Say (for a signal to print) what ddp_init waits for now: printf-style, one line. */
+DDP__PRIVATE void ddp__wait_note(const char* fmt, ...) DDP__PRINTF(1, 2);
+DDP__PRIVATE void ddp__wait_note(const char* fmt, ...) {
+    int next = ddp__waiting_at == 0 ? 1 : 0;
+    char label[48] = "";
+    size_t n;
+    va_list ap;
+    if (!ddp__relayed()) ddp__label(label, sizeof label);
+    n = (size_t)snprintf(ddp__waiting[next], sizeof ddp__waiting[next], "%sddp_init got \t while ", label);
+    if (n >= sizeof ddp__waiting[next]) n = 0;
+    va_start(ap, fmt);
+    vsnprintf(ddp__waiting[next] + n, sizeof ddp__waiting[next] - n - 1, fmt, ap);
+    va_end(ap);
+    strcat(ddp__waiting[next], "\n");
+    ddp__waiting_at = next;
+}
+
+DDP__PRIVATE void ddp__wait_watch(int on) {
+    int i;
+    pthread_mutex_lock(&ddp__wait_lock);
+    for (i = 0; i < 2; i++) {
+        struct sigaction cur, sa;
+        if (on && !ddp__wait_mine[i] && sigaction(ddp__wait_sigs[i], NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) &&
+            cur.sa_handler == SIG_DFL) {
+            memset(&sa, 0, sizeof sa);
+            sa.sa_sigaction = ddp__wait_on_signal;
+            sa.sa_flags = SA_SIGINFO;
+            sigemptyset(&sa.sa_mask);
+            if (sigaction(ddp__wait_sigs[i], &sa, &ddp__wait_old[i]) == 0) ddp__wait_mine[i] = 1;
+        } else if (!on && ddp__wait_mine[i]) {
+            /* only while ours is still the handler (the shared-memory guard may sit on top of it and
+               puts ours back when it is done; then ours stays, and with nothing noted only dies) */
+            if (sigaction(ddp__wait_sigs[i], NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) &&
+                cur.sa_sigaction == ddp__wait_on_signal)
+                sigaction(ddp__wait_sigs[i], &ddp__wait_old[i], NULL), ddp__wait_mine[i] = 0;
+        }
+    }
+    if (!on) ddp__waiting_at = -1;
+    pthread_mutex_unlock(&ddp__wait_lock);
+}
+
 DDP__PRIVATE const char* ddp__op_name(ddp_reduce_op op) {
     return op == DDP_SUM ? "sum" : op == DDP_AVG ? "avg" : op == DDP_MAX ? "max" : "?";
 }
@@ -4726,19 +4920,52 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
    The segment has a name only while the ranks open it: rank 0 removes the name once everyone has
    mapped it, so the memory goes back to the system when the last rank exits, also after a crash;
    a SIGTERM, SIGINT or SIGHUP that comes before that removes the name on its way (ddp__shm_guard).
+
+   Memory order (C11 atomics; what a weakly ordered CPU such as arm64 relies on, which x86 and qemu
+   on x86 would forgive): a rank writes its slot and header with plain stores, then raises its phase
+   counter (sequentially consistent, so at least a release); a reader loads the counter with
+   acquire before it reads the slot, so it sees the data. A rank reads the others' slots before it
+   raises its next counter, so a writer that acquires that counter overwrites nothing still being
+   read. Streaming stores are fenced (sfence) before the counter. `left` and the abort line's rank
+   are stored with release after the fields they publish (the counter, `made`, the message) and
+   loaded with acquire. A sleeper's increment of `waiters` and its look at the counter, and a
+   waker's store of the counter and its look at `waiters`, are all sequentially consistent, so at
+   least one of the two sees the other and no wake-up is lost. ThreadSanitizer cannot check this:
+   it sees one process's threads, not two processes sharing a segment.
 */
 #if (defined(__linux__) || defined(__APPLE__) || defined(__FreeBSD__)) && (defined(__GNUC__) || defined(__clang__))
 #define DDP__SHM 1
 #include <sys/mman.h>
-#if defined(__linux__)
-#include <linux/futex.h>
+#if DDP__LINUX
 #include <sys/syscall.h>
+/* FUTEX_WAIT and FUTEX_WAKE are numbers of the kernel's ABI. <linux/futex.h> comes with the
+   kernel's headers, which a musl toolchain (Debian's musl-gcc) does not search: then ours. */
+#if defined(__has_include)
+#if __has_include(<linux/futex.h>)
+#include <linux/futex.h>
+#endif
+#endif
+#ifndef FUTEX_WAIT
+#define FUTEX_WAIT 0
+#define FUTEX_WAKE 1
+#endif
+#endif
+#if DDP__LINUX && defined(SYS_futex)
+#define DDP__FUTEX 1 /* sleep on a counter until its writer wakes us */
+#else
+#define DDP__FUTEX 0 /* short sleeps, woken by nobody */
 #endif
 #else
 #define DDP__SHM 0 /* no POSIX shared memory or no atomics we know: the TCP ring everywhere */
 #endif
 
 #define DDP__SHM_MAGIC 0x4d48535044445044ull /* "DDPDPSHM" */
+/* Test-only: tests/test_desync.c defines this to hold a waiting rank inside the gap between its
+   last look at a peer's counter and its look at the peer's flags, so that the peer can finish
+   and leave in that gap every time instead of once in many runs. Nothing in a real build. */
+#ifndef DDP__TEST_SHM_GAP
+#define DDP__TEST_SHM_GAP(pg, q, target) ((void)0)
+#endif
 static DDP__TLS int ddp__comm_thread; /* 1 on a group's communication thread */
 
 typedef struct ddp__shm_rank { /* one rank's control block, 256 bytes: fields others poll apart */
@@ -4776,6 +5003,15 @@ DDP__PRIVATE unsigned char* ddp__shm_slot(ddp_pg* pg, int set, int q) {
 }
 
 #if DDP__SHM
+/* Inside a spin: tell the core that this thread only waits, so that it yields the pipeline to a
+   sibling hardware thread and eases off the memory bus (x86 pause, Arm yield). */
+#if defined(__x86_64__) || defined(__i386__)
+#define DDP__SPIN_HINT() __builtin_ia32_pause()
+#elif defined(__aarch64__) || (defined(__arm__) && defined(__ARM_ARCH) && __ARM_ARCH >= 7)
+#define DDP__SPIN_HINT() __asm__ __volatile__("yield" ::: "memory") /* (Armv6 assemblers lack it) */
+#else
+#define DDP__SPIN_HINT() ((void)0)
+#endif
 DDP__PRIVATE int ddp__shm_reached(const ddp__shm_rank* o, uint32_t target) {
     return (int32_t)(__atomic_load_n(&o->phase, __ATOMIC_ACQUIRE) - target) >= 0;
 }
@@ -4785,7 +5021,7 @@ DDP__PRIVATE void ddp__shm_publish(ddp_pg* pg) {
     ddp__shm_rank* me = ddp__shm_rank_of(pg, pg->rank);
     __atomic_store_n(&me->phase, ++pg->shm_phase, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&me->waiters, __ATOMIC_SEQ_CST) > 0) {
-#if defined(__linux__)
+#if DDP__FUTEX
         syscall(SYS_futex, &me->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #endif
     }
@@ -4796,7 +5032,7 @@ DDP__PRIVATE void ddp__shm_publish(ddp_pg* pg) {
 DDP__PRIVATE void ddp__shm_sleep(ddp__shm_rank* o, uint32_t target, double s) {
     __atomic_add_fetch(&o->waiters, 1, __ATOMIC_SEQ_CST);
     if (!ddp__shm_reached(o, target)) {
-#if defined(__linux__)
+#if DDP__FUTEX
         struct timespec ts;
         uint32_t seen = __atomic_load_n(&o->phase, __ATOMIC_SEQ_CST);
         ts.tv_sec = 0, ts.tv_nsec = (long)(s * 1e9);
@@ -4824,7 +5060,7 @@ DDP__PRIVATE void ddp__shm_abort(ddp_pg* pg, ddp_status s) {
         h->status = (uint32_t)s;
         __atomic_store_n(&h->who, (uint32_t)pg->rank + 1, __ATOMIC_RELEASE);
     }
-#if defined(__linux__)
+#if DDP__FUTEX
     /* the others sleep on the counters of the ranks they wait for: wake them all to look */
     for (q = 0; q < pg->world; q++) syscall(SYS_futex, &ddp__shm_rank_of(pg, q)->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #else
@@ -4865,13 +5101,12 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
         uint32_t who;
         int dead;
         if ((i & 63) != 63) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
+            DDP__SPIN_HINT();
             continue;
         }
         t = ddp__now();
         if (t < spin_until) continue;
+        DDP__TEST_SHM_GAP(pg, q, target);
         who = __atomic_load_n(&h->who, __ATOMIC_ACQUIRE);
         if (who && who != UINT32_MAX && (int)who - 1 != pg->rank) {
             char msg[sizeof h->msg];
@@ -4880,18 +5115,25 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
             return ddp__fail(h->status ? (ddp_status)h->status : DDP_ERR_PEER_LOST, "%s #%llu: rank %d failed: %s",
                              ddp__coll_name(w->kind), (unsigned long long)w->seq, (int)who - 1, msg);
         }
+        /* A peer that left, or whose connection closed, may have finished this phase after the
+           loop's look and before these: it raises its counter before it sets `left` (release,
+           read here with acquire) and long before it exits, so one more look at the counter
+           tells "it finished, then left" (no error) from "it left without this collective". */
         if (__atomic_load_n(&o->left, __ATOMIC_ACQUIRE)) {
             unsigned char theirs[32];
             ddp_work leave;
+            if (ddp__shm_reached(o, target)) break;
             memset(&leave, 0, sizeof leave);
             leave.kind = DDP__LEAVE, leave.count = (size_t)o->made;
             ddp__ring_header(&leave, theirs);
             return ddp__ring_left_job(pg, w, q, theirs);
         }
-        if ((dead = ddp__shm_dead_neighbour(pg)) >= 0)
+        if ((dead = ddp__shm_dead_neighbour(pg)) >= 0) {
+            if (ddp__shm_reached(o, target)) break;
             return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (end of stream): that rank "
                              "has probably died; look at its output", ddp__coll_name(w->kind),
                              (unsigned long long)w->seq, dead);
+        }
         if (t >= deadline)
             return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d (shared "
                              "memory): that rank is stuck, stopped, or calling a different collective (every rank "
@@ -5115,7 +5357,7 @@ DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
     ddp__shm_rank* me = ddp__shm_rank_of(pg, pg->rank);
     me->made = pg->seq;
     __atomic_store_n(&me->left, 1u, __ATOMIC_RELEASE);
-#if defined(__linux__)
+#if DDP__FUTEX
     syscall(SYS_futex, &me->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #endif
 }
@@ -5123,14 +5365,14 @@ DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
 /* Where the segment's name lives while the ranks open it. Linux: a file under /dev/shm, which is
    what shm_open makes too, without needing -lrt on older C libraries; elsewhere shm_open. */
 DDP__PRIVATE void ddp__shm_path(char* out, size_t n, const char* name) {
-#if defined(__linux__)
+#if DDP__LINUX
     snprintf(out, n, "/dev/shm%s", name);
 #else
     snprintf(out, n, "%s", name);
 #endif
 }
 DDP__PRIVATE int ddp__shm_open(const char* name, int create) {
-#if defined(__linux__)
+#if DDP__LINUX
     char path[96];
     ddp__shm_path(path, sizeof path, name);
     return open(path, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
@@ -5153,7 +5395,7 @@ static pthread_mutex_t ddp__shm_guard_lock = PTHREAD_MUTEX_INITIALIZER;
 DDP__PRIVATE void ddp__shm_on_signal(int sig, siginfo_t* info, void* ctx) {
     int i, saved = errno;
     if (ddp__shm_guarding) {
-#if defined(__linux__)
+#if DDP__LINUX
         unlink(ddp__shm_guarded); /* both async-signal-safe system calls */
 #else
         shm_unlink(ddp__shm_guarded);
@@ -5190,7 +5432,7 @@ DDP__PRIVATE void ddp__shm_unlink(const char* name) {
     char path[96];
     int i;
     ddp__shm_path(path, sizeof path, name);
-#if defined(__linux__)
+#if DDP__LINUX
     unlink(path);
 #else
     shm_unlink(name);
@@ -5208,7 +5450,7 @@ DDP__PRIVATE void ddp__shm_unlink(const char* name) {
 DDP__PRIVATE void ddp__host_id(char* out, size_t n) {
     char host[128] = "?", boot[64] = "", net[64] = "";
     gethostname(host, sizeof host - 1);
-#if defined(__linux__)
+#if DDP__LINUX
     {
         FILE* f = fopen("/proc/sys/kernel/random/boot_id", "r");
         ssize_t k;
@@ -5245,7 +5487,7 @@ DDP__PRIVATE unsigned char* ddp__shm_create(ddp_pg* pg, size_t bytes, char* name
         snprintf(why, whylen, "creating shared memory %s failed: %s", name, strerror(errno));
         return NULL;
     }
-#if defined(__linux__)
+#if DDP__LINUX
     {
         int e = posix_fallocate(fd, 0, (off_t)bytes);
         if (e != 0) {
@@ -5288,8 +5530,11 @@ DDP__PRIVATE unsigned char* ddp__shm_attach(ddp_pg* pg, const char* name, size_t
         snprintf(why, whylen, "opening rank 0's shared memory %s failed: %s", name, strerror(errno));
         return NULL;
     }
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
-        snprintf(why, whylen, "rank 0's shared memory %s has the wrong size", name);
+    /* At least `bytes`, not exactly: macOS rounds a shared-memory object up to its page size
+       (16 KiB on Apple silicon), so an exact check would refuse every segment there. */
+    if (fstat(fd, &st) != 0 || st.st_size < 0 || (size_t)st.st_size < bytes) {
+        snprintf(why, whylen, "rank 0's shared memory %s has %lld bytes, fewer than the %zu this job needs", name,
+                 (long long)st.st_size, bytes);
         close(fd);
         return NULL;
     }
@@ -5315,7 +5560,7 @@ DDP__PRIVATE unsigned char* ddp__shm_attach(ddp_pg* pg, const char* name, size_t
 DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
     const char* env = getenv("DDP_TRANSPORT");
     int want_shm = 0; /* 0: either, 1: shm or fail */
-    char why[300] = "";
+    char why[400] = "";
     if (env && *env && strcmp(env, "auto") != 0) {
         if (!strcmp(env, "tcp")) {
             ddp_log(DDP_LOG_INFO, "transport: tcp ring (DDP_TRANSPORT=tcp)");
@@ -5370,6 +5615,11 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
             memset(ddp__shm_slot(pg, 1, pg->rank), 0, chunk);
             mine->pid = (uint32_t)getpid();
         }
+        if (!ok) { /* every rank's message then names the cause, not only this rank's */
+            char told[300];
+            snprintf(told, sizeof told, "rank %d: %.280s", pg->rank, why);
+            DDP__TRY(ddp_store_set(pg->store, "ddp/shm/why", told, strlen(told)));
+        }
         if (ddp_store_add(pg->store, "ddp/shm/yes", ok, &yes) != DDP_OK ||
             ddp_store_barrier(pg->store, "shm", W) != DDP_OK || ddp_store_add(pg->store, "ddp/shm/yes", 0, &yes) != DDP_OK) {
             if (pg->rank == 0 && name[0] == '/') ddp__shm_unlink(name);
@@ -5388,8 +5638,15 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
         }
         if (p) munmap(p, bytes);
         pg->shm = NULL, pg->shm_bytes = 0;
-        if (!why[0]) snprintf(why, sizeof why, "%lld of %d ranks could not map the segment (another host?)",
-                              (long long)(W - yes), W);
+        if (!why[0]) {
+            const char* key = "ddp/shm/why";
+            char told[300];
+            memset(told, 0, sizeof told);
+            if (ddp_store_wait(pg->store, &key, 1, 5.0) != DDP_OK ||
+                ddp_store_get(pg->store, key, told, sizeof told - 1, &n) != DDP_OK)
+                snprintf(told, sizeof told, "see their logs");
+            snprintf(why, sizeof why, "%lld of %d ranks could not map the segment (%s)", (long long)(W - yes), W, told);
+        }
     }
 #else
     snprintf(why, sizeof why, "this build has no shared memory transport (needs POSIX shared memory and GCC/Clang atomics)");
@@ -5861,13 +6118,7 @@ DDP__PRIVATE ddp_status ddp__nccl_break(ddp_pg* pg, ddp_status s) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
     if (n->comm) ncclCommAbort(n->comm);
     n->comm = NULL;
-    pthread_mutex_lock(&pg->lock);
-    if (!pg->broken) {
-        pg->broken = s;
-        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
-    }
-    pthread_mutex_unlock(&pg->lock);
-    return s;
+    return ddp__pg_break(pg, s);
 }
 
 /* Poll without burning a core for long: freely for the first millisecond, then sleeping a
@@ -6366,6 +6617,7 @@ DDP__PRIVATE ddp_status ddp__mpi_join(const ddp_desc* d, ddp_pg* pg) {
     e->source = "mpi";
     ddp__g.rank = e->rank; /* from now on log lines read "[rank R/W]" */
     ddp__g.world = e->world_size;
+    ddp__g.placed = 1;
     DDP__TRY(ddp__mpi_check_env(d, e));
     /* our own communicator, duplicated without blocking: a rank that never calls ddp_init costs
        a timeout, not a hang */
@@ -6406,17 +6658,6 @@ DDP__PRIVATE ddp_status ddp__mpi_connect(ddp_pg* pg) {
     for (i = 0; i < 2; i++)
         for (j = 0; j < 2; j++) DDP__MPI_TRY(MPI_Op_create(fn[i][j], 1 /* commutative */, &m->half[i][j]));
     return DDP_OK;
-}
-
-/* A failed or timed-out collective breaks the group, as on the other backends. */
-DDP__PRIVATE ddp_status ddp__mpi_break(ddp_pg* pg, ddp_status s) {
-    pthread_mutex_lock(&pg->lock);
-    if (!pg->broken) {
-        pg->broken = s;
-        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
-    }
-    pthread_mutex_unlock(&pg->lock);
-    return s;
 }
 
 /* GPU buffers: wait for the kernels writing the input (an event on the producer's stream), then
@@ -6479,7 +6720,7 @@ DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
     if (err != MPI_SUCCESS) {
         DDP_FREE(o->host);
         DDP_FREE(o);
-        return ddp__mpi_break(pg, ddp__fail_mpi(err, calls[w->kind], __LINE__));
+        return ddp__pg_break(pg, ddp__fail_mpi(err, calls[w->kind], __LINE__));
     }
     if (m->tail) m->tail->next = o;
     else m->head = o;
@@ -6501,7 +6742,7 @@ DDP__PRIVATE ddp_status ddp__mpi_complete(ddp_pg* pg, ddp__mpi_op* o) {
     o->host = NULL;
     o->done = 1;
     ddp__flight_note(pg, w, s == DDP_OK ? DDP__FL_DONE : DDP__FL_FAILED);
-    return s == DDP_OK ? DDP_OK : ddp__mpi_break(pg, s);
+    return s == DDP_OK ? DDP_OK : ddp__pg_break(pg, s);
 }
 
 /* Complete the collectives in flight in issue order, up to and including `until` (NULL: all), so
@@ -6525,7 +6766,7 @@ DDP__PRIVATE ddp_status ddp__mpi_progress(ddp_pg* pg, ddp__mpi_op* until, double
             if (s != DDP_OK) {
                 ddp__flight_note(pg, o->w, DDP__FL_FAILED);
                 if (s == DDP_ERR_TIMEOUT) ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
-                return ddp__mpi_break(pg, s);
+                return ddp__pg_break(pg, s);
             }
             DDP__TRY(ddp__mpi_complete(pg, o));
         }
@@ -6629,16 +6870,71 @@ DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* valu
     return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
 }
 
+/* The ranks 0..n-1 whose flag equals `want`, compactly ("0-3, 7, 9-12"), cut short with "..." when
+   they do not fit in out. Returns how many there are. */
+DDP__PRIVATE int ddp__rank_list(const unsigned char* flags, int n, int want, char* out, size_t cap) {
+    int i = 0, count = 0;
+    size_t len = 0;
+    out[0] = 0;
+    while (i < n) {
+        int j = i;
+        if ((flags[i] != 0) != (want != 0)) { i++; continue; }
+        while (j + 1 < n && (flags[j + 1] != 0) == (want != 0)) j++;
+        count += j - i + 1;
+        if (len + 32 < cap) {
+            int k = j == i ? snprintf(out + len, cap - len, "%s%d", len ? ", " : "", i)
+                           : snprintf(out + len, cap - len, "%s%d-%d", len ? ", " : "", i, j);
+            len += k > 0 ? (size_t)k : 0;
+        } else if (len + 5 < cap && strcmp(out + len - 3, "...") != 0) {
+            len += (size_t)snprintf(out + len, cap - len, ", ...");
+        }
+        i = j + 1;
+    }
+    return count;
+}
+
+/* While ranks are missing from the rendezvous: which have joined (published their world size)
+   and which are awaited. Rank 0, which hosts the store, says so every few seconds (as torchrun's
+   rendezvous does), so that a WORLD_SIZE larger than the processes started is not 300 s of
+   silence; every rank notes it for a SIGTERM to print. */
+DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say) {
+    unsigned char* joined = (unsigned char*)ddp__calloc((size_t)pg->world);
+    char have[160], missing[160], key[64];
+    int i, nj, nm, present = 0;
+    if (!joined) return;
+    for (i = 0; i < pg->world; i++) {
+        const char* k[1];
+        snprintf(key, sizeof key, "ddp/world/%d", i);
+        k[0] = key;
+        if (ddp__store_check(pg->store, k, 1, &present) != DDP_OK) break;
+        joined[i] = (unsigned char)(present != 0);
+    }
+    if (i == pg->world) {
+        nj = ddp__rank_list(joined, pg->world, 1, have, sizeof have);
+        nm = ddp__rank_list(joined, pg->world, 0, missing, sizeof missing);
+        ddp__wait_note("waiting for rank%s %s to join the job: %d of %d (WORLD_SIZE) had joined after %.0f s (rank%s %s)",
+                       nm == 1 ? "" : "s", missing, nj, pg->world, ddp__now() - started, nj == 1 ? "" : "s", have);
+        if (say)
+            ddp_log(DDP_LOG_WARN, "waiting for rank%s %s to join the job: %d of %d ranks (WORLD_SIZE=%d) have joined "
+                    "after %.0f s (rank%s %s). Start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+                    "or fix WORLD_SIZE if fewer processes belong to the job; DDP_TIMEOUT ends the wait after %.0f s",
+                    nm == 1 ? "" : "s", missing, nj, pg->world, pg->world, ddp__now() - started, nj == 1 ? "" : "s",
+                    have, pg->timeout);
+    }
+    DDP_FREE(joined);
+}
+
 /* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
    disagreement publishes it under ddp/abort so that the others fail at once with the same
    explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
    for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
+#define DDP__JOIN_REPORT_S 5.0 /* seconds between rank 0's first reports of who is missing */
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
     char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
     const char* abort_key[1] = {"ddp/abort"};
     const char* launch = getenv("DDP_LAUNCH_ID");
     int i, present, taken = 0;
-    double deadline = ddp__now() + pg->timeout;
+    double started = ddp__now(), deadline = started + pg->timeout, report = started + DDP__JOIN_REPORT_S;
     gethostname(host, sizeof host - 1);
     /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
        launch that started that node's first rank, or two launches given one MASTER_PORT and one
@@ -6670,6 +6966,7 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
         size_t n = 0;
         snprintf(key, sizeof key, "ddp/world/%d", i);
         k[0] = key;
+        ddp__wait_note("waiting for rank %d to join the job (WORLD_SIZE=%d)", i, pg->world);
         for (;;) {
             DDP__TRY(ddp__store_check(pg->store, abort_key, 1, &present));
             if (present) {
@@ -6682,6 +6979,10 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
             if (ddp__now() >= deadline)
                 return ddp__fail(DDP_ERR_TIMEOUT, "rank %d never joined within %.0f s (this rank expects WORLD_SIZE=%d): "
                                  "start all %d processes, or fix WORLD_SIZE", i, pg->timeout, pg->world, pg->world);
+            if (ddp__now() >= report) { /* every 5 s, and every 30 s after the first half minute */
+                ddp__join_progress(pg, started, pg->rank == 0);
+                report = ddp__now() + (ddp__now() - started < 30 ? DDP__JOIN_REPORT_S : 6 * DDP__JOIN_REPORT_S);
+            }
             ddp__sleep(0.02);
         }
         memset(theirs, 0, sizeof theirs);
@@ -6751,7 +7052,7 @@ DDP__PRIVATE int ddp__bind_plan(const ddp__cpu_core* cpus, int n, const unsigned
     return m;
 }
 
-#if defined(__linux__) && defined(SYS_sched_setaffinity)
+#if DDP__LINUX && defined(SYS_sched_setaffinity)
 /* The CPUs near GPU `dev` (its PCI device's local_cpulist) into flags; 0 when unknown. */
 DDP__PRIVATE int ddp__gpu_near(int dev, unsigned char* flags) {
     int n = 0;
@@ -6775,8 +7076,18 @@ DDP__PRIVATE int ddp__gpu_near(int dev, unsigned char* flags) {
 }
 #endif
 
+/* DDP_BIND, checked on every system: a value that means nothing is named also where nothing is bound. */
+DDP__PRIVATE const char* ddp__bind_env(void) {
+    const char* env = getenv("DDP_BIND");
+    if (env && *env && strcmp(env, "core") && strcmp(env, "none") && strcmp(env, "0")) {
+        ddp_log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
+        return NULL;
+    }
+    return env;
+}
+
 DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
-#if defined(__linux__) && defined(SYS_sched_setaffinity)
+#if DDP__LINUX && defined(SYS_sched_setaffinity)
     unsigned long mask[16], mine[16];
     const int bits = (int)(8 * sizeof mask[0]);
     ddp__cpu_core cpus[DDP__BIND_MAXCPU];
@@ -6784,12 +7095,8 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
     int chosen[DDP__BIND_MAXCPU], n = 0, m, i, lr = pg->env.local_rank, lws = pg->env.local_world_size;
     int index = lr, group = lws, use_near = 0;
     char list[256] = "";
-    const char* env = getenv("DDP_BIND");
+    const char* env = ddp__bind_env();
     DIR* dir;
-    if (env && *env && strcmp(env, "core") && strcmp(env, "none") && strcmp(env, "0")) {
-        ddp_log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
-        env = NULL;
-    }
     if ((env && (!strcmp(env, "none") || !strcmp(env, "0"))) || lws < 2 || lr < 0 || lr >= lws) return;
     memset(mask, 0, sizeof mask);
     if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) return;
@@ -6844,6 +7151,7 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
             use_near ? ", next to this rank's GPU" : "");
 #else
     (void)pg;
+    (void)ddp__bind_env();
 #endif
 }
 
@@ -6896,7 +7204,7 @@ DDP__PRIVATE ddp_status ddp__named_backend(const ddp_desc* d, ddp_backend* out) 
     if (*out == DDP_BACKEND_MPI && !DDP__MPI)
         return ddp__fail(DDP_ERR_NOT_BUILT, "the mpi backend was asked for (%s), but this program was built without "
                          "it: compile with -DDDP_MPI and mpicc's flags (make builds the _mpi programs when it finds "
-                         "mpicc; apt-get install libopenmpi-dev), or use the cpu backend",
+                         "mpicc; " DDP__HINT_INSTALL_MPI "), or use the cpu backend",
                          d->backend == DDP_BACKEND_MPI ? "desc.backend" : "DDP_BACKEND=mpi");
     return DDP_OK;
 }
@@ -6923,6 +7231,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (d.log) ddp_set_log(d.log, d.log_user);
     pg = (ddp_pg*)ddp__calloc(sizeof *pg);
     if (!pg) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a process group failed");
+    ddp__wait_watch(1); /* a SIGTERM or SIGINT from here to the end says what init waited for */
     pg->left_fd = pg->right_fd = -1;
     pthread_mutex_init(&pg->lock, NULL);
     pthread_cond_init(&pg->cond, NULL);
@@ -6978,6 +7287,8 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     sd.is_server = pg->rank == 0;
     sd.timeout_s = pg->timeout;
     sd.token = d.token;
+    if (pg->rank == 0) ddp__wait_note("starting the rendezvous store on port %d", sd.port);
+    else ddp__wait_note("connecting to the rendezvous store at %s:%d, which rank 0 hosts", sd.host, sd.port);
     s = pg->store ? DDP_OK : ddp_store_create(&sd, &pg->store); /* the mpi backend made it already */
     if (s == DDP_OK) s = ddp__agree(pg);
     if (s == DDP_OK && want.type == DDP_DEVICE_AUTO) s = ddp__own_gpu(pg, want, &pg->device);
@@ -6993,6 +7304,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     else
 #endif
         pg->vt = &ddp__cpu_backend;
+    ddp__wait_note("connecting to the other ranks (backend %s)", pg->vt->name);
     s = pg->vt->connect(pg);
     if (s != DDP_OK) goto fail;
     if (pg->vt == &ddp__cpu_backend) {
@@ -7012,6 +7324,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     }
 #endif
     /* Nobody leaves init before everyone has read what it needs from the store. */
+    ddp__wait_note("waiting for every rank to finish ddp_init");
     s = ddp_store_barrier(pg->store, "init", pg->world);
     if (s != DDP_OK) goto fail;
     pg->joined = 1;
@@ -7026,6 +7339,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
                 host, pg->vt->name, ddp_device_name(pg->device, devname, sizeof devname), pg->env.master_addr,
                 pg->env.master_port, pg->env.source);
     }
+    ddp__wait_watch(0);
     *out = pg;
     return DDP_OK;
 fail:
@@ -7037,6 +7351,7 @@ fail:
         ddp__fail(s, "%s", msg);
         ddp__err_fix = fix;
     }
+    ddp__wait_watch(0);
     return s;
 }
 
@@ -7166,14 +7481,8 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
     ddp__flight_note(pg, w, DDP__FL_QUEUED);
     if (ddp_log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
         ddp__flight_note(pg, w, DDP__FL_FAILED);
-        pthread_mutex_lock(&pg->lock);
-        if (!pg->broken) {
-            pg->broken = s;
-            snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
-        }
-        pthread_mutex_unlock(&pg->lock);
         DDP_FREE(w);
-        return s;
+        return ddp__pg_break(pg, s);
     }
     if (pg->device.type == DDP_DEVICE_CUDA && pg->vt == &ddp__cpu_backend) {
         /* the host thread must not read GPU memory before the kernels writing it are done */
@@ -7643,7 +7952,8 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
     int i, k;
     ddp_status s = DDP_OK;
     if (!w->sync) { /* no_sync: the gradients stay this rank's own until a synchronised backward */
-        m->local_backwards++;
+        /* With one rank there is no other replica to drift from: nothing to warn about later. */
+        if (ddp_world_size(w->pg) > 1) m->local_backwards++;
         return DDP_OK;
     }
     if (w->broken) return ddp__fail(w->broken, "%s", w->err);
@@ -7783,16 +8093,31 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
     }
     snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
     DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
+    /* Every rank reads every verdict (the first one given, in rank order, is the one all report),
+       even after finding one: returning at the first would let rank 0 fail, and its program exit
+       with the store, while a slower rank still waits for a verdict, which would then see the
+       store vanish instead of the mismatch. */
+    verdict[0] = 0;
     for (i = 0; i < W; i++) {
         char theirs[512];
         memset(theirs, 0, sizeof theirs);
         snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, i);
         DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
-        if (theirs[0])
-            return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the "
-                             "same model", theirs);
+        if (theirs[0] && !verdict[0]) snprintf(verdict, sizeof verdict, "%s", theirs);
     }
-    return DDP_OK;
+    if (!verdict[0]) return DDP_OK;
+    /* A mismatch ends the job. Rank 0 holds the store until every rank has read its verdicts
+       (each says so with one add, whose answer it has when the count is complete). */
+    snprintf(key, sizeof key, "ddp/wrap/%d/told", gen);
+    {
+        int64_t told = 0;
+        double deadline = ddp__now() + w->pg->timeout;
+        if (ddp_store_add(st, key, 1, &told) == DDP_OK)
+            while (me == 0 && told < W && ddp__now() < deadline && ddp_store_add(st, key, 0, &told) == DDP_OK)
+                ddp__sleep(0.002);
+    }
+    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the same "
+                     "model", verdict);
 }
 
 DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out) {
@@ -8037,8 +8362,24 @@ DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
     }
     ddp__sampler_fill(s, l->order, l->order);
     l->count = s->num_samples;
-    l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
-    l->resume_pos = 0;
+    l->pos = 0;
+    /* A snapshot's position belongs to the epoch it was taken in. A program that resumes at the
+       next epoch (it saved after an epoch's last batch, with the next epoch as its counter) starts
+       that epoch at its first batch; only a position in the middle of its epoch is then lost, and
+       said so. */
+    if (l->resume == 1 && s->epoch != l->resume_epoch) {
+        if (l->resume_pos > 0 && l->resume_pos < l->count &&
+            !(l->drop_last && l->count - l->resume_pos < l->batch_size))
+            ddp_log(DDP_LOG_WARN, "ddp_loader_start: the snapshot was taken %d samples into epoch %d (of %d on this "
+                    "rank), but the sampler is at epoch %d: epoch %d starts at its first batch, and the last %d samples "
+                    "of epoch %d are skipped. A snapshot taken inside the batch loop names the epoch it is in "
+                    "(snap.epoch = epoch); one taken after the loop names the next", l->resume_pos, l->resume_epoch,
+                    l->count, s->epoch, s->epoch, l->count - l->resume_pos, l->resume_epoch);
+    } else if (l->resume) {
+        l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
+    }
+    l->resume = 0, l->resume_pos = 0;
+    l->epoch = s->epoch;
     /* PyTorch's most common sampler slip: no set_epoch, so every epoch draws the same order (the
        order is a function of the seed and the epoch). A resumed epoch (ddp_snapshot_load) starts
        afresh. */
@@ -8152,6 +8493,16 @@ DDP__PRIVATE void ddp__remove_stale_tmp(const char* path) {
     closedir(d);
 }
 
+/* Put a file's data on the disk. On Apple systems fsync only hands it to the drive, whose cache can
+   still lose it when the power fails; F_FULLFSYNC asks the drive to write it out (Apple's fsync(2)
+   says so). A file system that refuses F_FULLFSYNC (some network ones) still gets the fsync. */
+DDP__PRIVATE int ddp__sync_file(int fd) {
+#if defined(F_FULLFSYNC)
+    if (fcntl(fd, F_FULLFSYNC) == 0) return 0;
+#endif
+    return fsync(fd);
+}
+
 /* Write `n` bytes to `path` through a temporary file, fsync, then rename over `path`. The
    temporary file's name carries the host and pid, so two writers of one path (every rank saving,
    by mistake) never write into the same file: the last rename wins and the file is always whole.
@@ -8168,7 +8519,7 @@ DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char*
     if (!f) return ddp__fail(DDP_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     ok = fwrite(data, 1, n, f) == n;
     ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok; /* on disk before the rename makes it visible */
+    ok = ddp__sync_file(fileno(f)) == 0 && ok; /* on disk before the rename makes it visible */
     ok = fclose(f) == 0 && ok;
     if (!ok || rename(tmp, path) != 0) {
         int e = errno;
@@ -8258,9 +8609,13 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
                       "\"sampler_shuffle\":\"%d\",\"sampler_drop_last\":\"%d\",\"sampler_epoch\":\"%d\"",
                   s->sampler->n, s->sampler->num_replicas, (unsigned long long)s->sampler->seed,
                   s->sampler->shuffle, s->sampler->drop_last, s->sampler->epoch);
-    /* a position loaded but not yet used (no ddp_loader_start since) is still the position */
-    if (s->loader)
-        ddp__putf(&b, ",\"loader_position\":\"%d\"", s->loader->resume_pos ? s->loader->resume_pos : s->loader->pos);
+    /* A position loaded but not yet used (no ddp_loader_start since) is still the position. The
+       epoch it belongs to goes with it: a resumed loader starts at the position only in that epoch. */
+    if (s->loader) {
+        const ddp_loader* l = s->loader;
+        ddp__putf(&b, ",\"loader_position\":\"%d\",\"loader_epoch\":\"%d\"", l->resume ? l->resume_pos : l->pos,
+                  l->resume == 1 ? l->resume_epoch : l->resume && s->sampler ? s->sampler->epoch : l->epoch);
+    }
     if (s->rng) ddp__putf(&b, ",\"rng\":\"%016llx\"", (unsigned long long)s->rng->state);
     ddp__putf(&b, ",\"checksum\":\"");
     cs_at = b.n;
@@ -8539,7 +8894,8 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     float* data;
     const ddp_param* p;
     const char* v;
-    long long epoch = 0, step = 0, osteps = 0, pos = 0, x;
+    long long epoch = 0, step = 0, osteps = 0, pos = 0, x = 0, pos_epoch = 0;
+    int pos_epoch_known = 0;
     uint64_t rng = 0;
     int i, k, okind = 0;
     int match[DDP__ST_MAX_TENSORS]; /* match[i]: where the i-th tensor the struct needs is in st->t */
@@ -8623,12 +8979,26 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
                         "one is over %d (shuffle %d, drop_last %d, seed %llu): not the same data or settings",
                         path, n, shuffle, drop, v ? v : "?", sp->n, sp->shuffle, sp->drop_last,
                         (unsigned long long)sp->seed);
-        if (reps != sp->num_replicas && s->loader && ddp__st_get(st, "loader_position") &&
-            strcmp(ddp__st_get(st, "loader_position"), "0") != 0)
-            DDP__ST_BAD("%s was taken mid-epoch with %lld ranks; this job has %d, so the epoch's remaining samples "
-                        "cannot be split the same way: resume with %lld ranks", path, reps, sp->num_replicas, reps);
+        /* Each rank's share of every epoch depends on the number of ranks: a run resumed with
+           another number trains on other batches than the run that wrote the file. */
+        if (reps != sp->num_replicas)
+            DDP__ST_BAD("%s was taken by a job of %lld rank%s; this job has %d rank%s, so each rank's share of the "
+                        "data (and the training from here on) would differ from that run's. Resume with %lld rank%s, "
+                        "or leave snap.sampler and snap.loader NULL to carry on deliberately with %d (the epoch "
+                        "then starts afresh)", path, reps, reps == 1 ? "" : "s", sp->num_replicas,
+                        sp->num_replicas == 1 ? "" : "s", reps, reps == 1 ? "" : "s", sp->num_replicas);
+        pos_epoch = x, pos_epoch_known = 1;
     }
-    if (s->loader) DDP__ST_NUM("loader_position", 0, INT_MAX, &pos);
+    if (s->loader) {
+        DDP__ST_NUM("loader_position", 0, INT_MAX, &pos);
+        if (ddp__st_get(st, "loader_epoch")) { /* older files name only the sampler's epoch */
+            DDP__ST_NUM("loader_epoch", INT_MIN, INT_MAX, &pos_epoch);
+            pos_epoch_known = 1;
+        } else if (!pos_epoch_known && ddp__st_get(st, "sampler_epoch")) {
+            DDP__ST_NUM("sampler_epoch", INT_MIN, INT_MAX, &pos_epoch);
+            pos_epoch_known = 1;
+        }
+    }
     if (s->rng) {
         char* end;
         v = ddp__st_get(st, "rng");
@@ -8646,7 +9016,11 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     if (r != DDP_OK) goto done;
     if (s->optim) s->optim->steps = (long)osteps;
     if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
-    if (s->loader) s->loader->resume_pos = (int)pos, s->loader->last_epoch = 0; /* a resumed epoch is no repeat */
+    if (s->loader) {
+        ddp_loader* l = s->loader;
+        l->resume_pos = (int)pos, l->resume_epoch = (int)pos_epoch, l->resume = pos_epoch_known ? 1 : 2;
+        l->last_epoch = 0; /* a resumed epoch is no repeat */
+    }
     if (s->rng) s->rng->state = rng;
     s->epoch = (int)epoch;
     s->step = (long)step;
@@ -8681,7 +9055,7 @@ done:
 #include <arpa/inet.h>
 #include <sys/wait.h>   /* waitpid and the W* macros */
 #include <time.h>       /* clock_gettime, nanosleep */
-#if defined(__linux__)
+#if DDP__LINUX
 #include <sys/prctl.h>  /* PR_SET_PDEATHSIG: a rank dies with its launcher */
 #endif
 
@@ -8931,6 +9305,7 @@ DDP__DEF ddp_status ddp_env_resolve(const ddp_desc* desc, ddp_env* out) {
     *out = e;
     ddp__g.rank = e.rank; /* from now on log lines read "[rank R/W]" */
     ddp__g.world = e.world_size;
+    ddp__g.placed = 1;
     ddp_log(DDP_LOG_INFO, "placement from %s: rank %d of %d, local rank %d of %d, node %d, master %s:%d",
             e.source, e.rank, e.world_size, e.local_rank, e.local_world_size, e.node_rank, e.master_addr,
             e.master_port);
@@ -9134,7 +9509,7 @@ DDP__PRIVATE void ddp__ln_child_setup(const ddp__ln_signals* sv, pid_t launcher)
     ddp__ln_signals_end(sv);
     if (ddp__ln_guard_fd >= 0) close(ddp__ln_guard_fd);
     setsid();
-#if defined(__linux__)
+#if DDP__LINUX
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != launcher) _exit(1); /* the launcher died before prctl took effect */
 #else
@@ -9336,8 +9711,10 @@ DDP__PRIVATE void ddp__spawn_child(int rank, int nproc, int port, const char* to
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     ddp__ln_setenv_int("MASTER_PORT", port);
     setenv("DDP_JOB_TOKEN", token, 1);
+    unsetenv("DDP_RELAYED_RANK"); /* a spawned rank writes to the terminal directly: it keeps its label */
     ddp__g.rank = rank;
     ddp__g.world = nproc;
+    ddp__g.placed = 1;
     rc = fn(rank, arg);
     fflush(NULL);
     _exit(rc < 0 || rc > 255 ? 255 : rc); /* _exit: no atexit handlers of the parent's copy */
@@ -9651,6 +10028,7 @@ DDP__PRIVATE void ddp__ln_pump(ddp__ln_stream* st) {
 /* In the child: the job's variables, the pipes as stdout/stderr, then the program. Never returns. */
 DDP__PRIVATE void ddp__ln_exec(const ddp__ln_opts* o, const char* token, int local, int out_fd, int err_fd) {
     ddp__ln_setenv_int("RANK", o->node_rank * o->nproc + local);
+    ddp__ln_setenv_int("DDP_RELAYED_RANK", o->node_rank * o->nproc + local); /* see ddp__relayed */
     ddp__ln_setenv_int("WORLD_SIZE", o->nnodes * o->nproc);
     ddp__ln_setenv_int("LOCAL_RANK", local);
     ddp__ln_setenv_int("LOCAL_WORLD_SIZE", o->nproc);

@@ -17,8 +17,14 @@
 # cores); PyTorch runs torch.set_num_threads(1) and OPENBLAS_NUM_THREADS=1 in every process.
 # PyTorch runs in its fastest setting here: OpenBLAS (Debian's libblas.so.3 alternative) and,
 # when libjemalloc2 is installed, jemalloc that never returns memory to the kernel.
+# portable-lint: linux-only (Debian's python3-torch, its BLAS and jemalloc paths, /proc/loadavg).
 set -u
 cd "$(dirname "$0")/.." || exit 1
+if [ "$(uname)" != Linux ]; then
+    echo "bench/large_model.sh compares with Debian's PyTorch and reads Linux paths; elsewhere run"
+    echo "build/examples/05_large_mlp --nproc 2 on its own (it prints the step time and the exposed wait)"
+    exit 0
+fi
 STEPS=${STEPS:-15}
 ROUNDS=${ROUNDS:-3}
 BUDGET_S=${BUDGET_S:-200}

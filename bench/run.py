@@ -28,7 +28,9 @@ WHAT EACH SECTION MEASURES
      (ddp.h: the time backward waited for buckets after its last layer, / step; PyTorch does not
      expose it), weak-scaling efficiency = one process's step / the DDP step (same per-rank
      batch), and "added" = DDP step - one process's step, with ddp.h-added / PyTorch-added. The
-     ddp.h rows run with the default transport (automatic); one more runs DDP_TRANSPORT=tcp.
+     ddp.h rows run with the default transport (automatic); one more runs DDP_TRANSPORT=tcp. Two more
+     run on a slow network (DDP_SIMULATE_NS_PER_BYTE=2: about 200 ms a step), with the default
+     buckets and with one bucket: their ratio is how much of the network backward hides (overlap).
   3. the bucket-size sweep of ddp.h on that model (caps 0 = one parameter per bucket, 4, 25,
      100 MiB, one bucket), and the transport's latency a and bandwidth B fitted to section 1's
      2-rank times (T = 2(n-1)a + 2(n-1)/n S/B, n = 2), with what that cost model says about
@@ -439,6 +441,9 @@ SWEEP_CAPS = [("cap0", "0", ["--bucket-cap-mb", "0"]), ("cap4", "4", ["--bucket-
               ("c2one", "one bucket", ["--one-bucket"])]
 
 
+SLOW_NS = "2"  # DDP_SIMULATE_NS_PER_BYTE of the overlap rows
+
+
 def large_setups():
     """(key, label, command, environment); ddp.h and PyTorch alternate so that they share load."""
     common = ["--steps", str(STEPS), "--warmup", str(WARMUP)]
@@ -453,7 +458,12 @@ def large_setups():
          ("c1t2", "ddp.h, 1 process, 2 threads", [ENV.large, "--nproc", "1"] + common, {"OPENBLAS_NUM_THREADS": "2"}),
          ("p1t2", "PyTorch, 1 process, 2 threads", tp + ["--nproc", "1", "--threads", "2"] + common, torch_env(2)),
          ("c2tcp", "ddp.h DDP, 2 ranks, default buckets, DDP_TRANSPORT=tcp", [ENV.large, "--nproc", "2"] + common,
-          dict(one, DDP_TRANSPORT="tcp"))]
+          dict(one, DDP_TRANSPORT="tcp")),
+         # overlap on a slow network: 96 MiB at SLOW_NS ns per byte is about 200 ms of "network" a step
+         ("c2slow", "ddp.h DDP, 2 ranks, default buckets, slow network", [ENV.large, "--nproc", "2"] + common,
+          dict(one, DDP_SIMULATE_NS_PER_BYTE=SLOW_NS)),
+         ("c2oneslow", "ddp.h DDP, 2 ranks, one bucket, slow network", [ENV.large, "--nproc", "2", "--one-bucket"]
+          + common, dict(one, DDP_SIMULATE_NS_PER_BYTE=SLOW_NS))]
     for key, _, opts in SWEEP_CAPS:
         if key not in ("c2", "c2one"):
             s.append((key, "ddp.h DDP, 2 ranks, --bucket-cap-mb " + opts[1], [ENV.large, "--nproc", "2"] + opts + common, one))
@@ -719,7 +729,8 @@ def report_large():
       % (DONE.get("large model", 0), STEPS, WARMUP))
     p("%-56s %9s %8s %6s %9s %8s" % ("setup", "ms/step", "exposed", "eff", "added ms", "added/PT"))
     rows = [("c1", None, None), ("c2", "c1", "p2"), ("c2one", "c1", "p2one"), ("c2tcp", "c1", "p2"),
-            ("p1", None, None), ("p2", "p1", None), ("p2one", "p1", None)]
+            ("c2slow", "c1", None), ("c2oneslow", "c1", None), ("p1", None, None), ("p2", "p1", None),
+            ("p2one", "p1", None)]
     labels = {k: l for k, l, _, _ in large_setups()}
     added = {}
     for key, base, twin in rows:
@@ -749,6 +760,13 @@ def report_large():
         p("   buckets: ddp.h default: %s; PyTorch default: %s" % (BUCKETS.get("c2", "?"), BUCKETS.get("p2", "?")))
     p("   PyTorch's exposed time is not observable from outside its reducer. The DDP_TRANSPORT=tcp row's added/PT "
       "compares with PyTorch's default row.")
+    ov = ratio(step("c2slow"), step("c2oneslow"))
+    p("   overlap: on a slow network (DDP_SIMULATE_NS_PER_BYTE=%s, about %.0f ms of network a step) a step with the "
+      "default buckets takes %s of a step with one bucket, which can only start after backward (test_ddp's "
+      "overlap_by_order proves the overlap by order; this is its size)"
+      % (SLOW_NS, 96 * MiB * float(SLOW_NS) / 1e6, fmt(ov, 2, 4).strip() + "x" if ov is not None else "-"))
+    csv_row("large_step", "overlap: default buckets / one bucket, slow network", 2, "", "step_ratio", ov, "", [])
+    target("large model, slow network: default buckets' step <= 0.95x one bucket's (overlap)", ov, 0.95, False)
     for key, name in (("c2", "default buckets"), ("c2one", "one bucket")):
         tw = "p2" if key == "c2" else "p2one"
         tadd = step(tw) - step("p1") if step(tw) is not None and step("p1") is not None else None

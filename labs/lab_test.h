@@ -20,6 +20,9 @@
 #if !defined(_DEFAULT_SOURCE)
 #define _DEFAULT_SOURCE 1 /* glibc: MAP_ANONYMOUS next to POSIX */
 #endif
+#if defined(__APPLE__) && !defined(_DARWIN_C_SOURCE)
+#define _DARWIN_C_SOURCE 1 /* macOS: with _POSIX_C_SOURCE alone it hides MAP_ANONYMOUS and mkdtemp */
+#endif
 
 #include <errno.h>
 #include <netinet/in.h>

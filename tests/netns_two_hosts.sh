@@ -26,6 +26,7 @@
 # test: TWO_HOSTS_CMD (a two_hosts_run template), TWO_HOSTS_EXPECT (extended regular expressions,
 # one a line, that node 0's output must match; both nodes must exit 0), TWO_HOSTS_NAME (the case's
 # name, default multinode_netns).
+# portable-lint: linux-only (network namespaces): without the ip command it skips, with the reason.
 
 : "${TWO_HOSTS_SUBNET:=10.77.0.0/24}"
 : "${TWO_HOSTS_PREFIX:=ddpnode}"

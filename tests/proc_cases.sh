@@ -2,6 +2,9 @@
 # both after they set BUILD and cd to the top folder: the counters and ok/bad/skp, a scratch folder
 # and a trap that stops every process a case started, a clean environment (no launcher, SLURM or
 # DDP variable of the caller leaks into a case), and the helpers that run a case with a deadline.
+# Each helper starts the command through `sh -c 'echo $$ > ...; exec ...'`, so $TMP/TAG.prog holds
+# the command's own pid (prog_pid TAG), on any system (no /proc) and with any `timeout`.
+. tests/compat.sh
 pass=0 fail=0 skip=0
 TMP=$(mktemp -d)
 PIDS=""   # every background process this script starts; the trap stops them, by pid
@@ -27,7 +30,6 @@ ok()   { echo "ok   $1"; pass=$((pass + 1)); }
 bad()  { echo "FAIL $1"; shift; for l in "$@"; do echo "    $l"; done; fail=$((fail + 1)); }
 skp()  { echo "skip $1: $2"; skip=$((skip + 1)); }
 
-now() { date +%s.%N; }
 
 # free_port VAR: set VAR to a port nothing listens on right now, random in 20000..32767 (below
 # Linux's ephemeral range, so that no outgoing connection borrows it meanwhile), and never one
@@ -51,7 +53,7 @@ free_port() {
 wait_port() {
     local _
     for _ in $(seq $(( ${2:-5} * 20 ))); do
-        timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null && return 0
+        with_timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null && return 0
         sleep 0.05
     done
     return 1
@@ -71,8 +73,15 @@ wait_line() {
     return 1
 }
 
-# run_fg TAG LIMIT [VAR=value...] -- COMMAND...: run in the foreground under `timeout LIMIT`;
-# sets RC, T0, T1; stdout and stderr go to $TMP/TAG.out and $TMP/TAG.err.
+# The command of case TAG, started so that it writes its own pid to $TMP/TAG.prog first.
+RECORD_PID='echo $$ > "$0"; exec "$@"'
+# prog_pid TAG: that pid, once the file is there (at most 5 s).
+prog_pid() {
+    wait_file "$TMP/$1.prog" && cat "$TMP/$1.prog"
+}
+
+# run_fg TAG LIMIT [VAR=value...] -- COMMAND...: run in the foreground with a deadline of LIMIT
+# seconds (with_timeout); sets RC, T0, T1; stdout and stderr go to $TMP/TAG.out and $TMP/TAG.err.
 run_fg() {
     local tag=$1 lim=$2 envs=()
     shift 2
@@ -80,7 +89,8 @@ run_fg() {
     shift
     T0=$(now)
     # in the background and waited for, so that a TERM to this script is acted on at once
-    env ${envs[@]+"${envs[@]}"} timeout -k 2 "$lim" "$@" >"$TMP/$tag.out" 2>"$TMP/$tag.err" &
+    with_timeout -k 2 "$lim" env ${envs[@]+"${envs[@]}"} sh -c "$RECORD_PID" "$TMP/$tag.prog" "$@" \
+        >"$TMP/$tag.out" 2>"$TMP/$tag.err" &
     PIDS="$PIDS $!"
     wait $!
     RC=$?
@@ -88,21 +98,23 @@ run_fg() {
 }
 
 # run_bg TAG LIMIT [VAR=value...] -- COMMAND...: the same in the background; BG gets the pid
-# (of `timeout`, which passes a TERM on to the program).
+# of the deadline's keeper (with_timeout, which passes a TERM on to the program); prog_pid TAG
+# gives the program's own.
 run_bg() {
     local tag=$1 lim=$2 envs=()
     shift 2
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
-    env ${envs[@]+"${envs[@]}"} timeout -k 2 "$lim" "$@" >"$TMP/$tag.out" 2>"$TMP/$tag.err" &
+    with_timeout -k 2 "$lim" env ${envs[@]+"${envs[@]}"} sh -c "$RECORD_PID" "$TMP/$tag.prog" "$@" \
+        >"$TMP/$tag.out" 2>"$TMP/$tag.err" &
     BG=$!
     PIDS="$PIDS $BG"
 }
 
 # run_async TAG LIMIT [VAR=value...] -- COMMAND...: start a case that mostly waits (for a
 # deadline) in the background now, to be judged later with finish_async TAG, which sets RC, T0
-# and T1 as run_fg does. The trap stops it (the subshell and the `timeout` under it) by pid.
-declare -A APID
+# and T1 as run_fg does. The trap stops it (the subshell and the deadline's keeper under it) by pid.
+# (The subshell's pid goes to $TMP/TAG.apid: bash 3.2 has no associative arrays.)
 run_async() {
     local tag=$1 lim=$2 envs=()
     shift 2
@@ -110,15 +122,16 @@ run_async() {
     shift
     (
         t0=$(now)
-        env ${envs[@]+"${envs[@]}"} timeout -k 2 "$lim" "$@" >"$TMP/$tag.out" 2>"$TMP/$tag.err" &
+        with_timeout -k 2 "$lim" env ${envs[@]+"${envs[@]}"} sh -c "$RECORD_PID" "$TMP/$tag.prog" "$@" \
+            >"$TMP/$tag.out" 2>"$TMP/$tag.err" &
         echo $! >"$TMP/$tag.pid"
         wait $!
         echo "$? $t0 $(now)" >"$TMP/$tag.rc"
     ) &
-    APID[$tag]=$!
+    echo $! >"$TMP/$tag.apid"
     PIDS="$PIDS $!"
 }
 finish_async() {
-    wait "${APID[$1]}"
+    wait "$(cat "$TMP/$1.apid")"
     read -r RC T0 T1 <"$TMP/$1.rc" || { RC=125; T0=0; T1=0; }
 }

@@ -5,30 +5,15 @@
 # Each case reports one line, "ok   name", "FAIL name" or "skip name: reason"; a skip is never a pass.
 set -u
 cd "$(dirname "$0")/.."
+. tests/compat.sh   # with_timeout, read_lines: what macOS's bash 3.2 and BSD tools lack
 BUILD=${BUILD:-build}
 GPU_ONLY=0 FAULTS=0
 [ "${1:-}" = "--gpu" ] && GPU_ONLY=1
 [ "${1:-}" = "--faults" ] && FAULTS=1
-pass=0 fail=0 skip=0
+. tests/report.sh   # pass, fail, skip; ok, bad, skp, run_prog
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-
-ok()   { echo "ok   $1"; pass=$((pass + 1)); }
-bad()  { echo "FAIL $1"; shift; for l in "$@"; do echo "    $l"; done; fail=$((fail + 1)); }
-skp()  { echo "skip $1: $2"; skip=$((skip + 1)); }
-
-# Run one test program and count the lines it prints; a crash without a FAIL line is a failure.
-run_prog() {
-    local name=$1; shift
-    local out rc p f s
-    echo "== $name"
-    out=$("$@" 2>&1); rc=$?
-    printf '%s\n' "$out"
-    p=$(grep -c '^ok ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out"); s=$(grep -c '^skip ' <<<"$out")
-    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
-    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then bad "$name" "exited with status $rc without reporting a failed case"; fi
-    if [ $((p + f + s)) -eq 0 ] && [ $rc -eq 0 ]; then bad "$name" "reported no case at all"; fi
-}
+SKIP_REASONS=$TMP/skip_reasons
 
 # ---- the GPU suite (make test-gpu) -----------------------------------------------------------
 if [ $GPU_ONLY = 1 ]; then
@@ -71,7 +56,7 @@ run_prog test_transport bash tests/test_transport.sh "$BUILD"
 # ---- a snapshot read in Python: struct + json + numpy, the checksum rule, every tensor exact ----
 echo "== snapshot in numpy"
 if [ ! -x /usr/bin/python3 ]; then
-    skp snapshot_read_by_numpy "/usr/bin/python3 is not installed"
+    skp snapshot_read_by_numpy "/usr/bin/python3 is not installed (apt-get install python3 python3-numpy)"
 elif ! /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1; then
     skp snapshot_read_by_numpy "numpy is not installed for /usr/bin/python3 (apt-get install python3-numpy)"
 elif ! out=$("$BUILD/tests/snapshot_dump" "$TMP/dump.safetensors" "$TMP/dump.txt" 2>&1); then
@@ -85,13 +70,13 @@ fi
 # ---- the sampler against PyTorch's DistributedSampler: exact without shuffling, the rules with it ----
 echo "== sampler against PyTorch"
 if [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
-    skp sampler_matches_pytorch "/usr/bin/python3 with torch not found"
+    skp sampler_matches_pytorch "/usr/bin/python3 with torch not found (apt-get install python3-torch)"
 elif [ ! -x "$BUILD/tests/sampler_dump" ]; then
     bad sampler_matches_pytorch "$BUILD/tests/sampler_dump is not built"
 elif out=$(/usr/bin/python3 tests/sampler_torch.py "$BUILD/tests/sampler_dump" 2>&1); then
     ok "sampler_matches_pytorch ($out)"
 else
-    mapfile -t sampler_lines < <(tail -n 15 <<<"$out")
+    read_lines sampler_lines < <(tail -n 15 <<<"$out")
     bad sampler_matches_pytorch "${sampler_lines[@]}"
 fi
 
@@ -107,13 +92,13 @@ if command -v "$FUZZ_CC" >/dev/null 2>&1 &&
 fi
 for f in snapshot store; do
     name=fuzz_${f}_short bin="$BUILD/fuzz/fuzz_$f"
-    if [ $fuzz_works = 0 ]; then skp "$name" "clang with libFuzzer not found (apt-get install clang)"; continue; fi
+    if [ $fuzz_works = 0 ]; then skp "$name" "clang with libFuzzer not found (apt-get install clang libclang-rt-14-dev)"; continue; fi
     if ! out=$(make --no-print-directory BUILD="$BUILD" FUZZ_CC="$FUZZ_CC" "$bin" 2>&1); then
         bad "$name" "building $bin failed:" "$(tail -n 5 <<<"$out")"; continue
     fi
     mkdir -p "$TMP/fuzz_$f" "$TMP/seeds_$f"
     DDP_FUZZ_WRITE_SEEDS="$TMP/seeds_$f" "$bin" >/dev/null 2>&1
-    out=$(timeout 300 "$bin" -seed=1 -runs=20000 -artifact_prefix="$BUILD/fuzz/" "$TMP/fuzz_$f" "tests/fuzz/corpus_$f" "$TMP/seeds_$f" 2>&1); rc=$?
+    out=$(with_timeout 300 "$bin" -seed=1 -runs=20000 -artifact_prefix="$BUILD/fuzz/" "$TMP/fuzz_$f" "tests/fuzz/corpus_$f" "$TMP/seeds_$f" 2>&1); rc=$?
     runs=$(sed -n 's/^Done \([0-9]*\) runs in .*/\1/p' <<<"$out")
     if [ $rc = 0 ] && [ -n "$runs" ]; then ok "$name ($runs runs, no crash)"
     else bad "$name" "exit status $rc; the input that crashed it: $(sed -n 's/.*Test unit written to //p' <<<"$out")" \
@@ -125,7 +110,7 @@ echo "== docs"
 # The tutorial never rots: every generated diff is current, and every block of TUTORIAL.md and
 # README.md marked runnable runs as written, with the output shown where the text marks it.
 if ! command -v python3 >/dev/null 2>&1; then
-    skp docs_diffs "python3 is not installed"; skp docs_runnable_blocks "python3 is not installed"
+    skp docs_diffs "python3 is not installed (apt-get install python3)"; skp docs_runnable_blocks "python3 is not installed (apt-get install python3)"
 else
     run_prog docs_diffs python3 tools/docs.py diffs --check
     case $BUILD in
@@ -174,7 +159,7 @@ for lab in sampler ring buckets no_sync resume measure; do
         elif [ "$f" -eq 0 ] && [ "$p" -eq 0 ]; then
             skp "$name" "$(grep -m 1 '^skip ' <<<"$out" | sed 's/^skip [^:]*: //')"
         else
-            mapfile -t lab_lines < <(grep -A 3 '^FAIL ' <<<"$out" | head -n 12)
+            read_lines lab_lines < <(grep -A 3 '^FAIL ' <<<"$out" | head -n 12)
             bad "$name" "labs/solutions/$lab.c fails $f test(s) (exit status $rc):" "${lab_lines[@]}"
         fi
     done
@@ -233,7 +218,7 @@ perf="$BUILD/allreduce_perf"
 job_ok() {  # name, command...: the all-reduce table must end with "Out of bounds values : 0 OK"
     local name=$1; shift
     local out
-    out=$(timeout 120 "$@" 2>&1)
+    out=$(with_timeout 120 "$@" 2>&1)
     if grep -q "Out of bounds values : 0 OK" <<<"$out"; then ok "$name"
     else bad "$name" "$*" "$(tail -n 6 <<<"$out")"; fi
 }
@@ -242,25 +227,36 @@ port=$((20000 + RANDOM % 20000))
 job_ok ddprun_explicit_master "$BUILD/ddprun" --master-addr 127.0.0.1 --master-port $port --nproc-per-node 3 "$perf" -b 1K -e 64K -f 8 -n 3 -w 1 -d bf16 -o avg
 # two "nodes" on one machine: two ddprun, node ranks 0 and 1, one shared token
 port=$((20000 + RANDOM % 20000))
-out=$( { DDP_JOB_TOKEN=twonodes timeout 120 "$BUILD/ddprun" --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port "$perf" -b 4K -e 64K -n 3 -w 1 >/dev/null 2>&1 & }
-        DDP_JOB_TOKEN=twonodes timeout 120 "$BUILD/ddprun" --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port "$perf" -b 4K -e 64K -n 3 -w 1 2>&1; wait)
+out=$( { DDP_JOB_TOKEN=twonodes with_timeout 120 "$BUILD/ddprun" --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port "$perf" -b 4K -e 64K -n 3 -w 1 >/dev/null 2>&1 & }
+        DDP_JOB_TOKEN=twonodes with_timeout 120 "$BUILD/ddprun" --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port "$perf" -b 4K -e 64K -n 3 -w 1 2>&1; wait)
 if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "world size 4" <<<"$out"; then ok ddprun_two_nodes_loopback
 else bad ddprun_two_nodes_loopback "$(tail -n 6 <<<"$out")"; fi
 # DDP_DEBUG=DETAIL prints every step of the ring (the TCP transport): 2(W-1) steps, half reducing, half copying
-out=$(DDP_TRANSPORT=tcp DDP_DEBUG=DETAIL timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 12 -e 12 -n 1 -w 0 -c 0 2>&1)
+out=$(DDP_TRANSPORT=tcp DDP_DEBUG=DETAIL with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 12 -e 12 -n 1 -w 0 -c 0 2>&1)
 if grep -q "step 1/4 (reduce-scatter): send segment 0 \[0, 1) to rank 1" <<<"$out" &&
    grep -q "step 2/4 (reduce-scatter): received segment 1 \[1, 2) from rank 2 and added it" <<<"$out" &&
    grep -q "step 4/4 (all-gather): received segment 2 \[2, 3) from rank 2 and copied it" <<<"$out"; then
     ok ring_steps_printed_at_detail
 else bad ring_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
+# log lines carry one rank label: under ddprun its "[rank R]: " alone, even before ddp_init; by hand,
+# before ddp_init, the launcher's RANK and WORLD_SIZE (nobody listens at the port: init fails at once)
+out=$(DDP_DEBUG=INFO timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 2 "$BUILD/examples/03_multi_node" --device cpu \
+      --epochs 1 --save-every 0 2>&1)
+port=$((20000 + RANDOM % 20000))
+out1=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_TIMEOUT=1 DDP_DEBUG=INFO timeout 30 \
+       "$BUILD/examples/03_multi_node" --device cpu 2>&1)
+if grep -q '^\[rank 1\]: loaded examples/data/wine.csv' <<<"$out" && grep -q '^\[rank 1\]: placement from torchrun: rank 1 of 2' <<<"$out" &&
+   ! grep -q '^\[rank [0-9]*\]: .*\[rank [0-9]*/' <<<"$out" && grep -q '^\[rank 1/2\] loaded examples/data/wine.csv' <<<"$out1"; then
+    ok log_lines_one_rank_label
+else bad log_lines_one_rank_label "under ddprun:" "$(grep -E 'loaded|placement' <<<"$out" | head -n 4)" "by hand, RANK=1:" "$(head -n 2 <<<"$out1")"; fi
 # a rank that dies before joining: the others must not wait for it; ddprun ends promptly
 start=$(date +%s)
-out=$(DDP_TIMEOUT=60 timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 sh -c 'if [ "$RANK" = 2 ]; then exit 5; fi; exec "$0" -b 4K -e 4K' "$perf" 2>&1); rc=$?
+out=$(DDP_TIMEOUT=60 with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 sh -c 'if [ "$RANK" = 2 ]; then exit 5; fi; exec "$0" -b 4K -e 4K' "$perf" 2>&1); rc=$?
 if [ $rc = 5 ] && [ $(( $(date +%s) - start )) -lt 20 ]; then ok ddprun_real_job_rank_dies
 else bad ddprun_real_job_rank_dies "exit status $rc after $(( $(date +%s) - start )) s (want 5, promptly)" "$(tail -n 4 <<<"$out")"; fi
 if command -v mpirun >/dev/null 2>&1; then
     port=$((20000 + RANDOM % 20000))
-    out=$(DDP_DEBUG=INFO timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port -x DDP_DEBUG "$perf" -b 4K -e 256K -n 3 -w 1 2>&1)
+    out=$(DDP_DEBUG=INFO with_timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port -x DDP_DEBUG "$perf" -b 4K -e 256K -n 3 -w 1 2>&1)
     if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "placement from openmpi" <<<"$out"; then ok mpirun_openmpi_env
     else bad mpirun_openmpi_env "$(tail -n 6 <<<"$out")"; fi
 else
@@ -285,38 +281,86 @@ compile_mode c99_no_cuda "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA" ""
 compile_mode c99_static "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_STATIC" ""
 HAVE_GXX=0; command -v g++ >/dev/null 2>&1 && HAVE_GXX=1
 if [ $HAVE_GXX = 1 ]; then compile_mode cxx_no_cuda g++ "-x c++ $WFLAGS -DDDP_NO_CUDA" "-x none"
-else skp compile_cxx_no_cuda "no g++ on this machine"; fi
+else skp compile_cxx_no_cuda "no g++ on this machine (apt-get install g++)"; fi
 if [ "${HAVE_CUDA:-0}" = 1 ]; then
     compile_mode c99_cuda "$CCX" "-std=c99 $WFLAGS ${CUDA_CFLAGS:-}" "${CUDA_LIBS:-}"
     if [ $HAVE_GXX = 1 ]; then compile_mode cxx_cuda g++ "-x c++ $WFLAGS ${CUDA_CFLAGS:-}" "-x none ${CUDA_LIBS:-}"
-    else skp compile_cxx_cuda "no g++ on this machine"; fi
+    else skp compile_cxx_cuda "no g++ on this machine (apt-get install g++)"; fi
 else
-    skp compile_c99_cuda "this build is CPU-only (see the make line above)"
-    skp compile_cxx_cuda "this build is CPU-only (see the make line above)"
+    skp compile_c99_cuda "this build is CPU-only: make found no CUDA toolkit (see its first line)"
+    skp compile_cxx_cuda "this build is CPU-only: make found no CUDA toolkit (see its first line)"
 fi
+# DDP_PORTABLE: the header without its Linux-only code, as macOS and the BSDs compile it
+compile_mode c99_portable "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_PORTABLE" ""
+if [ $HAVE_GXX = 1 ]; then compile_mode cxx_portable g++ "-x c++ $WFLAGS -DDDP_NO_CUDA -DDDP_PORTABLE" "-x none"
+else skp compile_cxx_portable "no g++ on this machine"; fi
+# clang with _FORTIFY_SOURCE=2, as macOS compiles by default: printf-like calls are macros there
+if command -v clang >/dev/null 2>&1; then
+    compile_mode clang_fortify clang "-std=c99 -O2 -D_FORTIFY_SOURCE=2 $WFLAGS -DDDP_NO_CUDA" ""
+else skp compile_clang_fortify "clang is not installed (apt-get install clang)"; fi
 if [ "${HAVE_MPI:-0}" = 1 ]; then
     compile_mode c99_mpi "$CCX" "-std=c99 $WFLAGS -DDDP_NO_CUDA -DDDP_MPI ${MPI_CFLAGS:-}" "${MPI_LIBS:-}"
     if [ $HAVE_GXX = 1 ]; then compile_mode cxx_mpi g++ "-x c++ $WFLAGS -DDDP_NO_CUDA -DDDP_MPI ${MPI_CFLAGS:-}" "-x none ${MPI_LIBS:-}"
-    else skp compile_cxx_mpi "no g++ on this machine"; fi
+    else skp compile_cxx_mpi "no g++ on this machine (apt-get install g++)"; fi
 else
-    skp compile_c99_mpi "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
-    skp compile_cxx_mpi "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+    skp compile_c99_mpi "no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
+    skp compile_cxx_mpi "no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
+fi
+
+# ---- a student's laptop: what a Mac's shell and a Windows-side clone need (make test-portable
+# runs the rest: the portable, musl and aarch64 builds) ------------------------------------------
+echo "== laptops"
+if command -v python3 >/dev/null 2>&1; then run_prog portability_lint python3 tests/lint_portable.py
+else skp portability_lint "python3 is not installed"; fi
+run_prog test_compat bash tests/test_compat.sh
+# Scripts, sources and the Makefile keep LF endings in every checkout, also a Windows-side clone
+# with core.autocrlf=true, where CRLF would break bash ("$'\r': command not found") and make.
+if ! command -v git >/dev/null 2>&1 || ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    skp gitattributes_keep_lf "not a git checkout: .gitattributes acts on clones"
+else
+    n=$(git ls-files -- '*.sh' '*.c' '*.h' '*.py' '*.md' '*.mk' Makefile .ci/run | wc -l | tr -d ' ')
+    not_lf=$(git ls-files -- '*.sh' '*.c' '*.h' '*.py' '*.md' '*.mk' Makefile .ci/run | git check-attr --stdin eol |
+             grep -v ': eol: lf$' | head -n 5)
+    if [ "$n" -gt 0 ] && [ -z "$not_lf" ]; then ok "gitattributes_keep_lf ($n text files are checked out with LF)"
+    else bad gitattributes_keep_lf "files a core.autocrlf=true clone would turn to CRLF:" "$not_lf"; fi
+fi
+# The Makefile's OpenBLAS probe (used where pkg-config does not know OpenBLAS, as on a Mac with
+# Homebrew's) must write a real "#include" line, whatever GNU make's version
+if ! printf '#include <cblas.h>\nint main(void){return 0;}\n' | ${CC:-cc} -x c - -o /dev/null -lopenblas >/dev/null 2>&1; then
+    skp makefile_openblas_probe_without_pkg_config "OpenBLAS is not installed (apt-get install libopenblas-dev)"
+else
+    mkdir -p "$TMP/no-pkg-config"
+    printf '#!/bin/sh\nexit 1\n' >"$TMP/no-pkg-config/pkg-config"
+    chmod +x "$TMP/no-pkg-config/pkg-config"
+    line=$(PATH="$TMP/no-pkg-config:$PATH" make -n --no-print-directory BUILD="$TMP/probe" CBLAS=auto CUDA=0 MPI=0 \
+           "$TMP/probe/ddprun" 2>&1 | grep -m1 '^ddp.h build:')
+    if grep -q 'CPU Linear through OpenBLAS' <<<"$line"; then ok makefile_openblas_probe_without_pkg_config
+    else bad makefile_openblas_probe_without_pkg_config "without pkg-config, make says: ${line:-nothing}"; fi
 fi
 
 # ---- make install: the pkg-config line a student uses builds and runs chapter 1 --------------
+# ddp.pc is this build's flavour (CUDA when make found it), ddp-cpu.pc the CPU-only one, whose
+# program needs no CUDA library; install says how to point pkg-config at a PREFIX it does not search.
 echo "== install"
 if command -v pkg-config >/dev/null 2>&1; then
-    if out=$(make --no-print-directory install PREFIX="$TMP/prefix" BUILD="$BUILD" 2>&1) &&
-       flags=$(PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig" pkg-config --cflags --libs ddp 2>&1) &&
-       cp examples/01_single_gpu.c "$TMP/train.c" &&
-       out=$(cd "$TMP" && ${CC:-cc} train.c $flags -o train 2>&1) &&
-       out=$("$TMP/train" --device cpu --epochs 2 --save-every 0 2>&1); then
-        ok "install_pkg_config_build"
-    else
-        bad "install_pkg_config_build" "$(tail -n 5 <<<"$out")"
-    fi
+    for pc in ddp ddp-cpu; do
+        if out=$(make --no-print-directory install PREFIX="$TMP/prefix" BUILD="$BUILD" 2>&1) &&
+           { grep -qF "export PKG_CONFIG_PATH=$TMP/prefix/lib/pkgconfig" <<<"$out" ||
+             ! out="make install did not say how to point pkg-config at $TMP/prefix/lib/pkgconfig: $out"; } &&
+           flags=$(PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig" pkg-config --cflags --libs $pc 2>&1) &&
+           cp examples/01_single_gpu.c "$TMP/train.c" &&
+           out=$(cd "$TMP" && ${CC:-cc} train.c $flags -o train 2>&1) &&
+           { [ $pc = ddp ] || ! ldd "$TMP/train" | grep -E 'lib(cudart|cublas|nvrtc|nccl)' ||
+             ! out="built with ddp-cpu, the program still needs CUDA libraries: $(ldd "$TMP/train" | grep -E 'cuda|nccl|nvrtc|cublas')"; } &&
+           out=$("$TMP/train" --device cpu --epochs 2 --save-every 0 2>&1); then
+            ok "install_pkg_config_build_$pc"
+        else
+            bad "install_pkg_config_build_$pc" "$(tail -n 5 <<<"$out")"
+        fi
+    done
 else
-    skp install_pkg_config_build "pkg-config is not installed"
+    skp install_pkg_config_build_ddp "pkg-config is not installed (apt-get install pkg-config)"
+    skp install_pkg_config_build_ddp-cpu "pkg-config is not installed (apt-get install pkg-config)"
 fi
 
 # ---- the chapter-1 example, end to end ----------------------------------------------------------
@@ -332,11 +376,11 @@ check_accuracy() {  # name, minimum, args...
     else bad "$name" "expected test accuracy >= $min" "$(tail -n 3 <<<"$out")"; fi
 }
 # chapter 9: a collective inside `if (rank == 0)` is caught at once, not trained on silently
-out=$(DDP_TIMEOUT=10 timeout 60 "$BUILD/examples/09_hang" --nproc 2 2>&1); rc=$?
+out=$(DDP_TIMEOUT=10 with_timeout 60 "$BUILD/examples/09_hang" --nproc 2 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "DDP_ERR_DESYNC: desync: this rank (0) calls all_reduce #[0-9]* (1 x f32, sum), but rank 1 calls all_reduce #[0-9]* (1091 x f32, sum)" <<<"$out"; then
     ok example09_collective_on_one_rank_caught
 else bad example09_collective_on_one_rank_caught "exit status $rc" "$(tail -n 4 <<<"$out")"; fi
-out=$(DDP_TIMEOUT=10 timeout 60 "$BUILD/examples/09_hang" --nproc 2 --fixed 2>&1); rc=$?
+out=$(DDP_TIMEOUT=10 with_timeout 60 "$BUILD/examples/09_hang" --nproc 2 --fixed 2>&1); rc=$?
 if [ $rc -eq 0 ] && grep -q "epoch 20  mean loss over all ranks" <<<"$out"; then ok example09_fixed_trains
 else bad example09_fixed_trains "exit status $rc" "$(tail -n 4 <<<"$out")"; fi
 check_accuracy example01_wine_cpu 0.95 --device cpu --snapshot "$TMP/wine.st"
@@ -369,7 +413,7 @@ ex="$BUILD/examples/01_single_gpu"
 # chapter-3 example must end where the cpu backend ended above, under the same mpirun.
 echo "== mpi backend"
 mpi_skip=
-if [ ! -x "$BUILD/tests/test_mpi" ]; then mpi_skip="no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+if [ ! -x "$BUILD/tests/test_mpi" ]; then mpi_skip="no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
 elif ! command -v mpirun >/dev/null 2>&1; then mpi_skip="Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
 elif [ "${DDP_TSAN:-0}" = 1 ]; then
     mpi_skip="Open MPI is not built with -fsanitize=thread, and TSan reports its own locking (mca_pml_ob1, mca_btl_tcp)"
@@ -379,8 +423,8 @@ if [ -n "$mpi_skip" ]; then
 else
     # fast_unwind_on_malloc=0 (used under make sanitize only): whole stacks through Open MPI's plugins,
     # so that tests/lsan.supp tells what Open MPI keeps from what ddp.h would leak
-    mpirun_=(env -u MASTER_ADDR -u MASTER_PORT "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
-             timeout 120 mpirun --allow-run-as-root --oversubscribe)
+    mpirun_=(with_timeout 120 env -u MASTER_ADDR -u MASTER_PORT "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
+             mpirun --allow-run-as-root --oversubscribe)
     run_prog mpi_backend_np2 "${mpirun_[@]}" -np 2 "$BUILD/tests/test_mpi"
     run_prog mpi_backend_np4 "${mpirun_[@]}" -np 4 "$BUILD/tests/test_mpi"
     # Rank 0 calls a collective rank 1 never calls. Both ranks then exit without MPI_Finalize (it could
@@ -419,7 +463,7 @@ for r in (0, 1):
 PY
 ); then ok trace_files_per_rank; else bad trace_files_per_rank "$out"; fi
 else
-    skp trace_files_per_rank "python3 is not installed (needed to parse the JSON)"
+    skp trace_files_per_rank "python3 is not installed, which parses the JSON (apt-get install python3)"
 fi
 
 # ---- chapter 3 across two hosts: network namespaces, and a real two-node SLURM cluster ------------
@@ -451,5 +495,21 @@ expect_error example01_bad_device "is not one of cpu, cuda" "$ex" --device tpu
 printf 'a,b,label\n1,2,0\n3,x,1\n' > "$TMP/bad.csv"
 expect_error example01_bad_csv "bad.csv:3: column 2" "$ex" --data "$TMP/bad.csv"
 
+# ---- what would turn the skips into tests ---------------------------------------------------------
+# tests/skip_hints.sh reads every skip's reason and prints the packages that cure them (a check on
+# made-up reasons first: the line must name exactly their packages).
+printf '%s\n' "no mpicc (apt-get install libopenmpi-dev)" "no GPU: no driver" "x (apt-get install --no-install-recommends slurmd munge)" \
+    "needs root" "numpy is missing (apt-get install python3-numpy)" "(apt-get install no-such-package)" >"$TMP/hints_fixture"
+out=$(bash tests/skip_hints.sh "$TMP/hints_fixture" 6 2>&1); rc=$?
+if [ $rc = 1 ] && [ "$out" = "skipped cases: apt-get install libopenmpi-dev munge no-such-package python3-numpy slurmd would turn 4 of the 6 into tests (as .ci/run installs them); 1 need a GPU or the CUDA toolkit, 1 need root
+skip reasons name packages that .ci/run does not install: no-such-package" ]; then ok skip_hints_line
+else bad skip_hints_line "exit status $rc (want 1: a package .ci/run lacks), printed:" "$out"; fi
+if [ -s "$TMP/skip_reasons" ]; then
+    if ! out=$(bash tests/skip_hints.sh "$TMP/skip_reasons" "$skip"); then
+        bad skip_hints_name_ci_packages "$(tail -n 1 <<<"$out")"
+        out=$(head -n 1 <<<"$out")
+    fi
+    echo "$out"
+fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]

@@ -24,6 +24,7 @@
 # that the output must match; SLURM_TWO_HOSTS_NAME renames the case (default slurm_two_hosts);
 # SLURM_TWO_HOSTS_TIMEOUT bounds sbatch --wait (default 60 s). SLURM_TWO_HOSTS_KEEP_OUTPUT=FILE
 # copies the job's output there.
+# portable-lint: linux-only (network namespaces, SLURM daemons): without root or ip it skips, with the reason.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 NAME=${SLURM_TWO_HOSTS_NAME:-slurm_two_hosts}

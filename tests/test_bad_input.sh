@@ -46,14 +46,14 @@ verdict() {
     el=$(awk "BEGIN{printf \"%.1f\", $T1 - $T0}")
     [ "$RC" -eq 0 ] && why+=("exit status 0, want non-zero")
     if [ "$RC" -eq 124 ] || [ "$RC" -eq 137 ]; then why+=("killed by timeout after $el s: it hung"); fi
-    awk "BEGIN{exit !($el < $lo)}" && why+=("ended after $el s, before $lo s")
-    awk "BEGIN{exit !($el > $hi)}" && why+=("took $el s, over the bound of $hi s")
+    awk "BEGIN{exit !($el < $lo - $COMPAT_SLACK)}" && why+=("ended after $el s, before $lo s")
+    awk "BEGIN{exit !($el > $hi + $COMPAT_SLACK)}" && why+=("took $el s, over the bound of $hi s")
     grep -qE -- "$want" "$TMP/$tag.err" || why+=("stderr does not match /$want/")
     for l in "$@"; do [ -n "$l" ] && why+=("$l"); done
     if [ ${#why[@]} -eq 0 ]; then
         ok "$name"
     else
-        mapfile -t tail_lines < <(tail -n 4 "$TMP/$tag.err" | cut -c1-400)
+        read_lines tail_lines < <(tail -n 4 "$TMP/$tag.err" | cut -c1-400)
         bad "$name" "${why[@]}" "(status $RC after $el s; the end of its stderr:)" ${tail_lines[@]+"${tail_lines[@]}"}
     fi
     echo "    first line: $(first_line "$TMP/$tag.err")"
@@ -241,7 +241,7 @@ if [ $HAVE_PY = 1 ]; then
     fi
     stop "$LST"
 else
-    skp port_held_by_other_program "python3 is not installed (it plays the other program)"
+    skp port_held_by_other_program "python3 is not installed, and it plays the other program (apt-get install python3)"
 fi
 
 # ---- rank 1 pointed at a port another program holds: one that answers in its own protocol, one ----
@@ -265,8 +265,8 @@ if [ $HAVE_PY = 1 ]; then
         bad port_held_by_silent_program "the python listener never started: $(cat "$TMP/listener.silent.err")"
     fi
 else
-    skp port_held_by_other_protocol "python3 is not installed (it plays the other program)"
-    skp port_held_by_silent_program "python3 is not installed (it plays the other program)"
+    skp port_held_by_other_protocol "python3 is not installed, and it plays the other program (apt-get install python3)"
+    skp port_held_by_silent_program "python3 is not installed, and it plays the other program (apt-get install python3)"
 fi
 
 # ---- 7: two jobs on one port: job B's rank 0 finds job A's store there --------------------------------
@@ -330,8 +330,8 @@ if [ $HAVE_PY = 1 ]; then
     fi
     stop "$LST"
 else
-    skp protocol_version_mismatch "python3 is not installed (it plays the client of another version)"
-    skp protocol_version_mismatch_seen_by_rank "python3 is not installed (it plays the store of another version)"
+    skp protocol_version_mismatch "python3 is not installed, and it plays the client of another version (apt-get install python3)"
+    skp protocol_version_mismatch_seen_by_rank "python3 is not installed, and it plays the store of another version (apt-get install python3)"
 fi
 
 # ---- 10: the ranks disagree about the world size ------------------------------------------------
@@ -376,7 +376,7 @@ wait_port "$P" 5
 sleep 0.5   # rank 1 has claimed its slot (ddp_init retries its connection every few ms at first)
 run_fg duplicate_rank_in_rendezvous 20 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
 dup_rc=$RC dup_t0=$T0 dup_t1=$T1
-rank1_pid=$(pgrep -P "$B" | head -n 1)   # (the program under `timeout`)
+rank1_pid=$(prog_pid slot_rank1)   # (the program itself: its pid file, see run_bg)
 run_fg slot_rank2 40 RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
 rc2=$RC
 wait "$A"; rcA=$?

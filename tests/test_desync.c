@@ -1,10 +1,16 @@
 /* tests/test_desync.c: what a student sees when the ranks fall out of step (chapter 9), with real
    processes and sockets: DDP_DEBUG=DETAIL's desync check (both ranks' views of the mismatch), a
    collective that only one rank calls (the timeout names the collective, its sequence number and
-   the rank that never came), the flight recorder printed on a timeout, and on SIGUSR1. */
+   the rank that never came), the flight recorder printed on a timeout, and on SIGUSR1; and one
+   that must not be a desync: a shared-memory peer that finished and left while this rank looked. */
+struct ddp_pg;
+static void shm_gap_hook(struct ddp_pg* pg, int q, unsigned target);
+#define DDP__TEST_SHM_GAP(pg, q, target) shm_gap_hook(pg, q, target) /* ddp.h's test-only knob */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "harness.h"
+
+#include <sys/mman.h>
 
 #include <signal.h>
 
@@ -160,11 +166,83 @@ static int usr1_main(int rank, void* arg) {
 }
 static void sigusr1_prints_flight_record(void) { CHECK_OK(ddp_spawn(2, usr1_main, NULL)); }
 
+/* ---- shared memory: a peer that finishes its part and leaves while this rank looks is no desync ---
+   A waiting rank reads a peer's phase counter, finds it short, and only then reads the peer's
+   `left` flag. If the peer reached the phase and called ddp_destroy in between, the flag is set
+   although the collective completed: reporting "rank 1 has left the job" there is a false
+   DDP_ERR_DESYNC (seen once in 78 runs of chapter 7's block on an aarch64 build). The hook
+   (DDP__TEST_SHM_GAP) holds rank 0 inside that gap until rank 1 has left, and rank 1 starts its
+   last collective only once rank 0 is in the gap: that order every time, no timing involved. */
+typedef struct { int armed, in_gap, peer_left, peer_reached; } shm_gap_state; /* one page both ranks map */
+static shm_gap_state* g_gap;
+
+static void shm_gap_hook(struct ddp_pg* pg, int q, unsigned target) {
+#if DDP__SHM
+    const ddp__shm_rank* o = ddp__shm_rank_of(pg, q);
+    double until;
+    if (!g_gap || pg->rank != 0 || !__atomic_exchange_n(&g_gap->armed, 0, __ATOMIC_SEQ_CST)) return;
+    __atomic_store_n(&g_gap->in_gap, 1, __ATOMIC_SEQ_CST);
+    for (until = ddp__now() + 30; !__atomic_load_n(&o->left, __ATOMIC_ACQUIRE) && ddp__now() < until;) ddp__sleep(0.001);
+    g_gap->peer_left = (int)__atomic_load_n(&o->left, __ATOMIC_ACQUIRE);
+    g_gap->peer_reached = ddp__shm_reached(o, target);
+#else
+    (void)pg, (void)q, (void)target;
+#endif
+}
+
+static int shm_leave_main(int rank, void* arg) {
+    float x[4] = {0, 0, 0, 0};
+    ddp_pg* pg = join(0, 30);
+    ddp_status s;
+    double until;
+    (void)arg;
+    if (!pg) return fail_with(1, "ddp_init failed");
+    if (!pg->shm) return fail_with(2, "the group does not use shared memory (DDP_TRANSPORT=shm was set)");
+    if (ddp_all_reduce(pg, x, 4, DDP_F32, DDP_SUM, NULL) != DDP_OK) return fail_with(3, "the first all_reduce failed");
+    if (rank == 1) { /* the root: broadcast once rank 0 waits inside the gap, then leave at once */
+        x[0] = 1, x[1] = 2, x[2] = 3, x[3] = 4;
+        for (until = ddp__now() + 30; !__atomic_load_n(&g_gap->in_gap, __ATOMIC_SEQ_CST) && ddp__now() < until;)
+            ddp__sleep(0.001);
+        if (!__atomic_load_n(&g_gap->in_gap, __ATOMIC_SEQ_CST)) return fail_with(4, "rank 0 never reached the gap");
+        if (ddp_broadcast(pg, x, 4, DDP_F32, 1, NULL) != DDP_OK) return fail_with(5, "the broadcast failed on its root");
+        ddp_destroy(pg);
+        return 0;
+    }
+    __atomic_store_n(&g_gap->armed, 1, __ATOMIC_SEQ_CST);
+    s = ddp_broadcast(pg, x, 4, DDP_F32, 1, NULL);
+    if (!g_gap->peer_left || !g_gap->peer_reached)
+        return fail_with(6, "the hook did not see rank 1 finish and leave inside the gap: the case tested nothing");
+    if (s != DDP_OK) return fail_with(7, "a broadcast that rank 1 completed before it left failed on rank 0");
+    if (x[0] != 1 || x[1] != 2 || x[2] != 3 || x[3] != 4) return fail_with(8, "rank 0 did not receive rank 1's values");
+    ddp_destroy(pg);
+    return 0;
+}
+static void shm_peer_left_after_its_part_is_no_desync(void) {
+#if DDP__SHM
+    const char* was = getenv("DDP_TRANSPORT");
+    char saved[16] = "";
+    if (was) snprintf(saved, sizeof saved, "%s", was);
+    g_gap = (shm_gap_state*)mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(g_gap != MAP_FAILED);
+    if (g_gap == MAP_FAILED) return;
+    memset(g_gap, 0, sizeof *g_gap);
+    setenv("DDP_TRANSPORT", "shm", 1); /* this case is about the shared-memory transport */
+    CHECK_OK(ddp_spawn(2, shm_leave_main, NULL));
+    if (was) setenv("DDP_TRANSPORT", saved, 1);
+    else unsetenv("DDP_TRANSPORT");
+    munmap(g_gap, 4096);
+    g_gap = NULL;
+#else
+    SKIP("this build has no shared-memory transport");
+#endif
+}
+
 int main(void) {
     RUN(desync_shows_both_views);
     RUN(ring_header_catches_size_mismatch);
     RUN(collective_on_one_rank_named);
     RUN(ring_timeout_prints_flight_record);
     RUN(sigusr1_prints_flight_record);
+    RUN(shm_peer_left_after_its_part_is_no_desync);
     return H_EXIT();
 }

@@ -363,6 +363,46 @@ static void env_sets_log_prefix(void) {
     ddp_set_log(NULL, NULL);
 }
 
+/* Before the placement is known (no ddp_init yet), a line's label comes from the launcher's
+   variables; ddprun's DDP_RELAYED_RANK, naming this rank, leaves it out of stderr (ddprun adds its
+   own), but only for that rank, and a sink still gets it. */
+static void label_before_init(void) {
+    char buf[128] = "";
+    FILE* err;
+    int saved = dup(2);
+    clear_env();
+    ddp__g.placed = 0; /* as in a fresh process */
+    ddp_set_log(capture, NULL);
+    set_torchrun("3", "4", NULL, NULL);
+    g_line[0] = 0;
+    ddp_log(DDP_LOG_WARN, "early");
+    CHECKF(!strcmp(g_line, "[rank 3/4] warning: early"), "logged \"%s\"", g_line);
+    clear_env();
+    set_openmpi("1", "2", "1", "2");
+    ddp_log(DDP_LOG_WARN, "early");
+    CHECKF(!strcmp(g_line, "[rank 1/2] warning: early"), "logged \"%s\"", g_line);
+    setenv("DDP_RELAYED_RANK", "1", 1);
+    ddp_log(DDP_LOG_WARN, "early");
+    CHECKF(!strcmp(g_line, "[rank 1/2] warning: early"), "a sink got \"%s\"", g_line);
+    ddp_set_log(NULL, NULL);
+    err = tmpfile();
+    if (err && saved >= 0 && dup2(fileno(err), 2) >= 0) {
+        ddp_log(DDP_LOG_WARN, "relayed");
+        setenv("DDP_RELAYED_RANK", "0", 1); /* another rank's relay: this line keeps its label */
+        ddp_log(DDP_LOG_WARN, "inherited");
+        fflush(stderr);
+        dup2(saved, 2);
+        rewind(err);
+        if (fread(buf, 1, sizeof buf - 1, err) == 0) buf[0] = 0;
+    }
+    if (err) fclose(err);
+    if (saved >= 0) close(saved);
+    CHECKF(!strcmp(buf, "warning: relayed\n[rank 1/2] warning: inherited\n"), "stderr got \"%s\"", buf);
+    unsetenv("DDP_RELAYED_RANK");
+    clear_env();
+    resolve_ok(NULL); /* placed again, as a single process, for the cases that follow */
+}
+
 /* ---- ddp_spawn --------------------------------------------------------------------------------- */
 
 typedef enum { SPAWN_REPORT, SPAWN_FAIL_RANK2, SPAWN_SIGKILL_RANK1, SPAWN_IGNORE_TERM } spawn_mode;
@@ -591,6 +631,7 @@ int main(void) {
     RUN(env_errors_openmpi_slurm);
     RUN(slurm_first_host_forms);
     RUN(env_sets_log_prefix);
+    RUN(label_before_init);
     RUN(spawn_four_ranks_see_their_env);
     RUN(spawn_failing_rank_stops_the_others);
     RUN(spawn_rank_killed_by_signal);

@@ -7,6 +7,7 @@
 # What only a real GPU proves: the driver, PTX JIT, real numerics and speed (make gpu-check).
 # Each case prints "ok   name", "FAIL name" (then details) or "skip name: reason".
 set -u
+. "$(dirname "$0")/compat.sh"   # with_timeout: macOS has no timeout
 BUILD=${1:-build}
 FG="$BUILD/fakegpu"
 pass=0 fail=0 skip=0
@@ -28,6 +29,10 @@ skp() { echo "skip $1: $2"; skip=$((skip + 1)); }
 
 if [ ! -e "$FG/libfakegpu.so" ]; then
     skp fakegpu_section "the stand-in is built only with the CUDA toolkit's headers (make found none: see its first line)"
+    exit 0
+fi
+if ! command -v "${FAKEGPU_CXX:-c++}" >/dev/null 2>&1; then
+    skp fakegpu_section "the stand-in's NVRTC compiles kernels with the host C++ compiler (${FAKEGPU_CXX:-c++}), which is not installed (apt-get install g++)"
     exit 0
 fi
 
@@ -69,7 +74,7 @@ prog "test_ddp --gpu (4 GPUs, NCCL)" env FAKEGPU_DEVICES=4 "$FG/tests/test_ddp" 
 # ---- the chapter-3 program over NCCL ----------------------------------------------------------------
 echo "== chapter 3 on NCCL"
 for n in 2 4; do
-    out=$(FAKEGPU_DEVICES=$n DDP_DEBUG=INFO timeout 300 "$FG/examples/02_multi_gpu" --nproc $n --device cuda \
+    out=$(FAKEGPU_DEVICES=$n DDP_DEBUG=INFO with_timeout 300 "$FG/examples/02_multi_gpu" --nproc $n --device cuda \
           --save-every 0 2>&1)
     acc=$(sed -n 's/^\(\[rank [0-9]*\]: \)\{0,1\}test accuracy: //p' <<<"$out")
     joined=$(grep -c 'joined the job on host .*: backend nccl, device cuda:' <<<"$out")
@@ -85,7 +90,7 @@ done
 echo "== allreduce_perf on NCCL"
 for run in "4 float sum 0" "4 half avg 0" "3 bfloat16 max 0" "3 float avg 1"; do
     set -- $run
-    out=$(FAKEGPU_DEVICES=$1 DDP_NCCL_RING=$4 timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node "$1" \
+    out=$(FAKEGPU_DEVICES=$1 DDP_NCCL_RING=$4 with_timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node "$1" \
           "$FG/allreduce_perf" -b 4K -e 4M -f 8 -n 3 -w 1 -d "$2" -o "$3" 2>&1)
     name="allreduce_perf_nccl_$1_ranks_$2_$3$([ "$4" = 1 ] && echo _own_ring)"
     if grep -q 'Out of bounds values : 0 OK' <<<"$out" && [ "$(grep -c 'backend nccl' <<<"$out")" = "$1" ]; then ok "$name"
@@ -94,12 +99,12 @@ done
 
 # ---- the mpi backend with GPU buffers (staged through host memory) -------------------------------------
 echo "== mpi backend on fake GPUs"
-if [ ! -x "$FG/tests/test_mpi" ]; then skp mpi_backend_gpu_buffers "no mpicc: the MPI backend is not built (install libopenmpi-dev)"
+if [ ! -x "$FG/tests/test_mpi" ]; then skp mpi_backend_gpu_buffers "no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
 elif ! command -v mpirun >/dev/null 2>&1; then skp mpi_backend_gpu_buffers "Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
 else
     for np in 2 4; do
-        prog "test_mpi (np $np, $np GPUs)" env -u MASTER_ADDR -u MASTER_PORT \
-            "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0" timeout 120 \
+        prog "test_mpi (np $np, $np GPUs)" with_timeout 120 env -u MASTER_ADDR -u MASTER_PORT \
+            "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0" \
             mpirun --allow-run-as-root --oversubscribe -np $np -x FAKEGPU_DEVICES=$np -x FAKEGPU_CACHE "$FG/tests/test_mpi"
     done
 fi
@@ -107,7 +112,7 @@ fi
 # ---- RANK used as the GPU number, on a machine with GPUs (tests/test_confusions.sh, case 5) --------------
 echo "== cuda:RANK on a GPU machine"
 port=$((20000 + RANDOM % 20000))
-out=$(FAKEGPU_DEVICES=2 DDP_JOB_TOKEN=confusions DDP_TIMEOUT=2 timeout 30 "$BUILD/ddprun" --nnodes 64 --node-rank 63 \
+out=$(FAKEGPU_DEVICES=2 DDP_JOB_TOKEN=confusions DDP_TIMEOUT=2 with_timeout 30 "$BUILD/ddprun" --nnodes 64 --node-rank 63 \
       --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port "$FG/tests/confusions/confusions" device_rank 2>&1)
 if grep -qF "DDP_ERR_NO_GPU: device cuda:63 was asked for, but only 2 GPUs are visible (0..1): pick the GPU with LOCAL_RANK, not RANK" <<<"$out" &&
    grep -qF "warning: device cuda:63 is this process's RANK, but a GPU is picked by LOCAL_RANK (0 here)" <<<"$out"; then
@@ -153,7 +158,7 @@ expect ptx_newer_than_driver_named "this PTX comes from NVRTC 13.1, newer than t
 echo "== one visible GPU per rank"
 own() {  # name, CUDA_VISIBLE_DEVICES expression, device, phrase expected twice (once per rank)
     local name=$1 vis=$2 dev=$3 want=$4 out n
-    out=$(FAKEGPU_DEVICES=2 DDP_DEBUG=INFO timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node 2 \
+    out=$(FAKEGPU_DEVICES=2 DDP_DEBUG=INFO with_timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node 2 \
           sh -c "CUDA_VISIBLE_DEVICES=$vis exec \"\$0\" --device $dev --epochs 3 --save-every 0" "$FG/examples/03_multi_node" 2>&1)
     n=$(grep -c -- "$want" <<<"$out")
     if [ "$n" = 2 ] && grep -q 'test accuracy' <<<"$out"; then ok "$name (both ranks: $want)"
@@ -193,7 +198,7 @@ else bad events_not_made_per_collective "a rank made $e2 events in 2 epochs and 
 
 # ---- a failed call inside the hand-written ring's NCCL group closes the group ---------------------------------
 echo "== NCCL group after a failure"
-out=$(FAKEGPU_DEVICES=2 FAKEGPU_FAIL=ncclSend:3 DDP_NCCL_RING=1 DDP_TIMEOUT=20 timeout 120 "$FG/examples/02_multi_gpu" \
+out=$(FAKEGPU_DEVICES=2 FAKEGPU_FAIL=ncclSend:3 DDP_NCCL_RING=1 DDP_TIMEOUT=20 with_timeout 120 "$FG/examples/02_multi_gpu" \
       --nproc 2 --device cuda --epochs 2 --save-every 0 2>&1)
 if grep -q 'DDP_ERR_NCCL: ncclSend/ncclRecv failed' <<<"$out" && ! grep -q 'group still open' <<<"$out"; then
     ok "failed_send_closes_its_group (the error is reported; no NCCL call is left inside an open group)"
@@ -201,9 +206,9 @@ else bad failed_send_closes_its_group "$(grep -E 'ERR|group still open' <<<"$out
 
 # ---- make bench-gpu's code path, run to the end (its figures mean nothing on the stand-in) ------------------
 echo "== bench-gpu on the stand-in"
-if ! command -v python3 >/dev/null 2>&1; then skp bench_gpu_code_path "python3 is not installed (bench/run.py needs it)"
+if ! command -v python3 >/dev/null 2>&1; then skp bench_gpu_code_path "python3 is not installed, which bench/run.py needs (apt-get install python3)"
 else
-    out=$(BENCH_FAKEGPU=1 BENCH_HAVE_CUDA=1 BENCH_STEPS=1 BENCH_WARMUP=1 BENCH_STEP_ROUNDS=1 timeout 600 \
+    out=$(BENCH_FAKEGPU=1 BENCH_HAVE_CUDA=1 BENCH_STEPS=1 BENCH_WARMUP=1 BENCH_STEP_ROUNDS=1 with_timeout 600 \
           python3 bench/run.py --gpu "$BUILD" 2>&1); rc=$?
     rows=$(grep -cE '^ddp\.h(, 1 process, GPU| DDP, 1 rank, NCCL| DDP, 2 ranks, CPU backend, GPU buffers|, tutorial model, 1 process, GPU) +[0-9.]+ ' <<<"$out")
     if [ $rc -eq 0 ] && [ "$rows" = 4 ] && grep -q '^took [0-9]* s; CSV: ' <<<"$out"; then

@@ -12,6 +12,7 @@
 # RESTART_EXAMPLE names the example built against the stand-in, RESTART_DEVICE=cuda, and
 # RESTART_CASES the sections to run (default: "1 2 3").
 set -u
+. "$(dirname "$0")/compat.sh"   # now, with_timeout: macOS has no %N in date and no timeout
 BUILD=${1:-build}
 SEEDS=${2:-5}
 EX=${RESTART_EXAMPLE:-"$BUILD/examples/04_fault_tolerance"}
@@ -39,26 +40,14 @@ for f in "$EX" "$DDPRUN" "$WRITER"; do
     if [ ! -x "$f" ]; then bad restart_tests_built "$f is missing (run make first)"; exit 1; fi
 done
 
-now() { date +%s.%N; }
-# The pid of rank $2 among the children of launcher pid $1 (each rank's RANK is in its environment).
+# Each rank writes its pid to PREFIX.RANK before it becomes the program (RECORD_RANK_PID, run by
+# sh -c under ddprun), so that a case can signal one rank (no /proc/PID/environ on macOS).
+RECORD_RANK_PID='echo $$ > "$0.$RANK"; exec "$@"'
+# rank_pid PREFIX R: the pid rank R wrote, once it is there (at most 10 s).
 rank_pid() {
-    local p
-    for p in $(pgrep -P "$1"); do
-        if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2"; then echo "$p"; return 0; fi
-    done
-    return 1
-}
-# The ddprun started by `timeout` (pid $1), once it has $2 ranks running (at most 10 s); prints its pid.
-# (Its children with RANK in their environment: ddprun also has a guardian process.)
-launcher_of() {
-    local i l p n
+    local i
     for i in $(seq 200); do
-        l=$(pgrep -P "$1" | head -n 1)
-        n=0
-        for p in $(pgrep -P "${l:-0}"); do
-            tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q "^RANK=" && n=$((n + 1))
-        done
-        if [ -n "$l" ] && [ $n -ge "$2" ]; then echo "$l"; return 0; fi
+        if [ -s "$1.$2" ]; then cat "$1.$2"; return 0; fi
         sleep 0.05
     done
     return 1
@@ -71,7 +60,7 @@ W=3
 ARGS=(--device "$DEVICE" --epochs 100 --save-every 7)
 export DDP_SIMULATE_NS_PER_BYTE=1000
 if [[ $CASES == *" 1 "* ]]; then
-ref_out=$(timeout 120 "$DDPRUN" --standalone --nproc-per-node $W "$EX" "${ARGS[@]}" --snapshot "$TMP/ref.st" 2>&1)
+ref_out=$(with_timeout 120 "$DDPRUN" --standalone --nproc-per-node $W "$EX" "${ARGS[@]}" --snapshot "$TMP/ref.st" 2>&1)
 if [ $? -ne 0 ] || [ ! -s "$TMP/ref.st" ]; then
     bad kill_resume_reference "the uninterrupted run failed" "$(tail -n 5 <<<"$ref_out")"
 else
@@ -82,10 +71,10 @@ else
         delay=$(awk -v r=$RANDOM 'BEGIN{printf "%.3f", (r % 60) / 1000}')
         snap="$TMP/run$seed.st"
         log="$TMP/run$seed.log"
-        timeout 180 "$DDPRUN" --standalone --nproc-per-node $W --max-restarts 3 "$EX" "${ARGS[@]}" --snapshot "$snap" >"$log" 2>&1 &
+        with_timeout 180 "$DDPRUN" --standalone --nproc-per-node $W --max-restarts 3 sh -c "$RECORD_RANK_PID" "$TMP/pid$seed" \
+            "$EX" "${ARGS[@]}" --snapshot "$snap" >"$log" 2>&1 &
         tpid=$!
-        launcher=$(launcher_of $tpid $W)
-        pid=$(rank_pid "$launcher" $victim)
+        pid=$(rank_pid "$TMP/pid$seed" $victim)
         for i in $(seq 1200); do grep -q "epoch *$epoch/" "$log" && break; sleep 0.01; done
         sleep "$delay"
         if [ -z "$pid" ] || ! kill -9 "$pid" 2>/dev/null; then
@@ -152,13 +141,12 @@ wait_training() {  # until log $1 shows a finished epoch (at most 20 s)
     return 1
 }
 ddprun_fault() {  # name, signal, rank, phrase expected in a survivor's error
-    local name=$1 sig=$2 victim=$3 phrase=$4 log="$TMP/$1.log" tpid launcher pid t0 t1 rc left
-    timeout 60 "$DDPRUN" --standalone --nproc-per-node 3 "$EX" --device "$DEVICE" --epochs 100 --save-every 0 \
-        --snapshot "$TMP/$name.st" >"$log" 2>&1 &
+    local name=$1 sig=$2 victim=$3 phrase=$4 log="$TMP/$1.log" tpid pid t0 t1 rc left
+    with_timeout 60 "$DDPRUN" --standalone --nproc-per-node 3 sh -c "$RECORD_RANK_PID" "$TMP/$name.pid" \
+        "$EX" --device "$DEVICE" --epochs 100 --save-every 0 --snapshot "$TMP/$name.st" >"$log" 2>&1 &
     tpid=$!
-    launcher=$(launcher_of $tpid 3)
     wait_training "$log"
-    pid=$(rank_pid $launcher "$victim")
+    pid=$(rank_pid "$TMP/$name.pid" "$victim")
     t0=$(now)
     kill -s "$sig" "$pid"
     wait $tpid
@@ -183,13 +171,13 @@ manual_fault() {  # name, signal, rank, phrase: three ranks started by hand, no 
     local name=$1 sig=$2 victim=$3 phrase=$4 port=$((20000 + RANDOM % 20000)) r pids=() t0 t1 rc good=0 left
     for r in 0 1 2; do
         RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-            timeout 60 "$EX" --device "$DEVICE" --epochs 100 --save-every 0 --snapshot "$TMP/$name.st" \
-            >"$TMP/$name.$r.log" 2>&1 &
+            with_timeout 60 sh -c "$RECORD_RANK_PID" "$TMP/$name.pid" "$EX" --device "$DEVICE" --epochs 100 --save-every 0 \
+            --snapshot "$TMP/$name.st" >"$TMP/$name.$r.log" 2>&1 &
         pids+=($!)
     done
     wait_training "$TMP/$name.0.log"
     t0=$(now)
-    kill -s "$sig" "$(pgrep -P "${pids[$victim]}")"
+    kill -s "$sig" "$(rank_pid "$TMP/$name.pid" "$victim")"
     for r in 0 1 2; do
         [ "$r" = "$victim" ] && continue
         wait "${pids[$r]}"

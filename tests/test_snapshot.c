@@ -858,13 +858,34 @@ static void test_sampler_and_loader_mismatch(void) {
     SAMPLER_REFUSED(start, "this one is over 40");
     TARGET(sampler_seed, 8);
     SAMPLER_REFUSED(mid, "seed 7); this one is over 50 (shuffle 1, drop_last 0, seed 8)");
-    /* another number of ranks: refused in the middle of an epoch, fine at its start */
+    /* another number of ranks: refused always (each rank's share of the data would differ), in the
+       middle of an epoch and at its start, with the loader and without it; one rank is "1 rank" */
     TARGET(replicas, 4);
-    SAMPLER_REFUSED(mid, "was taken mid-epoch with 2 ranks; this job has 4");
+    SAMPLER_REFUSED(mid, "was taken by a job of 2 ranks; this job has 4 ranks");
     TARGET(replicas, 3);
+    SAMPLER_REFUSED(start, "was taken by a job of 2 ranks; this job has 3 ranks");
+    TARGET(replicas, 3);
+    t.snap.loader = NULL;
+    SAMPLER_REFUSED(start, "Resume with 2 ranks, or leave snap.sampler and snap.loader NULL");
+    sp = spec(s_wine, 3, 2, DDP_ADAM, 0.f), sp.replicas = 1, sp.rank = 0, job_init(&t, &sp);
+    t.snap.loader = NULL;
+    SAMPLER_REFUSED(start, "this job has 1 rank, so");
+    {
+        const char* alone = tmp_path("alone.safetensors");
+        job one;
+        sp = spec(s_wine, 3, 1, DDP_ADAM, 0.f), sp.replicas = 1, sp.rank = 0, job_init(&one, &sp);
+        one.snap.loader = NULL;
+        CHECK_OK(ddp_snapshot_save(&one.snap, alone)); /* a 1-process run's epoch-end snapshot */
+        job_free(&one);
+        TARGET(replicas, 2);
+        t.snap.loader = NULL;
+        SAMPLER_REFUSED(alone, "was taken by a job of 1 rank; this job has 2 ranks");
+    }
+    /* the way out the message names: without sampler and loader the rest loads */
+    TARGET(replicas, 3);
+    t.snap.sampler = NULL, t.snap.loader = NULL;
     CHECK_OK(ddp_snapshot_load(&t.snap, start));
-    CHECK(t.sampler.epoch == 3 && t.loader.resume_pos == 0 && t.sampler.num_replicas == 3);
-    CHECK(params_equal(t.model, src.model));
+    CHECK(params_equal(t.model, src.model) && t.sampler.num_replicas == 3);
     job_free(&t);
     /* the struct asks for what the file lacks */
     TARGET(replicas, 2);
@@ -883,6 +904,142 @@ static void test_sampler_and_loader_mismatch(void) {
 #undef TARGET
 #undef SAMPLER_REFUSED
     job_free(&src);
+}
+
+/* ---- resuming ends where an uninterrupted run ends ------------------------------------------------ */
+
+/* A training program in chapter 6's shape over a job: epochs 1..epochs, each through the sampler
+   and the loader, one optimizer step per batch. It saves once and stops there, as a killed job
+   would, when it reaches `stop`:
+     STOP_IN_LOOP      after global step `at`, inside the batch loop, naming the epoch it is in
+                       (snap.epoch = epoch, as examples/04_fault_tolerance.c does);
+     STOP_AFTER_EPOCH  after epoch `at`'s last batch, outside the loop, naming the next epoch
+                       (snap.epoch = epoch + 1: "the epoch saved is the next epoch to run").
+   With `resume` it first loads the file and carries on from snap.epoch. Returns how many epochs
+   it ran without a single batch (an epoch the resumed run skipped shows here). */
+enum { STOP_NEVER, STOP_IN_LOOP, STOP_AFTER_EPOCH };
+static int train_program(job* j, int epochs, int stop, int at, const char* path, int resume) {
+    int epoch, first = 1, empty = 0;
+    long step = 0;
+    if (resume) {
+        CHECK_OK(ddp_snapshot_load(&j->snap, path));
+        first = j->snap.epoch, step = j->snap.step;
+    }
+    for (epoch = first; epoch <= epochs; epoch++) {
+        const float* x;
+        const int* y;
+        int n, seen = 0;
+        ddp_sampler_set_epoch(&j->sampler, epoch);
+        CHECK_OK(ddp_loader_start(&j->loader, &j->sampler));
+        while ((n = ddp_loader_next(&j->loader, &x, &y)) > 0) {
+            float loss;
+            CHECK_OK(ddp_model_zero_grad(j->model));
+            CHECK_OK(ddp_model_forward(j->model, x, n));
+            CHECK_OK(ddp_loss_cross_entropy(j->model, y, &loss));
+            CHECK_OK(ddp_model_backward(j->model));
+            CHECK_OK(ddp_optim_step(j->optim));
+            seen += n, step++;
+            if (stop == STOP_IN_LOOP && step == at) {
+                j->snap.epoch = epoch, j->snap.step = step;
+                CHECK_OK(ddp_snapshot_save(&j->snap, path));
+                return empty;
+            }
+        }
+        empty += seen == 0;
+        if (stop == STOP_AFTER_EPOCH && epoch == at) {
+            j->snap.epoch = epoch + 1, j->snap.step = step;
+            CHECK_OK(ddp_snapshot_save(&j->snap, path));
+            return empty;
+        }
+    }
+    return empty;
+}
+
+static int params_differing(ddp_model* a, ddp_model* b, int* total) {
+    int i, n = 0;
+    size_t k;
+    *total = 0;
+    for (i = 0; i < ddp_model_num_params(a); i++) {
+        ddp_param *p = ddp_model_param(a, i), *q = ddp_model_param(b, i);
+        for (k = 0; k < p->count; k++) n += memcmp(&p->data[k], &q->data[k], sizeof(float)) != 0;
+        *total += (int)p->count;
+    }
+    return n;
+}
+
+static char g_warned[2048];
+static void keep_warning(ddp_log_level level, const char* line, void* user) {
+    (void)user;
+    if (level == DDP_LOG_WARN) snprintf(g_warned, sizeof g_warned, "%s", line);
+}
+
+/* Train a job of spec sp to global step `at` and save there (inside the loop); load the file into
+   a fresh job of spec other and start its loader at the next epoch. Returns where the loader
+   starts; the warning it logged, if any, is in g_warned. */
+static int resumed_at_next_epoch(const job_spec* sp, const job_spec* other, int at, const char* path) {
+    job a, b;
+    int pos;
+    job_init(&a, sp);
+    train_program(&a, 4, STOP_IN_LOOP, at, path, 0);
+    job_init(&b, other);
+    CHECK_OK(ddp_snapshot_load(&b.snap, path));
+    ddp_sampler_set_epoch(&b.sampler, b.snap.epoch + 1);
+    g_warned[0] = 0;
+    ddp_set_log(keep_warning, NULL);
+    CHECK_OK(ddp_loader_start(&b.loader, &b.sampler));
+    ddp_set_log(NULL, NULL);
+    pos = b.loader.pos;
+    job_free(&a);
+    job_free(&b);
+    return pos;
+}
+
+/* Killed after a save and resumed, a run ends bit for bit where the uninterrupted run ends: saved
+   in the middle of an epoch or at its end, inside the batch loop or after it, with the loader in
+   the snapshot and (saving at an epoch's end) without it. Rank 1 of 2 over 50 samples, batches of
+   4: 25 samples and 7 batches an epoch, so epoch 2 holds steps 8 to 14. */
+static void test_resume_matches_uninterrupted(void) {
+    static const struct {
+        const char* what;
+        int stop, at, loader, empty;
+    } cases[] = {
+        {"saved at step 10 (mid-epoch 2), loader attached", STOP_IN_LOOP, 10, 1, 0},
+        {"saved at step 14 (epoch 2's last batch) inside the loop, loader attached", STOP_IN_LOOP, 14, 1, 1},
+        {"saved after epoch 2 naming epoch 3, loader attached", STOP_AFTER_EPOCH, 2, 1, 0},
+        {"saved after epoch 2 naming epoch 3, no loader", STOP_AFTER_EPOCH, 2, 0, 0},
+        {"saved after epoch 1 naming epoch 2, loader attached", STOP_AFTER_EPOCH, 1, 1, 0},
+    };
+    const char* path = tmp_path("resume.safetensors");
+    job_spec sp = spec(s_wine, 3, 1, DDP_ADAM, 0.f), other = spec(s_wine, 3, 2, DDP_ADAM, 0.f);
+    job ref, a, b;
+    size_t i;
+    int total, diff;
+    job_init(&ref, &sp);
+    CHECK(train_program(&ref, 4, STOP_NEVER, 0, NULL, 0) == 0);
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int empty;
+        job_init(&a, &sp);
+        job_init(&b, &other); /* another model seed: only the load can make it match */
+        if (!cases[i].loader) a.snap.loader = NULL, b.snap.loader = NULL;
+        train_program(&a, 4, cases[i].stop, cases[i].at, path, 0);
+        empty = train_program(&b, 4, STOP_NEVER, 0, path, 1);
+        diff = params_differing(ref.model, b.model, &total);
+        CHECKF(diff == 0, "%s: the resumed run's weights differ from the uninterrupted run's in %d of %d", cases[i].what,
+               diff, total);
+        CHECKF(empty == cases[i].empty, "%s: the resumed run ran %d epoch%s without a batch, expected %d",
+               cases[i].what, empty, empty == 1 ? "" : "s", cases[i].empty);
+        job_free(&a);
+        job_free(&b);
+    }
+    /* A mid-epoch position and a program that resumes at the next epoch: that epoch starts at its
+       first batch, and the warning names what is skipped; an epoch-end position goes silently. */
+    CHECK(resumed_at_next_epoch(&sp, &other, 10, path) == 0); /* epoch 2, 3 batches (12 samples) in */
+    CHECKF(strstr(g_warned, "the snapshot was taken 12 samples into epoch 2 (of 25 on this rank), but the sampler is "
+                            "at epoch 3: epoch 3 starts at its first batch, and the last 13 samples of epoch 2 are "
+                            "skipped") != NULL, "warning: \"%s\"", g_warned);
+    CHECK(resumed_at_next_epoch(&sp, &other, 14, path) == 0); /* epoch 2, all 25 samples in */
+    CHECKF(!g_warned[0], "an unexpected warning: \"%s\"", g_warned);
+    job_free(&ref);
 }
 
 static void test_not_a_snapshot(void) {
@@ -1192,6 +1349,7 @@ int main(void) {
     RUN(test_edited_with_valid_checksum);
     RUN(test_other_models);
     RUN(test_sampler_and_loader_mismatch);
+    RUN(test_resume_matches_uninterrupted);
     RUN(test_not_a_snapshot);
     RUN(test_missing_file);
     RUN(test_atomic_save);

@@ -21,7 +21,7 @@ HAVE_PY=0; command -v python3 >/dev/null 2>&1 && HAVE_PY=1   # free_port asks py
 # run_perf OUTFILE NPROC ARGS...: a short all-reduce sweep on NPROC local ranks, output in OUTFILE
 run_perf() {
     local out=$1 n=$2; shift 2
-    timeout 60 "$DDPRUN" --standalone --nproc-per-node "$n" "$PERF" "$@" >"$out" 2>&1
+    with_timeout 60 "$DDPRUN" --standalone --nproc-per-node "$n" "$PERF" "$@" >"$out" 2>&1
 }
 checked() { grep -q "Out of bounds values : 0 OK" "$1"; }
 shm_entries() { ls /dev/shm 2>/dev/null | grep -c '^ddp-'; }
@@ -59,6 +59,32 @@ DDP_SHM_CHUNK_BYTES=4096 run_perf "$TMP/chunks.txt" 3 -b 1K -e 1M -f 32 -n 2 -w 
 DDP_SHM_CHUNK_BYTES=4096 run_perf "$TMP/chunks2.txt" 3 -b 12 -e 3M -f 64 -n 2 -w 0 -o max
 if checked "$TMP/chunks.txt" && checked "$TMP/chunks2.txt"; then ok shm_small_chunks_3_ranks_exact
 else bad shm_small_chunks_3_ranks_exact "$(grep -E 'wrong|ERR' "$TMP/chunks.txt" "$TMP/chunks2.txt" | head -n 4)"; fi
+
+# ---- macOS rounds a shared-memory object up to its 16 KiB page (fstat then says so): shared memory
+# must still be used. tests/macos_shim.c rounds the segment here as XNU would, and logs each time.
+shim=$TMP/macos_shim.so
+if ! out=$(${CC:-cc} -shared -fPIC -O2 tests/macos_shim.c -o "$shim" -ldl 2>&1); then
+    skp shm_macos_16k_pages_still_shared "cannot build tests/macos_shim.c with ${CC:-cc}: $(head -n 2 <<<"$out")"
+else
+    # (under make sanitize: the shim comes before GCC's ASan runtime in the library list, harmlessly)
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" LD_PRELOAD="$shim" \
+        MACOS_SHIM_LOG=$TMP/shim.log DDP_TRANSPORT=shm DDP_DEBUG=INFO run_perf "$TMP/shim.txt" 2 -b 4K -e 4M -f 16 -n 3 -w 1
+    rounded=$(grep -c 'bytes rounded up to' "$TMP/shim.log" 2>/dev/null)
+    used=$(grep -c 'transport: shared memory (2 ranks on this host' "$TMP/shim.txt")
+    if checked "$TMP/shim.txt" && [ "$used" -eq 2 ] && [ "${rounded:-0}" -ge 1 ]; then
+        ok "shm_macos_16k_pages_still_shared ($(head -n 1 "$TMP/shim.log" | sed 's/^[a-z_]* //'); both ranks on shared memory)"
+    else bad shm_macos_16k_pages_still_shared "segments rounded: ${rounded:-0} (want >= 1); ranks on shared memory: $used (want 2)" \
+             "$(grep -E 'transport|wrong|ERR' "$TMP/shim.txt" | head -n 4)"; fi
+fi
+
+# A rank that cannot map the segment says why, and every rank's fallback line repeats that reason
+# (rank 0's used to guess "another host?"). Here rank 1 wants 2 MiB chunks, rank 0 made 1 MiB ones.
+DDP_DEBUG=INFO with_timeout 60 "$DDPRUN" --standalone --nproc-per-node 2 sh -c \
+    '[ "$RANK" = 1 ] && export DDP_SHM_CHUNK_BYTES=2097152; exec "$0" "$@"' "$PERF" -b 4K -e 64K -n 2 -w 0 >"$TMP/why.txt" 2>&1
+if checked "$TMP/why.txt" && grep -q "^\[rank 0\]: .*transport: tcp ring (1 of 2 ranks could not map the segment (rank 1: rank 0's shared memory .* fewer than the .* this job needs))" "$TMP/why.txt" &&
+   ! grep -q "another host" "$TMP/why.txt"; then
+    ok shm_fallback_names_the_cause_on_every_rank
+else bad shm_fallback_names_the_cause_on_every_rank "$(grep -E 'transport|wrong|ERR' "$TMP/why.txt" | head -n 4)"; fi
 
 # ---- the segment does not outlive the job ----
 if [ ! -d /dev/shm ]; then
@@ -103,15 +129,14 @@ fi
 if [ ! -d /dev/shm ]; then
     skp shm_name_removed_on_sigterm "no /dev/shm on this system (the segment is made by shm_open there)"
 else
-    "$DDPRUN" --standalone --nproc-per-node 2 sh -c 'if [ "$RANK" = 1 ]; then export DDP_TRANSPORT=tcp; fi; exec "$0" -b 4K -e 4K -n 1' \
-        "$PERF" >"$TMP/term.txt" 2>&1 &
+    # each rank writes its pid to $TMP/term.pid.RANK first (no /proc/PID/environ on macOS)
+    "$DDPRUN" --standalone --nproc-per-node 2 sh -c 'echo $$ > "$1.$RANK"; if [ "$RANK" = 1 ]; then export DDP_TRANSPORT=tcp; fi
+        exec "$0" -b 4K -e 4K -n 1' "$PERF" "$TMP/term.pid" >"$TMP/term.txt" 2>&1 &
     launcher=$!
     PIDS="$PIDS $launcher"
     rank0="" seg=""
     for _ in $(seq 200); do   # rank 0's pid, then its segment's name (at most 10 s)
-        for p in $(pgrep -P $launcher); do
-            tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=0" && rank0=$p
-        done
+        rank0=$(cat "$TMP/term.pid.0" 2>/dev/null)
         [ -n "$rank0" ] && seg=$(ls /dev/shm 2>/dev/null | grep "^ddp-$rank0-" | head -n 1)
         [ -n "$seg" ] && break
         sleep 0.05
@@ -131,17 +156,22 @@ else
 fi
 
 # ---- no room for the segment: TCP instead, or a clear error when shm was asked for ----
-# a private mount namespace with a 64 KiB /dev/shm (root, util-linux unshare)
-if ! unshare -m true 2>/dev/null; then
-    skp shm_full_falls_back_to_tcp "cannot make a mount namespace here (needs root and unshare)"
-    skp shm_full_fails_when_asked "cannot make a mount namespace here (needs root and unshare)"
+# a private mount namespace with a 64 KiB /dev/shm (root, util-linux unshare). Linux's tmpfs only:
+# the portable build (make test-portable) sizes the segment with ftruncate, as macOS does, which
+# reserves nothing on tmpfs, so there the first touch of a missing page would be the failure.
+full_skip=
+if [ "${DDP_TEST_PORTABLE:-0}" = 1 ]; then full_skip="a Linux tmpfs case: the portable build sizes shared memory with ftruncate, as macOS does"
+elif ! unshare -m true 2>/dev/null; then full_skip="cannot make a mount namespace here (needs root and unshare)"; fi
+if [ -n "$full_skip" ]; then
+    skp shm_full_falls_back_to_tcp "$full_skip"
+    skp shm_full_fails_when_asked "$full_skip"
 else
-    small() { unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$@"' sh "$@"; }
-    DDP_DEBUG=INFO small timeout 60 "$DDPRUN" --standalone --nproc-per-node 2 "$PERF" -b 4K -e 64K -n 2 -w 0 >"$TMP/full.txt" 2>&1
+    small() { with_timeout 60 unshare -m sh -c 'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$@"' sh "$@"; }
+    DDP_DEBUG=INFO small "$DDPRUN" --standalone --nproc-per-node 2 "$PERF" -b 4K -e 64K -n 2 -w 0 >"$TMP/full.txt" 2>&1
     if checked "$TMP/full.txt" && grep -q "transport: tcp ring (reserving .* bytes of shared memory failed" "$TMP/full.txt"; then
         ok shm_full_falls_back_to_tcp
     else bad shm_full_falls_back_to_tcp "$(grep -E 'transport|wrong|ERR|mount' "$TMP/full.txt" | head -n 4)"; fi
-    DDP_TRANSPORT=shm small timeout 60 "$DDPRUN" --standalone --nproc-per-node 2 "$PERF" -b 4K -e 4K -n 1 -w 0 >"$TMP/full2.txt" 2>&1; rc=$?
+    DDP_TRANSPORT=shm small "$DDPRUN" --standalone --nproc-per-node 2 "$PERF" -b 4K -e 4K -n 1 -w 0 >"$TMP/full2.txt" 2>&1; rc=$?
     if [ $rc -ne 0 ] && grep -q "DDP_TRANSPORT=shm, but rank 0 cannot use shared memory: reserving" "$TMP/full2.txt"; then
         ok shm_full_fails_when_asked
     else bad shm_full_fails_when_asked "exit status $rc" "$(grep -E 'ERR|shm' "$TMP/full2.txt" | head -n 4)"; fi

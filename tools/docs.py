@@ -2,7 +2,10 @@
 """Keeps TUTORIAL.md and README.md true.
 
   tools/docs.py diffs [--check]       fill in (or, with --check, verify) every generated diff
-  tools/docs.py run BUILD FILE...     run every block marked runnable and compare the outputs shown
+  tools/docs.py run BUILD FILE... [--chapters A-B] [--no-root REASON]
+                                      run every block marked runnable and compare the outputs shown;
+                                      --chapters: only TUTORIAL.md's chapters A to B; --no-root: skip
+                                      the blocks marked root, with REASON (make test-portable's qemu run)
 
 Markers, each on its own line in the Markdown:
 
@@ -22,6 +25,11 @@ Markers, each on its own line in the Markdown:
       process id, "pid 1234", matches any other). With rtol=R a number in a line matches a number
       within R of it, relatively: for figures whose last digits depend on the CPU (OpenBLAS picks
       its matrix kernels by the instruction set, and they round differently).
+  <!-- output or -->, with the same options
+      another output block for the same run: the real output must match one of them (a plain
+      output block right after another is read the same way). For what differs by build (a
+      program built without the CUDA toolkit says so where one built with it says that the
+      machine has no GPU); the text between the blocks says which is which.
 
 Standard library only: this runs on a student's laptop too. Each block is one case of the test
 suite: "ok   NAME", "FAIL NAME" (and indented details) or "skip NAME: reason".
@@ -40,8 +48,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIFF_OPEN = re.compile(r"^<!-- diff (\S+) (\S+)(?: max=(\d+))? -->$")
 DIFF_CLOSE = "<!-- /diff -->"
 RUN = re.compile(r"^<!-- run((?: fails| root| timeout=\d+| needs=\S+)*) -->$")
-OUTPUT = re.compile(r"^<!-- output(?: rtol=([0-9.eE+-]+))? -->$")
+OUTPUT = re.compile(r"^<!-- output( or)?(?: rtol=([0-9.eE+-]+))? -->$")
 NUMBER = re.compile(r"-?\d+\.\d+(?:[eE][+-]?\d+)?")
+CHAPTER = re.compile(r"^## Chapter (\d+)\b")
+# The Debian package (as .ci/run installs it) of a program a block needs, for the skip's reason.
+PACKAGE = {"mpirun": "openmpi-bin", "ip": "iproute2", "sudo": "sudo", "gnuplot": "gnuplot-nox"}
 
 
 def header_end(lines):
@@ -117,9 +128,11 @@ def diffs(check):
 
 
 def blocks(path):
-    """The runnable blocks of a Markdown file: [line, options, text, expected output, rtol]."""
+    """The runnable blocks of a Markdown file: [line, options, text, [(expected output, rtol)...],
+    chapter] (chapter: the number of the "## Chapter N" heading above, else None). Several output
+    blocks are alternatives, one of which must match."""
     lines = open(path).read().split("\n")
-    found, i = [], 0
+    found, i, chapter = [], 0, None
 
     def fence(at):  # the fenced block starting at line index at: (its lines, index past it)
         if at >= len(lines) or not lines[at].startswith("```"):
@@ -131,15 +144,22 @@ def blocks(path):
 
     while i < len(lines):
         m = RUN.match(lines[i].strip())
+        h = CHAPTER.match(lines[i])
+        if h:
+            chapter = int(h.group(1))
         if m:
             body, end = fence(i + 1)
-            found.append([i + 2, m.group(1).split(), "\n".join(body), None, 0.0])  # the fence's line
+            found.append([i + 2, m.group(1).split(), "\n".join(body), [], chapter])  # the fence's line
             i = end
         elif OUTPUT.match(lines[i].strip()):
             if not found:
                 raise SystemExit("%s:%d: an output marker with no run block before it" % (path, i + 1))
-            found[-1][4] = float(OUTPUT.match(lines[i].strip()).group(1) or 0)
-            found[-1][3], i = fence(i + 1)
+            m = OUTPUT.match(lines[i].strip())
+            if m.group(1) and not found[-1][3]:
+                raise SystemExit("%s:%d: an \"output or\" marker with no output block before it" % (path, i + 1))
+            rtol = float(m.group(2) or 0)
+            expected, i = fence(i + 1)
+            found[-1][3].append((expected, rtol))
         else:
             i += 1
     return found
@@ -184,7 +204,7 @@ def missing_in_order(expected, actual, rtol=0.0):
     return None
 
 
-def run(build, files):
+def run(build, files, chapters=None, no_root=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_")}  # a student's shell
     have_numpy = subprocess.call(["python3", "-c", "import numpy"], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL) == 0 if shutil.which("python3") else False
@@ -194,19 +214,28 @@ def run(build, files):
     for f in files:
         where = scratch(build)
         try:
-            for line, opts, text, expected, rtol in blocks(os.path.join(ROOT, f)):
+            for line, opts, text, outputs, chapter in blocks(os.path.join(ROOT, f)):
+                if chapters and (chapter is None or not chapters[0] <= chapter <= chapters[1]):
+                    continue
                 fails = "fails" in opts
                 timeout = int(([o[8:] for o in opts if o.startswith("timeout=")] or ["120"])[0])
                 first = text.strip().split("\n")[0][:60]
                 name = "docs_%s_line%d (%s)" % (os.path.splitext(f)[0].lower(), line, first)
+                if "root" in opts and no_root:
+                    print("skip %s: %s" % (name, no_root))
+                    continue
                 if "root" in opts and not can_netns:
-                    print("skip %s: needs sudo and network namespaces (Linux, ip from iproute2, root)" % name)
+                    missing = [p for p in ("sudo", "ip") if not shutil.which(p)]
+                    print("skip %s: needs root, sudo and network namespaces (Linux)%s" % (name, (
+                        ": apt-get install " + " ".join(PACKAGE.get(p, p) for p in missing)) if missing else
+                        "" if os.geteuid() == 0 else ": this user is not root"))
                     continue
                 need = [o[6:] for o in opts if o.startswith("needs=") and not (
                     os.access(os.path.join(where, o[6:]), os.X_OK) if "/" in o[6:] else shutil.which(o[6:]))]
                 if need:
                     print("skip %s: %s is not %s" % (name, need[0], "built (make found no CUDA toolkit)"
-                                                     if need[0].startswith("build/fakegpu/") else "installed"))
+                                                     if need[0].startswith("build/fakegpu/") else
+                                                     "installed (apt-get install %s)" % PACKAGE.get(need[0], need[0])))
                     continue
                 if "numpy" in text and not have_numpy:
                     print("skip %s: python3 with numpy is not installed (apt-get install python3-numpy)" % name)
@@ -224,7 +253,9 @@ def run(build, files):
                     continue
                 took = time.time() - start
                 actual = out.split("\n")
-                missing = missing_in_order(expected, actual, rtol) if expected is not None else None
+                # alternatives: the first one's missing line is reported when none matches
+                missing = [missing_in_order(e, actual, r) for e, r in outputs]
+                missing = None if not missing or None in missing else missing[0]
                 tail = ["    | " + l for l in actual[-8:]]
                 if (p.returncode != 0) != fails:
                     print("FAIL %s\n    %s (exit status %d)" % (
@@ -239,7 +270,7 @@ def run(build, files):
                     print("\n".join(tail))
                     failed += 1
                 else:
-                    print("ok   %s%s in %.1f s" % (name, ", output as shown," if expected else "", took))
+                    print("ok   %s%s in %.1f s" % (name, ", output as shown," if outputs else "", took))
         finally:
             shutil.rmtree(where, ignore_errors=True)
     return failed
@@ -249,7 +280,17 @@ def main(argv):
     if len(argv) >= 2 and argv[1] == "diffs":
         return 1 if diffs("--check" in argv) else 0
     if len(argv) >= 4 and argv[1] == "run":
-        return 1 if run(argv[2], argv[3:]) else 0
+        args, chapters, no_root = argv[3:], None, None
+        if "--chapters" in args:
+            k = args.index("--chapters")
+            a, _, b = args[k + 1].partition("-")
+            chapters = (int(a), int(b or a))
+            del args[k:k + 2]
+        if "--no-root" in args:
+            k = args.index("--no-root")
+            no_root = args[k + 1]
+            del args[k:k + 2]
+        return 1 if run(argv[2], args, chapters, no_root) else 0
     print(__doc__)
     return 2
 
