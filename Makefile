@@ -361,6 +361,8 @@ help:
 	@echo "make gpu-check-standin  the same flow on the GPU stand-in (no GPU needed)"
 	@echo "make test-faults kill-and-resume over 20 random kills, stopped and dead ranks, 200 init/destroy cycles"
 	@echo "make test-gpu   run the GPU tests (needs a GPU)"
+	@echo "make lab-NAME   run a classroom lab's tests on labs/NAME/starter.c (labs/README.md)"
+	@echo "make lab-handout  pack the committed labs for students, without the solutions"
 	@echo "make sanitize   run the CPU suite under ASan and UBSan"
 	@echo "make tsan       run the CPU suite under ThreadSanitizer (CPU-only build)"
 	@echo "make fuzz       fuzz the snapshot reader and the store server with libFuzzer (clang), FUZZ_TIME=60 s each"

@@ -118,6 +118,8 @@
     DDP_RING_PIECE_BYTES    size of the pieces the CPU ring pipelines (1 MiB).
     DDP_SIMULATE_NS_PER_BYTE  make every CPU-backend collective last at least this long per
                             byte: a slow network, to watch communication overlap backward.
+    DDP_SIMULATE_LATENCY_US  and at least this long more, once per collective: the network's
+                            latency (alpha, where the bytes give beta: labs/measure fits both).
     DDP_NCCL_RING=1         the NCCL backend runs the ring of >>ring instead of ncclAllReduce.
     DDP_TRACE=prefix        write prefix.rank<R>.json, a timeline of forward, each layer's
                             backward, each collective, the wait and the optimizer step, for
@@ -717,6 +719,10 @@ DDP_API void ddp_pg_set_stream(ddp_pg* pg, ddp_stream* s);
 /* Payload bytes this rank has sent and received through the backend since ddp_init (the CPU
    ring's 32-byte header per collective is not counted). */
 DDP_API void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received);
+/* Collectives this rank has issued since ddp_init: the sequence number of the last one (the #N of
+   DDP_DEBUG=DETAIL and of the flight recorder). It counts at the call, before the collective runs,
+   so a hook can tell whether a call it made started one. */
+DDP_API uint64_t ddp_pg_collectives(const ddp_pg* pg);
 
 /* The collectives. Each is collective (every rank calls it, in the same order, with the same
    count, dtype, op and root) and runs in the order issued. Buffers are on ddp_pg_device(pg);
@@ -4301,6 +4307,7 @@ struct ddp_pg {
     unsigned char* piece;      /* one received piece before it is reduced */
     size_t piece_elems;
     double sim_s_per_byte;     /* DDP_SIMULATE_NS_PER_BYTE: pretend the network is this slow */
+    double sim_latency_s;      /* DDP_SIMULATE_LATENCY_US: and this slow to start each collective */
     unsigned char* shm;        /* the shared-memory transport's segment (>>shm), NULL: the TCP ring */
     size_t shm_bytes, shm_chunk; /* its size; bytes per slot */
     uint32_t shm_phase;        /* this rank's phase counter, as published */
@@ -4325,6 +4332,8 @@ DDP__DEF void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received)
     if (sent) *sent = DDP__READ_COUNT(pg->bytes_sent);
     if (received) *received = DDP__READ_COUNT(pg->bytes_received);
 }
+
+DDP__DEF uint64_t ddp_pg_collectives(const ddp_pg* pg) { return pg->seq; }
 
 DDP__PRIVATE const char* ddp__coll_name(int kind) {
     switch (kind) {
@@ -5764,15 +5773,27 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
             DDP__TRY(ddp__copy_now(ddp__cpu(), host + (size_t)pg->rank * w->count * es, pg->device, w->send,
                                    w->count * es));
     }
-    /* A simulated slow network (for experiments with overlap): each collective takes at least as
-       long as its bytes would need at the given speed, but never past the deadline, which a real
-       network that slow would miss too. */
-    if (pg->sim_s_per_byte > 0 && (double)(total * es) * pg->sim_s_per_byte > pg->timeout)
-        return ddp__fail(DDP_ERR_ENV, "DDP_SIMULATE_NS_PER_BYTE=%s makes this %s of %zu bytes last %.1f s, longer than the "
-                         "timeout (%.0f s, DDP_TIMEOUT): lower DDP_SIMULATE_NS_PER_BYTE, or raise DDP_TIMEOUT",
-                         getenv("DDP_SIMULATE_NS_PER_BYTE") ? getenv("DDP_SIMULATE_NS_PER_BYTE") : "?",
-                         ddp__coll_name(w->kind), total * es, (double)(total * es) * pg->sim_s_per_byte, pg->timeout);
-    if (pg->sim_s_per_byte > 0) ddp__sleep((double)(total * es) * pg->sim_s_per_byte);
+    /* A simulated slow network (for experiments with overlap and with the cost model): each
+       collective takes at least its latency plus as long as its bytes would need at the given
+       speed, but never past the deadline, which a real network that slow would miss too. */
+    {
+        double sim = pg->sim_latency_s + (double)(total * es) * pg->sim_s_per_byte;
+        if (sim > 0 && sim > pg->timeout) {
+            const char *ns = getenv("DDP_SIMULATE_NS_PER_BYTE"), *lat = getenv("DDP_SIMULATE_LATENCY_US");
+            char what[160];
+            if (pg->sim_latency_s > 0 && pg->sim_s_per_byte > 0)
+                snprintf(what, sizeof what, "DDP_SIMULATE_LATENCY_US=%s and DDP_SIMULATE_NS_PER_BYTE=%s make",
+                         lat ? lat : "?", ns ? ns : "?");
+            else if (pg->sim_latency_s > 0)
+                snprintf(what, sizeof what, "DDP_SIMULATE_LATENCY_US=%s makes", lat ? lat : "?");
+            else
+                snprintf(what, sizeof what, "DDP_SIMULATE_NS_PER_BYTE=%s makes", ns ? ns : "?");
+            return ddp__fail(DDP_ERR_ENV, "%s this %s of %zu bytes last %.1f s, longer than the timeout (%.0f s, "
+                             "DDP_TIMEOUT): lower %s, or raise DDP_TIMEOUT", what, ddp__coll_name(w->kind), total * es,
+                             sim, pg->timeout, pg->sim_s_per_byte > 0 ? "DDP_SIMULATE_NS_PER_BYTE" : "DDP_SIMULATE_LATENCY_US");
+        }
+        if (sim > 0) ddp__sleep(sim);
+    }
 #if DDP__SHM
     if (W > 1 && pg->shm) return ddp__shm_run(pg, w, host) != DDP_OK ? ddp_last_status() : ddp__cpu_copy_out(pg, w, host);
 #endif
@@ -5915,6 +5936,7 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     pg->left_fd = pg->right_fd = -1;
     pg->piece_elems = piece_bytes / 4 ? piece_bytes / 4 : 1;
     pg->sim_s_per_byte = ddp__env_tuning("DDP_SIMULATE_NS_PER_BYTE", 0, 0, 0, "nanoseconds") * 1e-9;
+    pg->sim_latency_s = ddp__env_tuning("DDP_SIMULATE_LATENCY_US", 0, 0, 0, "microseconds") * 1e-6;
 
     /* the scratch for one received piece, sized for the widest dtype (f32) */
     pg->piece = (unsigned char*)ddp__malloc(pg->piece_elems * 4);

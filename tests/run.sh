@@ -136,7 +136,7 @@ else
 fi
 
 echo "== labs"
-for lab in sampler ring buckets resume no_sync; do
+for lab in sampler ring buckets no_sync resume measure; do
     for kind in starter solution; do
         name=lab_${lab}_${kind}_$([ $kind = starter ] && echo fails || echo passes)
         sol=(); [ $kind = solution ] && sol=(SOLUTION=1)
@@ -164,6 +164,53 @@ for lab in sampler ring buckets resume no_sync; do
         fi
     done
 done
+
+# Each lab's deliberately wrong solutions (labs/solutions/wrong/LAB/*.patch) are caught, with the
+# message that names the rule each one breaks.
+out=$(make --no-print-directory BUILD="$BUILD" lab-wrong 2>&1)
+if grep -q '^skip lab_wrong_solutions: ' <<<"$out"; then
+    skp lab_wrong_solutions "$(sed -n 's/^skip lab_wrong_solutions: //p' <<<"$out")"
+else
+    printf '%s\n' "$out" | grep -v '^ddp.h build\|^MPI \|^cc \|^no mpicc'
+    p=$(grep -c '^ok ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out")
+    pass=$((pass + p)); fail=$((fail + f))
+    if [ $((p + f)) -eq 0 ]; then bad lab_wrong_solutions "make lab-wrong reported nothing:" "$(tail -n 4 <<<"$out")"; fi
+fi
+# The handout, packed in a clone of this commit (the working tree may hold edits; the handout is
+# made of committed files only): one top folder, no solution in it, TUTORIAL.md with it, and make,
+# make lab-NAME and make test run inside it; and a starter that differs from the commit is refused.
+if ! command -v git >/dev/null 2>&1 || ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
+    skp lab_handout "not a git checkout with a commit: the handout is packed from committed files"
+elif ! git clone -q --no-hardlinks . "$TMP/clone" 2>"$TMP/clone.err"; then
+    bad lab_handout "git clone of this checkout failed:" "$(tail -n 3 "$TMP/clone.err")"
+else
+    ho=() hb="$TMP/handout_build"
+    out=$(cd "$TMP/clone" && make --no-print-directory BUILD="$hb" lab-handout 2>&1) || ho+=("make lab-handout failed: $(tail -n 2 <<<"$out")")
+    mkdir -p "$TMP/unpacked"
+    if [ ${#ho[@]} -eq 0 ] && tar -xzf "$hb/ddp-labs.tar.gz" -C "$TMP/unpacked"; then
+        top=$(ls -A "$TMP/unpacked")
+        [ "$top" = ddp-labs ] || ho+=("the archive's top level is \"$(tr '\n' ' ' <<<"$top")\", not one folder ddp-labs")
+        leaked=$(cd "$TMP/unpacked" && find . -path '*solutions*' -o -name '*.patch' -o -path '*answers*' | head -n 3)
+        [ -z "$leaked" ] && ! grep -rqs 'Reference solution of lab' "$TMP/unpacked" || ho+=("a solution is in the handout: $leaked")
+        for f in TUTORIAL.md ddp.h Makefile README.md labs/ring/starter.c labs/ring/HINTS.md; do
+            [ -f "$TMP/unpacked/ddp-labs/$f" ] || ho+=("the handout has no $f")
+        done
+        d="$TMP/unpacked/ddp-labs"
+        out=$(make -C "$d" --no-print-directory 2>&1) || ho+=("make in the handout failed: $(tail -n 2 <<<"$out")")
+        out=$(make -C "$d" --no-print-directory lab-sampler 2>&1)
+        grep -q '^[0-9]* passed, [1-9][0-9]* failed, [0-9]* skipped$' <<<"$out" ||
+            ho+=("make lab-sampler in the handout did not run the starter's tests (which fail): $(tail -n 2 <<<"$out")")
+        out=$(make -C "$d" --no-print-directory test 2>&1)
+        grep -q '^[0-9]* passed, [0-9]* failed, [0-9]* skipped$' <<<"$(tail -n 2 <<<"$out")" ||
+            ho+=("make test in the handout did not end with its counts: $(tail -n 2 <<<"$out")")
+    fi
+    echo '/* solved, while trying the lab */' >> "$TMP/clone/labs/ring/starter.c"
+    out=$(cd "$TMP/clone" && make --no-print-directory BUILD="$hb" lab-handout 2>&1) &&
+        ho+=("make lab-handout packed an edited starter")
+    grep -q 'labs/ring/starter.c' <<<"$out" || ho+=("the refusal does not name the edited starter: $(tail -n 2 <<<"$out")")
+    if [ ${#ho[@]} -eq 0 ]; then ok "lab_handout (one folder ddp-labs/, no solution, make, make lab-sampler and make test run in it; an edited starter refused)"
+    else bad lab_handout "${ho[@]}"; fi
+fi
 
 # ---- whole jobs: ddprun and mpirun starting real ranks that join through the store ----------
 echo "== jobs"

@@ -306,6 +306,52 @@ static int misuse_main(int rank, void* arg) {
 static void misuse_refused(void) { CHECK_OK(ddp_spawn(2, misuse_main, NULL)); }
 
 #ifndef DDP_TEST_PG_NO_MAIN /* tests/test_mpi.c runs the cases above under mpirun */
+/* ddp_pg_collectives counts each collective when it is called (an asynchronous one before it
+   runs; a barrier is one too), and DDP_SIMULATE_LATENCY_US makes each last at least that long:
+   labs/buckets reads the first, labs/measure fits the second. */
+static int count_main(int rank, void* arg) {
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_work* w[3];
+    float x[4] = {1, 2, 3, 4};
+    int bad = 0, k;
+    uint64_t c0;
+    double t0, took;
+    (void)arg;
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CPU;
+    if (ddp_init(&d, &pg) != DDP_OK) return 1;
+    c0 = ddp_pg_collectives(pg);
+    for (k = 0; k < 3; k++) {
+        if (ddp_all_reduce(pg, x, 4, DDP_F32, DDP_SUM, &w[k]) != DDP_OK) return 1;
+        if (ddp_pg_collectives(pg) != c0 + (uint64_t)k + 1) {
+            printf("    rank %d: after %d asynchronous all-reduces ddp_pg_collectives says %llu more, expected %d\n", rank,
+                   k + 1, (unsigned long long)(ddp_pg_collectives(pg) - c0), k + 1);
+            bad++;
+        }
+    }
+    for (k = 0; k < 3; k++) bad += ddp_work_wait(w[k]) != DDP_OK;
+    t0 = ddp__now();
+    bad += ddp_barrier(pg) != DDP_OK;
+    took = ddp__now() - t0;
+    if (ddp_pg_collectives(pg) != c0 + 4) {
+        printf("    rank %d: a barrier did not count as a collective\n", rank);
+        bad++;
+    }
+    if (took < 0.05) { /* DDP_SIMULATE_LATENCY_US=50000: a lower bound, so load cannot break it */
+        printf("    rank %d: a barrier took %.1f ms with DDP_SIMULATE_LATENCY_US=50000; at least 50 ms expected\n", rank,
+               took * 1e3);
+        bad++;
+    }
+    ddp_destroy(pg);
+    return bad ? 1 : 0;
+}
+static void collective_count_and_simulated_latency(void) {
+    setenv("DDP_SIMULATE_LATENCY_US", "50000", 1);
+    CHECK_OK(ddp_spawn(2, count_main, NULL));
+    unsetenv("DDP_SIMULATE_LATENCY_US");
+}
+
 int main(void) {
     RUN(world_1);
     RUN(world_2_with_64MiB);
@@ -315,6 +361,7 @@ int main(void) {
     RUN(world_8);
     RUN(collectives_in_flight_complete_in_order);
     RUN(misuse_refused);
+    RUN(collective_count_and_simulated_latency);
     return H_EXIT();
 }
 #endif

@@ -10,20 +10,23 @@
    PyTorch's answer is the no_sync() context manager; ddp.h's is ddp_no_sync(w, on):
        ddp_no_sync(w, 1)   the following backward passes only accumulate locally (no hook fires
                            an all-reduce)
-       ddp_no_sync(w, 0)   the next backward all-reduces the accumulated sum, as usual
-   So: the first K-1 micro-batches under no_sync, the last one synchronised.
+       ddp_no_sync(w, 0)   the next backward all-reduces what has accumulated, as usual
 
-   The loop below is correct but wasteful: it all-reduces after every micro-batch. Make it
-   all-reduce once per step. The tests run it on 2 ranks (ddp_spawn) and check:
-     - the weights equal a reference computed in one process that sums the gradients of all the
-       micro-batches of all ranks and averages over the ranks once per step (up to rounding);
-     - the wrapper's counter (ddp_wrapper_stats: .all_reduces) is one per bucket per STEP, not
-       per micro-batch: with K = 4 and 3 steps, 3 all-reduces, not 12.
-   The first check passes already, the second does not: the answer was right, the network paid
-   K times over. Leave the gradient as the plain sum of the micro-batches' gradients (do not
-   divide by K: the tests' reference does not either).
-   Mind that ddp_no_sync is a setting that stays until you change it: the next call of this
-   function must find the wrapper as it expects it. */
+   The loop below is correct but wasteful: it all-reduces after every micro-batch. THE RULES (the
+   tests run it on 2 ranks, and name the rule a wrong answer breaks):
+   rule N1 The weights equal those of a reference computed in one process: per step, the sum of
+           the gradients of all the micro-batches of all the ranks, averaged over the ranks.
+   rule N2 One all-reduce per bucket per STEP, not per micro-batch (ddp_wrapper_stats counts
+           them): with K = 4 and 3 steps, 3 per bucket, not 12.
+   rule N3 The replicas stay identical: after every step, every rank holds the same weights.
+   rule N4 Leave the wrapper as you found it, synchronising: ddp_no_sync is a setting that stays
+           until it is changed, and the tests follow your steps with a plain backward pass.
+   rule N5 The gradient is the plain sum of the micro-batches' gradients: not divided by K (the
+           tests' reference does not divide either), nothing lost between micro-batches.
+   The starter passes N1, N3, N4 and N5 already and fails N2: the answer was right, the network
+   paid K times over. Which backward passes must all-reduce, and which need not? The off-by-one
+   here is classic (TUTORIAL.md, chapter 7, shows what it does to the replicas).
+   Stuck? labs/no_sync/HINTS.md. Then answer labs/no_sync/QUESTIONS.md. */
 #include "no_sync.h"
 
 ddp_status lab_accumulate_step(ddp_wrapper* w, ddp_model* m, ddp_optim* o, const float* const* x,

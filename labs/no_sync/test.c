@@ -27,6 +27,7 @@ typedef struct rank_result {
     size_t nweights;
     float weights[MAX_W];
     ddp_wrap_stats stats;
+    long plain_all_reduces; /* all-reduces of one plain backward pass after the student's steps */
     char message[512];
 } rank_result;
 
@@ -116,6 +117,18 @@ static int rank_main(int rank, void* arg) {
     }
     ddp_wrapper_stats(w, &res->stats);
     res->nweights = (size_t)copy_weights(m, res->weights);
+    { /* rule N4: the wrapper must be left synchronising: a plain backward pass all-reduces */
+        ddp_wrap_stats after;
+        float loss;
+        if (ddp_model_zero_grad(m) != DDP_OK || ddp_model_forward(m, xb[0], ROWS) != DDP_OK ||
+            ddp_loss_cross_entropy(m, yb[0], &loss) != DDP_OK || ddp_model_backward(m) != DDP_OK) {
+            snprintf(res->message, sizeof res->message, "a plain backward pass after the steps failed: %s",
+                     ddp_error_string());
+            return 1;
+        }
+        ddp_wrapper_stats(w, &after);
+        res->plain_all_reduces = after.all_reduces - res->stats.all_reduces;
+    }
     res->done = 1;
     ddp_wrapper_destroy(w);
     ddp_optim_destroy(o);
@@ -124,8 +137,10 @@ static int rank_main(int rank, void* arg) {
     return 0;
 }
 
-/* The reference, in this process: no DDP, every micro-batch of every rank. */
-static size_t reference(int K, float* out) {
+/* The reference, in this process: no DDP, every micro-batch of every rank. The variants give the
+   weights of two common mistakes, to name the rule a wrong answer breaks: 1, the gradient of the
+   last micro-batch only (zero_grad inside the loop); 2, the sum divided by K. */
+static size_t reference(int K, float* out, int variant) {
     ddp_model* m = make_model();
     ddp_optim* o = make_sgd(m);
     float x[ROWS * FEAT], loss;
@@ -133,16 +148,18 @@ static size_t reference(int K, float* out) {
     size_t j, n;
     for (s = 0; s < STEPS; s++) {
         ddp_model_zero_grad(m);
-        for (r = 0; r < WORLD; r++)
-            for (k = 0; k < K; k++) { /* backward adds into p->grad: the sum of them all */
+        for (k = 0; k < K; k++) {
+            if (variant == 1) ddp_model_zero_grad(m);
+            for (r = 0; r < WORLD; r++) { /* backward adds into p->grad: the sum of them all */
                 micro_batch(s, r, k, x, y);
                 ddp_model_forward(m, x, ROWS);
                 ddp_loss_cross_entropy(m, y, &loss);
                 ddp_model_backward(m);
             }
+        }
         for (i = 0; i < ddp_model_num_params(m); i++) { /* averaged over the ranks */
             ddp_param* p = ddp_model_param(m, i);
-            for (j = 0; j < p->count; j++) p->grad[j] /= (float)WORLD;
+            for (j = 0; j < p->count; j++) p->grad[j] /= (float)WORLD * (variant == 2 ? (float)K : 1.f);
         }
         ddp_optim_step(o);
     }
@@ -150,6 +167,17 @@ static size_t reference(int K, float* out) {
     ddp_optim_destroy(o);
     ddp_model_destroy(m);
     return n;
+}
+
+/* The largest relative difference between a and b, and where. */
+static double max_rel(const float* a, const float* b, size_t n, size_t* where) {
+    size_t i;
+    double worst = 0;
+    for (i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]) / (1e-3 + fabs((double)b[i]));
+        if (e > worst) worst = e, *where = i;
+    }
+    return worst;
 }
 
 /* Run the ranks; 1 when every rank finished. */
@@ -168,41 +196,54 @@ static int run(run_cfg* c) {
 }
 
 static void expect_weights(const run_cfg* c) {
-    float ref[MAX_W];
-    size_t n = reference(c->K, ref), i, worst = 0;
-    double maxerr = 0;
+    float ref[MAX_W], alt[MAX_W];
+    size_t n = reference(c->K, ref, 0), worst = 0, w2;
+    double maxerr;
     int r;
     const rank_result* r0 = &c->results[0];
     for (r = 1; r < WORLD; r++)
         EXPECT(c->results[r].nweights == r0->nweights &&
                !memcmp(c->results[r].weights, r0->weights, r0->nweights * sizeof(float)),
-               "rank %d's weights differ from rank 0's: the replicas drifted apart (were the accumulated gradients "
-               "ever all-reduced?)", r);
+               "[rule N3: the replicas stay identical] K = %d: rank %d's weights differ from rank 0's: the replicas "
+               "drifted apart. Were the accumulated gradients of every micro-batch all-reduced before the step?", c->K, r);
     if (r0->nweights != n) {
         lab_failf("rank 0 has %zu weights, the reference %zu", r0->nweights, n);
         return;
     }
-    for (i = 0; i < n; i++) {
-        double e = fabs((double)r0->weights[i] - ref[i]) / (1e-3 + fabs((double)ref[i]));
-        if (e > maxerr) maxerr = e, worst = i;
+    maxerr = max_rel(r0->weights, ref, n, &worst);
+    if (maxerr <= 1e-4) {
+        lab_note("K = %d: weights within %.2g (relative) of the reference", c->K, maxerr);
+        return;
     }
-    EXPECT(maxerr <= 1e-4,
-           "K = %d: the weights differ from the reference (each step: the sum of every micro-batch's gradient, "
-           "averaged over the ranks) by up to %.3g relative, at weight %zu: %.9g, reference %.9g", c->K, maxerr, worst,
-           (double)r0->weights[worst], (double)ref[worst]);
-    if (maxerr <= 1e-4) lab_note("K = %d: weights within %.2g (relative) of the reference", c->K, maxerr);
+    if (c->K > 1 && reference(c->K, alt, 1) == n && max_rel(r0->weights, alt, n, &w2) <= 1e-4)
+        lab_failf("[rule N5: the gradient of a step is the sum over all K micro-batches] K = %d: the weights are those "
+                  "of a step on the last micro-batch alone: is the gradient zeroed inside the micro-batch loop?", c->K);
+    else if (c->K > 1 && reference(c->K, alt, 2) == n && max_rel(r0->weights, alt, n, &w2) <= 1e-4)
+        lab_failf("[rule N5: the plain sum of the micro-batches' gradients, not divided by K] K = %d: the weights are "
+                  "those of the sum divided by K", c->K);
+    else
+        lab_failf("[rule N1: one step on all the micro-batches of all the ranks] K = %d: the weights differ from the "
+                  "reference (each step: the sum of every micro-batch's gradient, averaged over the ranks) by up to "
+                  "%.3g relative, at weight %zu: %.9g, reference %.9g", c->K, maxerr, worst, (double)r0->weights[worst],
+                  (double)ref[worst]);
 }
 
 static void expect_all_reduces(const run_cfg* c) {
     const ddp_wrap_stats* st = &c->results[0].stats;
     long want = (long)STEPS * st->buckets;
     EXPECT(st->all_reduces == want,
-           "K = %d micro-batches, %d steps, %d bucket(s): the wrapper issued %ld all-reduces, expected %ld (one per "
-           "bucket per step)%s", c->K, STEPS, st->buckets, st->all_reduces, want,
-           st->all_reduces == want * c->K ? ": that is one per micro-batch; the first K-1 backward passes should run "
-           "under ddp_no_sync" : st->all_reduces == 0 ? ": were all the backward passes under no_sync?" : "");
-    EXPECT(st->steps == STEPS, "K = %d: the wrapper counted %ld synchronised backward passes, expected %d (one per step)",
-           c->K, st->steps, STEPS);
+           "[rule N2: one all-reduce per bucket per step] K = %d micro-batches, %d steps, %d bucket(s): the wrapper "
+           "issued %ld all-reduces, expected %ld%s", c->K, STEPS, st->buckets, st->all_reduces, want,
+           st->all_reduces == want * c->K ? ": that is one per micro-batch: which of the K backward passes need "
+                                            "to all-reduce, and which need not?"
+           : st->all_reduces == 0           ? ": were all the backward passes under no_sync?"
+                                            : "");
+    EXPECT(st->steps == STEPS, "[rule N2: one synchronised backward pass per step] K = %d: the wrapper counted %ld "
+           "synchronised backward passes, expected %d", c->K, st->steps, STEPS);
+    EXPECT(c->results[0].plain_all_reduces == st->buckets,
+           "[rule N4: leave the wrapper synchronising] K = %d: after your steps, a plain backward pass all-reduced %ld "
+           "bucket(s), expected %d: ddp_no_sync is a setting that stays until it is changed, and the next caller "
+           "expects the wrapper as it was", c->K, c->results[0].plain_all_reduces, st->buckets);
     lab_note("K = %d, %d steps, %d bucket(s): %ld all-reduces, %llu bytes handed to all-reduce", c->K, STEPS,
              st->buckets, st->all_reduces, (unsigned long long)st->bytes_reduced);
 }
@@ -244,11 +285,29 @@ static void k3_with_three_buckets(void) {
     }
 }
 
+/* K and the bucket cap from the seed (LAB_SEED). */
+static void random_k_and_buckets(void) {
+    static const size_t caps[4] = {0, 40, 100, 200};
+    lab_rng g;
+    run_cfg c;
+    lab_rng_seed(&g, lab_seed(), 41);
+    lab_note("seed %llu (LAB_SEED)", (unsigned long long)lab_seed());
+    memset(&c, 0, sizeof c);
+    c.K = 1 + (int)lab_rng_below(&g, MAX_K);
+    c.bucket_cap = caps[lab_rng_below(&g, 4)];
+    lab_note("K = %d, bucket cap %zu", c.K, c.bucket_cap);
+    if (run(&c)) {
+        expect_weights(&c);
+        expect_all_reduces(&c);
+    }
+}
+
 int main(int argc, char** argv) {
     lab_begin(argc, argv);
     LAB_CASE(k4_weights_match_the_reference, 60);
     LAB_CASE(k4_one_all_reduce_per_step, 60);
     LAB_CASE(k1_is_a_plain_step, 60);
     LAB_CASE(k3_with_three_buckets, 60);
+    LAB_CASE(random_k_and_buckets, 60);
     return lab_end();
 }

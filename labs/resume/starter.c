@@ -8,24 +8,25 @@
    inside lab_after_step, as a crash would), start it again, and compare the final weights.
 
    Below is a complete training loop with no snapshots. Add them with ddp.h's ddp_snapshot_*
-   (read the >>snapshot declarations in ddp.h, and examples/04_fault_tolerance.c):
+   (the declarations under >>snapshot in ddp.h say what each call does). THE RULES (the tests
+   name the one you break):
 
-   (1) RESUME, before the loop: if a snapshot exists at o->snapshot_path (ddp_snapshot_exists),
-       load it (ddp_snapshot_load) and carry on from where it was taken: the epoch to continue
-       and the step counter come from the snapshot. No snapshot: start from the beginning.
-   (2) SAVE, after the optimizer step: every o->save_every steps (never when it is 0), write a
-       snapshot (ddp_snapshot_save) with the current epoch and step.
+   rule RS1 Resume: when a snapshot exists at o->snapshot_path, the run carries on from it: its
+            first step is the one after the snapshot's, in the epoch the snapshot was taken in.
+            No snapshot: start from the beginning.
+   rule RS2 Save every o->save_every optimizer steps (never when it is 0), once the step is
+            complete: the snapshot taken "at step 10" holds the state after step 10.
+   rule RS3 The snapshot holds every piece of state the next step reads. The weights, certainly.
+            What else does the next step read? Go through the loop line by line: the optimizer,
+            the sampler, the loader... what does each remember from one step to the next?
+   rule RS4 Bit for bit: killed anywhere and restarted (once or several times), the job ends with
+            exactly the weights of a run that was never killed.
+   rule RS5 Call lab_after_step(step, model) after every step with the true step number (1 for
+            the first step ever, also in a resumed run) and lab_finished(model) at the end.
 
-   What must a snapshot hold for the resumed run to be exactly the uninterrupted one? Think about
-   every piece of state the next step reads: the weights, certainly; Adam keeps two running
-   averages per weight and a step count; the sampler's shuffle depends on the epoch; and a
-   snapshot taken in the middle of an epoch must know how far into the epoch the loader was, or
-   the resumed run would see some batches twice. ddp_snapshot has a field for each: fill every
-   one (one ddp_snapshot struct, used for both load and save, is simplest).
-
-   Keep calling lab_after_step(step) after each step with the true step number (1 for the first
-   step ever, also in a resumed run) and lab_finished(model) at the end: the tests read them.
-   The tests use a small made-up data set: 4 epochs of 6 batches, a snapshot every 5 steps. */
+   The tests use a small made-up data set: 4 epochs of 6 batches, a snapshot every 5 or 6 steps,
+   kills mid-epoch, right after a save, before the first save, twice, and after an epoch's end.
+   Stuck? labs/resume/HINTS.md. Then answer labs/resume/QUESTIONS.md. */
 #include <string.h>
 
 #include "resume.h"
@@ -69,7 +70,7 @@ void lab_train(const lab_resume_opts* o) {
             DDP_CHECK(ddp_optim_step(optim));
             step++;
             /* TODO (2): every o->save_every steps, save a snapshot to o->snapshot_path. */
-            lab_after_step(step);
+            lab_after_step(step, model);
         }
     }
     lab_finished(model);

@@ -28,6 +28,8 @@ typedef struct record {
     long log_step[MAX_LOG];     /* every lab_after_step, in order */
     int log_run[MAX_LOG];
     int finished;               /* lab_finished was called (in the last run) */
+    int first_seen[8];          /* run k has logged a step: its weights after that first step */
+    float first_w[8][MAX_W];
     size_t nweights;
     float weights[MAX_W];
     int nparams;
@@ -36,13 +38,34 @@ typedef struct record {
 } record;
 
 static record* g_rec;
+static float g_ref[MAX_W]; /* the reference run's final weights */
+static size_t g_nref;
+static float (*g_step_w)[MAX_W]; /* shared: the weights after each step of the reference run */
+static int g_recording;          /* set while the reference run goes */
 
-void lab_after_step(long step) {
+/* The model's weights, one parameter after another, into dst (up to MAX_W); their number. */
+static size_t copy_weights(ddp_model* model, float* dst) {
+    int i;
+    size_t n = 0;
+    for (i = 0; i < ddp_model_num_params(model); i++) {
+        ddp_param* p = ddp_model_param(model, i);
+        if (n + p->count <= MAX_W) memcpy(dst + n, p->data, p->count * sizeof(float));
+        n += p->count;
+    }
+    return n;
+}
+
+void lab_after_step(long step, ddp_model* model) {
     const char* kill_at = getenv("LAB_KILL_AT_STEP");
     if (g_rec->nlog < MAX_LOG) {
         g_rec->log_step[g_rec->nlog] = step;
         g_rec->log_run[g_rec->nlog] = g_rec->run;
         g_rec->nlog++;
+    }
+    if (g_recording && model && step >= 1 && step <= TOTAL_STEPS) copy_weights(model, g_step_w[step]);
+    if (model && g_rec->run < 8 && !g_rec->first_seen[g_rec->run]) {
+        copy_weights(model, g_rec->first_w[g_rec->run]);
+        g_rec->first_seen[g_rec->run] = 1;
     }
     if (kill_at && atol(kill_at) == step) {
         fflush(NULL);
@@ -52,17 +75,79 @@ void lab_after_step(long step) {
 
 void lab_finished(ddp_model* model) {
     int i;
-    size_t n = 0;
     g_rec->nparams = ddp_model_num_params(model) < 16 ? ddp_model_num_params(model) : 16;
     for (i = 0; i < g_rec->nparams; i++) {
         ddp_param* p = ddp_model_param(model, i);
         snprintf(g_rec->names[i], sizeof g_rec->names[i], "%s", p->name);
         g_rec->counts[i] = p->count;
-        if (n + p->count <= MAX_W) memcpy(g_rec->weights + n, p->data, p->count * sizeof(float));
-        n += p->count;
     }
-    g_rec->nweights = n;
+    g_rec->nweights = copy_weights(model, g_rec->weights);
     g_rec->finished++;
+}
+
+/* What a snapshot file holds: the names in its header, its step, and its weights against the
+   reference run's after that step. hard = 1: a snapshot without the optimizer's state, or with
+   the weights of another step, is a failure (rules RS2 and RS3); hard = 0: only say what is
+   missing, to explain final weights that differ. Returns the number of problems it reported. */
+static int inspect_snapshot(const char* path, int hard) {
+    FILE* f = fopen(path, "rb");
+    unsigned char len8[8];
+    char* json = NULL;
+    uint64_t hlen = 0;
+    int k, problems = 0;
+    long step = -1;
+    const char* at;
+    if (!f) return 0;
+    if (fread(len8, 1, 8, f) == 8) {
+        for (k = 7; k >= 0; k--) hlen = hlen << 8 | len8[k];
+        if (hlen < (1u << 20) && (json = (char*)calloc(1, (size_t)hlen + 1)) != NULL &&
+            fread(json, 1, (size_t)hlen, f) != (size_t)hlen)
+            json[0] = 0;
+    }
+    fclose(f);
+    if (!json) return 0;
+    if ((at = strstr(json, "\"step\":\"")) != NULL) step = atol(at + 8);
+    if (!strstr(json, "\"optim.")) {
+        lab_failf("[rule RS3: the snapshot holds every piece of state the next step reads] %s holds no optimizer state "
+                  "(no optim.* tensors): Adam's two running averages per weight and its step count are lost, so every "
+                  "step after a restart differs (snap.optim)", path);
+        problems++;
+    }
+    if (!hard && !strstr(json, "\"loader_position\"")) {
+        lab_failf("[rule RS3: the snapshot holds every piece of state the next step reads] %s holds no loader position: "
+                  "a run resumed mid-epoch starts that epoch again at its first batch (snap.loader)", path);
+        problems++;
+    }
+    if (!hard && !strstr(json, "\"sampler_epoch\"") && problems == 0)
+        lab_note("(%s holds no sampler; that is fine as long as the loop sets the sampler's epoch itself)", path);
+    free(json);
+    if (step >= 1 && step <= TOTAL_STEPS) { /* its weights: those after its step? */
+        int sizes[3] = {6, 16, 3};
+        ddp_model* m;
+        ddp_model_desc md;
+        ddp_snapshot snap;
+        float w[MAX_W];
+        size_t n;
+        memset(&md, 0, sizeof md);
+        md.device.type = DDP_DEVICE_CPU;
+        memset(&snap, 0, sizeof snap);
+        if (ddp_model_mlp(&md, sizes, 3, DDP_LAYER_RELU, &m) != DDP_OK) return problems;
+        snap.model = m;
+        if (ddp_snapshot_load(&snap, path) == DDP_OK) {
+            n = copy_weights(m, w);
+            if (memcmp(w, g_step_w[step], n * sizeof(float)) != 0) {
+                if (step > 1 && memcmp(w, g_step_w[step - 1], n * sizeof(float)) == 0)
+                    lab_failf("[rule RS2: save once the step is complete] %s says step %ld but holds the weights "
+                              "after step %ld: is it written before the optimizer step?", path, step, step - 1);
+                else
+                    lab_failf("[rule RS2: the snapshot of step N holds the state after step N] %s says step %ld, but "
+                              "its weights are not those the uninterrupted run had after step %ld", path, step, step);
+                problems++;
+            }
+        }
+        ddp_model_destroy(m);
+    }
+    return problems;
 }
 
 /* A small data set that a model can learn: the class is the largest of three linear scores. */
@@ -104,7 +189,8 @@ static int start_run(const lab_resume_opts* o, long kill_at) {
     }
     if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == KILLED)) {
         if (kill_at > 0 && WEXITSTATUS(status) == 0)
-            lab_failf("run %d was to be killed at step %ld, but it ended before reaching that step", g_rec->run, kill_at);
+            lab_failf("[rule RS1: resume where the snapshot was taken] run %d was to be killed at step %ld, but it ended "
+                      "before reaching that step", g_rec->run, kill_at);
         return WEXITSTATUS(status);
     }
     if (WIFSIGNALED(status))
@@ -135,51 +221,64 @@ static int run_job(const char* dir, int save_every, const long* kills, int nkill
         st = start_run(&o, k < nkills ? kills[k] : 0);
         if (st < 0) return 0;
         if (g_rec->nlog == first_log) {
-            lab_failf("run %d called lab_after_step not once", k);
+            lab_failf("[rule RS5: call lab_after_step after every step] run %d called lab_after_step not once", k);
             return 0;
         }
         first = g_rec->log_step[first_log], last = g_rec->log_step[g_rec->nlog - 1];
         /* the last snapshot before the previous kill: its step, plus one */
         want_first = k == 0 || save_every == 0 ? 1 : kills[k - 1] / save_every * save_every + 1;
         if (k > 0 && first != want_first) {
-            if (first == 1)
-                lab_failf("after the kill at step %ld the restarted run began at step 1, from scratch; expected step "
+            if (first == 1 && k < 8 && g_nref && g_rec->first_seen[k] &&
+                !memcmp(g_rec->first_w[k], g_step_w[want_first], sizeof(float) * g_nref))
+                lab_failf("[rule RS1: resume from the snapshot, step counter included] after the kill at step %ld the "
+                          "restarted run carried on from the snapshot (the weights after its first step are those of "
+                          "step %ld) but called that step 1: restore the step counter too", kills[k - 1], want_first);
+            else if (first == 1)
+                lab_failf("[rule RS1: resume from the snapshot] after the kill at step %ld the restarted run began at "
+                          "step 1, from scratch; expected step "
                           "%ld: the last snapshot was taken after step %ld", kills[k - 1], want_first, want_first - 1);
             else
-                lab_failf("after the kill at step %ld the restarted run began at step %ld; expected step %ld (the "
+                lab_failf("[rule RS1: resume from the snapshot, step counter included] after the kill at step %ld the "
+                          "restarted run began at step %ld; expected step %ld (the "
                           "last snapshot was taken after step %ld; is the step counter restored from the snapshot?)",
                           kills[k - 1], first, want_first, want_first - 1);
         }
         for (i = first_log + 1; i < g_rec->nlog; i++)
             if (g_rec->log_step[i] != g_rec->log_step[i - 1] + 1) {
-                lab_failf("run %d reported step %ld after step %ld; steps go up by one", k, g_rec->log_step[i],
+                lab_failf("[rule RS5: the true step number] run %d reported step %ld after step %ld; steps go up by "
+                          "one", k, g_rec->log_step[i],
                           g_rec->log_step[i - 1]);
                 break;
             }
         if (k == nkills && last != TOTAL_STEPS)
-            lab_failf("the last run ended at step %ld; the job has %d steps (%d epochs of %d batches)", last, TOTAL_STEPS,
+            lab_failf("[rule RS1: carry on in the epoch the snapshot was taken in] the last run ended at step %ld; the "
+                      "job has %d steps (%d epochs of %d batches)", last, TOTAL_STEPS,
                       EPOCHS, TOTAL_STEPS / EPOCHS);
     }
     if (!g_rec->finished) {
-        lab_failf("lab_finished(model) was never called: the tests cannot see the final weights");
+        lab_failf("[rule RS5: call lab_finished at the end] lab_finished(model) was never called: the tests cannot see "
+                  "the final weights");
         return 0;
     }
     return 1;
 }
 
 static char g_dir[256];
-static float g_ref[MAX_W];
-static size_t g_nref;
-
 static void setup(void) {
     const char* tmp = getenv("TMPDIR");
     char path[512];
+    int k;
     g_rec = (record*)lab_shared(sizeof(record));
     if (!g_rec) LAB_SKIP("cannot map shared memory: %s", strerror(errno));
     snprintf(g_dir, sizeof g_dir, "%s/lab_resume.XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(g_dir)) LAB_SKIP("cannot make a temporary folder %s: %s", g_dir, strerror(errno));
-    /* the reference: the same loop, never saving, never killed */
-    if (!run_job(g_dir, 0, NULL, 0, path, sizeof path)) {
+    /* the reference: the same loop, never saving, never killed, its weights after every step kept */
+    g_step_w = (float(*)[MAX_W])lab_shared(sizeof(float) * MAX_W * (TOTAL_STEPS + 1));
+    if (!g_step_w) LAB_SKIP("cannot map shared memory: %s", strerror(errno));
+    g_recording = 1;
+    k = run_job(g_dir, 0, NULL, 0, path, sizeof path);
+    g_recording = 0;
+    if (!k) {
         lab_note("(that was the reference run: no snapshots, no kill)");
         return;
     }
@@ -203,7 +302,7 @@ static void cleanup(void) {
 }
 
 /* The final weights against the reference, bit for bit. */
-static void expect_reference_weights(const char* what) {
+static void expect_reference_weights(const char* what, const char* path) {
     size_t i, differ = 0, first = 0;
     if (!g_nref) return;
     if (g_rec->nweights != g_nref) {
@@ -215,12 +314,12 @@ static void expect_reference_weights(const char* what) {
     if (differ) {
         size_t off = 0;
         int p = 0;
+        if (path && inspect_snapshot(path, 0) > 0) return; /* it named what the snapshot lacks */
         while (p < g_rec->nparams - 1 && first >= off + g_rec->counts[p]) off += g_rec->counts[p++];
-        lab_failf("%s: the final weights differ from the uninterrupted run's in %zu of %zu values; the first is "
-                  "%s[%zu] = %.9g, uninterrupted %.9g. Does the snapshot hold everything the next step reads: the "
-                  "optimizer (Adam's moments and step count), the sampler (its epoch) and the loader (the position "
-                  "in the epoch)?", what, differ, g_nref, g_rec->names[p], first - off, (double)g_rec->weights[first],
-                  (double)g_ref[first]);
+        lab_failf("[rule RS4: bit for bit] %s: the final weights differ from the uninterrupted run's in %zu of %zu "
+                  "values; the first is %s[%zu] = %.9g, uninterrupted %.9g. What does the next step read that the "
+                  "snapshot does not restore?", what, differ, g_nref, g_rec->names[p], first - off,
+                  (double)g_rec->weights[first], (double)g_ref[first]);
     }
 }
 
@@ -231,7 +330,7 @@ static void killed_job(int save_every, const long* kills, int nkills) {
     setup();
     pos += (size_t)snprintf(what, sizeof what, "snapshot every %d steps, killed at step", save_every);
     for (k = 0; k < nkills; k++) pos += (size_t)snprintf(what + pos, sizeof what - pos, "%s %ld", k ? " and" : "", kills[k]);
-    if (g_nref && run_job(g_dir, save_every, kills, nkills, path, sizeof path)) expect_reference_weights(what);
+    if (g_nref && run_job(g_dir, save_every, kills, nkills, path, sizeof path)) expect_reference_weights(what, path);
     cleanup();
 }
 
@@ -241,9 +340,10 @@ static void uninterrupted_run_writes_snapshots(void) {
     char path[512];
     setup();
     if (g_nref && run_job(g_dir, 5, NULL, 0, path, sizeof path)) {
-        EXPECT(ddp_snapshot_exists(path), "no snapshot at %s after a run of %d steps with save_every = 5", path,
-               TOTAL_STEPS);
-        expect_reference_weights("saving a snapshot every 5 steps (never killed)");
+        EXPECT(ddp_snapshot_exists(path), "[rule RS2: save every save_every steps] no snapshot at %s after a run of %d "
+               "steps with save_every = 5", path, TOTAL_STEPS);
+        inspect_snapshot(path, 1);
+        expect_reference_weights("saving a snapshot every 5 steps (never killed)", NULL);
     }
     cleanup();
 }
@@ -273,6 +373,20 @@ static void killed_after_an_epoch_boundary_save(void) {
     killed_job(6, kills, 1);
 }
 
+/* Kills at steps drawn from the seed (LAB_SEED), with a save interval drawn too. */
+static void killed_at_random_steps(void) {
+    lab_rng g;
+    long kills[2];
+    int every, nk;
+    lab_rng_seed(&g, lab_seed(), 31);
+    lab_note("seed %llu (LAB_SEED)", (unsigned long long)lab_seed());
+    every = 1 + (int)lab_rng_below(&g, 8);
+    nk = 1 + (int)lab_rng_below(&g, 2);
+    kills[0] = 1 + (long)lab_rng_below(&g, TOTAL_STEPS - 2);
+    kills[1] = kills[0] + 1 + (long)lab_rng_below(&g, (size_t)(TOTAL_STEPS - 1 - kills[0]));
+    killed_job(every, kills, nk);
+}
+
 int main(int argc, char** argv) {
     lab_begin(argc, argv);
     LAB_CASE(uninterrupted_run_writes_snapshots, 30);
@@ -281,5 +395,6 @@ int main(int argc, char** argv) {
     LAB_CASE(killed_before_the_first_save, 30);
     LAB_CASE(killed_twice, 30);
     LAB_CASE(killed_after_an_epoch_boundary_save, 30);
+    LAB_CASE(killed_at_random_steps, 30);
     return lab_end();
 }

@@ -1,41 +1,63 @@
-/* Lab "ring": the ring all-reduce.                      run the tests:  make lab-ring
+/* Lab "ring": the ring all-reduce, over a link that can fill up.    run the tests:  make lab-ring
 
    All-reduce: every rank starts with its own buffer of n floats and ends with the element-wise
-   sum of all of them. It is the one collective data-parallel training cannot do without: every
-   step, every rank's gradients are all-reduced, so it had better be fast. ddp.h's CPU backend
-   and NCCL both use a ring: rank r only ever sends to its right neighbour, (r + 1) % world, and
-   only ever receives from its left neighbour, (r - 1 + world) % world.
+   sum of all of them. Data-parallel training all-reduces every gradient of every step, so this is
+   the collective that decides how well DDP scales. TUTORIAL.md, chapter 2, explains the ring:
+   read "The ring all-reduce" there first, with its worked example for 3 ranks, and draw the
+   table for 4 ranks yourself before you write any code. This file only says what your code must
+   do; how is yours to work out.
 
-   The algorithm. Cut the buffer into `world` chunks, chunk c covering [c*n/world, (c+1)*n/world)
-   (chunk sizes differ by at most one when n is not a multiple of world; some chunks are empty
-   when n < world). Then two phases of world-1 steps each:
+   THE RULES (the tests check each one and name it when it is broken)
 
-   1. reduce-scatter. At step s = 0 .. world-2, rank r sends chunk (r - s) mod world to the right
-      and receives chunk (r - s - 1) mod world from the left, which it ADDS into its own copy of
-      that chunk. After world-1 steps, rank r holds the complete sum of chunk (r + 1) mod world.
-   2. all-gather. At step s = 0 .. world-2, rank r sends chunk (r + 1 - s) mod world (a complete
-      sum) to the right and receives chunk (r - s) mod world from the left, which it COPIES over
-      its own. After world-1 steps every rank holds every complete chunk.
+   rule 1  On return, buf[0..n) on every rank holds the sum of every rank's buf[0..n). Nothing
+           past buf[n-1] is written.
+   rule 2  A ring: rank r sends only to its right neighbour, (r + 1) mod world, and receives only
+           from its left one, (r - 1) mod world. (In C, (-1) % 3 is -1, not 2.)
+   rule 3  Every recv asks for exactly the count of the message it takes, and every message sent
+           is received before the function returns.
+   rule 4  The buffer is cut into `world` chunks whose sizes differ by at most one (some are empty
+           when n < world). No message is larger than a chunk: ceil(n / world) floats.
+   rule 5  Bandwidth: each rank sends at most 2(world-1) chunks' worth of floats, and the ranks
+           together send exactly 2(world-1) * n floats: the reduce-scatter moves every chunk
+           world-1 times, the all-gather too.
+   rule 6  A chunk that fits in the window goes as one message (do not cut what need not be cut;
+           an empty chunk need not be sent at all).
+   rule 7  No deadlock, whatever the window, down to a window of 1 float.
+   world == 1 must work too (nothing to send).
 
-   Draw it for world = 3 before you write it: a 3 x 3 table, ranks across, chunks down.
+   THE TRAP (rule 7). send() returns only once its message is in the link, and the link holds
+   `window` floats. If every rank first sends a chunk larger than the window and only then
+   receives, every send waits for a receiver that is itself stuck in its own send: a deadlock,
+   and the tests will say so within a second, naming what each rank waits for. Find an order of
+   sends and receives that cannot deadlock, whatever the window, and be ready to say why it
+   cannot (real libraries know two).
 
-   Why a ring: each rank sends 2(world-1) chunks of about S/world bytes, 2(world-1)/world * S in all
-   for a buffer of S bytes: nearly 2S however many ranks there are, and every link is busy at every
-   step. Sending your whole buffer to everyone would cost (world-1) * S per rank. The tests count
-   the bytes each rank sends and check this.
+   PART 2 (lab_ring_all_reduce_pipelined, below). Real rings (NCCL's, for one) cut every chunk
+   into pieces and keep the link busy: while a rank adds piece p that it just received, piece
+   p+1 of what it sends is already on the wire. Here the link holds 2 * piece floats: room for
+   two pieces, a double buffer. Rules 1-3, 5 and 7 as above, and:
+   rule P1 No message is larger than `piece` floats.
+   rule P2 Each chunk goes as ceil(len / piece) messages.
+   rule P3 One piece in flight: within each step, before a rank waits for piece p, it has already
+           sent piece p+1 of that step (when the step has one). The tests check this in the
+           cases where every chunk holds the same number of pieces.
+   Question to answer before you code part 2: why can sending two pieces ahead deadlock here,
+   when one piece ahead cannot?
 
-   The tools: send(to, data, count) and recv(from, data, count), declared in ring.h. send never
-   waits for the receiver, so every rank may send first and then receive. recv's count must match
-   the sender's count exactly. Mind the modulo of negative numbers in C: (-1) % 3 is -1, so write
-   ((x % world) + world) % world. Use a temporary buffer (malloc) for what you receive in phase 1.
-
-   Rules: only send to the right neighbour, receive from the left one, send exactly 2(world-1)
-   messages (an empty chunk is a message of 0 floats, which is fine), and handle world == 1. */
+   Stuck? labs/ring/HINTS.md has hints in three tiers; take the first one first.
+   Answer the questions in labs/ring/QUESTIONS.md when the tests pass. */
 #include <stdlib.h>
 
 #include "ring.h"
 
-void lab_ring_all_reduce(float* buf, size_t n, int rank, int world, lab_send_fn send, lab_recv_fn recv) {
-    /* TODO: the reduce-scatter phase, then the all-gather phase, as described above. */
-    (void)buf, (void)n, (void)rank, (void)world, (void)send, (void)recv;
+void lab_ring_all_reduce(float* buf, size_t n, int rank, int world, size_t window, lab_send_fn send,
+                         lab_recv_fn recv) {
+    /* TODO: part 1 */
+    (void)buf, (void)n, (void)rank, (void)world, (void)window, (void)send, (void)recv;
+}
+
+void lab_ring_all_reduce_pipelined(float* buf, size_t n, int rank, int world, size_t piece, lab_send_fn send,
+                                   lab_recv_fn recv) {
+    /* TODO: part 2 */
+    (void)buf, (void)n, (void)rank, (void)world, (void)piece, (void)send, (void)recv;
 }

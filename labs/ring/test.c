@@ -1,37 +1,64 @@
 /* labs/ring/test.c: the tests of lab "ring", built together with the student's file.
 
-   Each case starts `world` processes (fork), joined pairwise by Unix sockets, and runs the
-   student's lab_ring_all_reduce in every one of them on different data. send and recv below are
-   the whole transport: messages framed with their length, a send that keeps draining incoming
-   data while it waits (so it never deadlocks, like a buffered send), a recv that gives up after
-   RECV_PATIENCE_S seconds with a message naming what it waited for. The checks: every rank's
-   result, and the traffic: who sent to whom, how many messages, how many bytes. */
+   Each case starts `world` processes (fork) and runs the student's all-reduce in every one of
+   them on different data. The transport is below: between rank r and rank r+1 a LINK in shared
+   memory, a ring buffer of `window` floats plus a queue of message headers. send() puts a
+   message into the link and returns once all of it is in; with the link full it waits, as a
+   socket's send does when the peer's buffer is full. recv() takes the next message out.
+
+   While the ranks run, the case's process watches them: when every rank that has not returned
+   is blocked in send or recv and none of them can move (each sender's link is full, each
+   receiver's link is empty), nothing can ever change again: that is a deadlock, reported at
+   once with what every rank waits for. Then the checks: every rank's result, and the traffic
+   (who sent to whom, how many messages, how many floats, in which order), each failure naming
+   the rule of starter.c it breaks. */
 #include "../lab_test.h"
 
-#include <fcntl.h>
+#include <sched.h>
 #include <stdint.h>
-#include <sys/socket.h>
 
 #include "ring.h"
 
 #define MAX_WORLD 8
-#define RECV_PATIENCE_S 5.0
+#define MAX_Q 1024   /* message headers a link holds */
+#define MAX_EV 8192  /* non-empty sends and receives logged per rank, in order */
+#define GUARD 16     /* floats past buf[n-1] that must stay untouched */
+#define SENTINEL 12345.0f
 
-typedef struct rank_stats {
-    uint64_t floats_sent;
-    int sends, recvs;
-    int sent_to[MAX_WORLD]; /* messages sent to each rank */
-} rank_stats;
+enum { ST_RUN, ST_SEND, ST_RECV, ST_DONE };
+
+typedef struct link_t {     /* rank r -> rank r+1; counters only grow */
+    uint64_t head, tail;    /* floats put in, taken out */
+    uint64_t mhead, mtail;  /* messages put in, taken out (a message is out when all of it is) */
+    uint64_t msg[MAX_Q];    /* message k's count, at k % MAX_Q */
+} link_t;
+
+typedef struct rank_info {
+    int state, peer;                /* what the rank is doing now */
+    uint64_t call_count, call_done; /* the current send's or recv's count, and how much has moved */
+    uint64_t floats_sent, biggest;
+    int sends, nonempty_sends, recvs, nonempty_recvs;
+    int nev;                        /* ev[0..nev): 'S' or 'R' per non-empty message, in call order */
+    char ev[MAX_EV];
+} rank_info;
+
+typedef struct shared {
+    uint64_t progress;              /* bumped by every change anywhere: the watcher's clock */
+    rank_info rank[MAX_WORLD];
+    link_t link[MAX_WORLD];
+} shared;
+
+static uint64_t ld(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static void st(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static int ldi(const int* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static void sti(int* p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
 /* ---- the transport, in each rank's process ---------------------------------------------------- */
 
+static shared* g_sh;
+static float* g_data;                /* link r's ring buffer: g_data + r * g_window */
 static int g_rank, g_world;
-static int g_fd[MAX_WORLD];          /* g_fd[p]: the socket to rank p */
-static rank_stats* g_stats;          /* shared with the case's process, one per rank */
-static struct inbox {
-    unsigned char* data;
-    size_t len, cap;
-} g_in[MAX_WORLD];                   /* bytes received from each rank, not yet consumed */
+static size_t g_n, g_window, g_piece; /* g_piece > 0: part 2 */
 
 static void rank_die(const char* fmt, ...) {
     va_list ap;
@@ -44,257 +71,469 @@ static void rank_die(const char* fmt, ...) {
     _exit(3);
 }
 
-/* Read whatever has arrived from rank p into its inbox. Returns the number of bytes read. */
-static size_t drain(int p) {
-    size_t total = 0;
-    for (;;) {
-        ssize_t n;
-        struct inbox* b = &g_in[p];
-        if (b->cap - b->len < 65536) {
-            size_t cap = b->cap ? b->cap * 2 : 131072;
-            unsigned char* d = (unsigned char*)realloc(b->data, cap);
-            if (!d) rank_die("out of memory buffering messages from rank %d", p);
-            b->data = d, b->cap = cap;
-        }
-        n = read(g_fd[p], b->data + b->len, b->cap - b->len);
-        if (n > 0) {
-            b->len += (size_t)n, total += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        return total; /* EAGAIN, or the peer closed (it ended) */
+static void bump(void) { __atomic_fetch_add(&g_sh->progress, 1, __ATOMIC_SEQ_CST); }
+
+/* Wait a moment: yield first, then short sleeps (eight ranks may share two cores). */
+static void wait_a_little(unsigned* tries) {
+    if (++*tries < 50) {
+        sched_yield();
+    } else {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
     }
 }
 
-/* Wait up to `ms` for something to read from any peer (and, if out >= 0, for room to write to
-   rank out); read it. Returns 1 if anything happened. */
-static int pump(int out, int ms) {
-    struct pollfd pf[MAX_WORLD];
-    int p, k = 0, r;
-    for (p = 0; p < g_world; p++) {
-        if (p == g_rank) continue;
-        pf[k].fd = g_fd[p], pf[k].events = (short)(POLLIN | (p == out ? POLLOUT : 0)), pf[k].revents = 0;
-        k++;
+/* Copy k floats between mem and a link's ring buffer at position pos (counted since the start):
+   up to the end of the ring, then from its start. */
+static void ring_copy(float* ring, uint64_t pos, float* mem, uint64_t k, int into_ring) {
+    uint64_t at = pos % g_window, first = g_window - at < k ? g_window - at : k;
+    if (into_ring) {
+        memcpy(ring + at, mem, first * sizeof(float));
+        if (k > first) memcpy(ring, mem + first, (k - first) * sizeof(float));
+    } else {
+        memcpy(mem, ring + at, first * sizeof(float));
+        if (k > first) memcpy(mem + first, ring, (k - first) * sizeof(float));
     }
-    r = poll(pf, (nfds_t)k, ms);
-    if (r <= 0) return 0;
-    for (p = 0; p < g_world; p++)
-        if (p != g_rank) drain(p);
-    return 1;
 }
 
-static void check_peer(const char* what, const char* name, int peer) {
-    if (peer < 0 || peer >= g_world || peer == g_rank)
-        rank_die("%s(%s = %d, ...): %s must be another rank, 0..%d, not %d itself", what, name, peer, name,
-                 g_world - 1, g_rank);
-}
+static size_t chunk_max(void) { return (g_n + (size_t)g_world - 1) / (size_t)g_world; }
 
-static void write_all(int to, const void* data, size_t bytes) {
-    const unsigned char* p = (const unsigned char*)data;
-    while (bytes > 0) {
-        ssize_t n = write(g_fd[to], p, bytes);
-        if (n > 0) {
-            p += n, bytes -= (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-            rank_die("send to rank %d failed: %s (did rank %d end early?)", to, strerror(errno), to);
-        pump(to, 100); /* full: keep taking in what others send while the receiver catches up */
-    }
+static void set_call(int state, int peer, size_t count) {
+    rank_info* me = &g_sh->rank[g_rank];
+    st(&me->call_count, count);
+    st(&me->call_done, 0);
+    sti(&me->peer, peer);
+    sti(&me->state, state);
+    bump();
 }
 
 static void harness_send(int to, const float* data, size_t count) {
-    uint64_t header = count;
-    check_peer("send", "to", to);
+    rank_info* me = &g_sh->rank[g_rank];
+    int right = (g_rank + 1) % g_world;
+    link_t* L = &g_sh->link[g_rank];
+    float* ring = g_data + (size_t)g_rank * g_window;
+    size_t left = count;
+    unsigned tries = 0;
+    if (to != right)
+        rank_die("[rule 2: a ring] send(to = %d, ...): rank %d sends only to its right neighbour, rank %d", to, g_rank,
+                 right);
     if (count > 0 && !data) rank_die("send(to = %d, data = NULL, count = %zu)", to, count);
-    g_stats[g_rank].sends++;
-    g_stats[g_rank].sent_to[to]++;
-    g_stats[g_rank].floats_sent += count;
-    write_all(to, &header, sizeof header);
-    if (count) write_all(to, data, count * sizeof(float));
+    if (!g_piece && count > chunk_max())
+        rank_die("[rule 4: chunks differ in size by at most one] send(to = %d, count = %zu): no chunk holds more than "
+                 "ceil(n / world) = %zu floats (n = %zu, world = %d: every chunk holds %zu or %zu)", to, count,
+                 chunk_max(), g_n, g_world, g_n / (size_t)g_world, chunk_max());
+    if (g_piece && count > g_piece)
+        rank_die("[rule P1: pieces of at most `piece` floats] send(to = %d, count = %zu): piece = %zu", to, count,
+                 g_piece);
+    me->sends++;
+    me->floats_sent += count;
+    if (count > me->biggest) me->biggest = count;
+    if (count) {
+        me->nonempty_sends++;
+        if (me->nev < MAX_EV) me->ev[me->nev] = 'S';
+        me->nev++;
+    }
+    set_call(ST_SEND, to, count);
+    while (ld(&L->mhead) - ld(&L->mtail) >= MAX_Q) wait_a_little(&tries); /* the header queue is full */
+    L->msg[ld(&L->mhead) % MAX_Q] = count;
+    st(&L->mhead, ld(&L->mhead) + 1);
+    bump();
+    while (left > 0) {
+        uint64_t head = ld(&L->head), room = g_window - (head - ld(&L->tail)), k;
+        if (room == 0) {
+            wait_a_little(&tries);
+            continue;
+        }
+        tries = 0;
+        k = room < left ? room : left;
+        ring_copy(ring, head, (float*)data, k, 1);
+        st(&L->head, head + k);
+        data += k, left -= (size_t)k;
+        st(&me->call_done, count - left);
+        bump();
+    }
+    set_call(ST_RUN, -1, 0);
 }
 
 static void harness_recv(int from, float* data, size_t count) {
-    struct inbox* b = &g_in[from];
-    double last = lab_now();
-    check_peer("recv", "from", from);
+    rank_info* me = &g_sh->rank[g_rank];
+    int leftn = (g_rank + g_world - 1) % g_world;
+    link_t* L = &g_sh->link[leftn];
+    float* ring = g_data + (size_t)leftn * g_window;
+    size_t left = count;
+    uint64_t theirs;
+    unsigned tries = 0;
+    if (from != leftn)
+        rank_die("[rule 2: a ring] recv(from = %d, ...): rank %d receives only from its left neighbour, rank %d", from,
+                 g_rank, leftn);
     if (count > 0 && !data) rank_die("recv(from = %d, data = NULL, count = %zu)", from, count);
-    for (;;) {
-        if (b->len >= sizeof(uint64_t)) {
-            uint64_t header;
-            memcpy(&header, b->data, sizeof header);
-            if (header != count)
-                rank_die("recv(from = %d, count = %zu): rank %d's next message holds %llu floats. A recv must "
-                         "ask for exactly what the matching send sent (are both ranks using the same chunk?)",
-                         from, count, from, (unsigned long long)header);
-            if (b->len >= sizeof header + count * sizeof(float)) {
-                size_t used = sizeof header + count * sizeof(float);
-                if (count) memcpy(data, b->data + sizeof header, count * sizeof(float));
-                memmove(b->data, b->data + used, b->len - used);
-                b->len -= used;
-                g_stats[g_rank].recvs++;
-                return;
-            }
+    me->recvs++;
+    if (count) {
+        me->nonempty_recvs++;
+        if (me->nev < MAX_EV) me->ev[me->nev] = 'R';
+        me->nev++;
+    }
+    set_call(ST_RECV, from, count);
+    while (ld(&L->mhead) == ld(&L->mtail)) wait_a_little(&tries);
+    theirs = L->msg[ld(&L->mtail) % MAX_Q];
+    if (theirs != count)
+        rank_die("[rule 3: recv asks for exactly what the matching send sent] recv(from = %d, count = %zu): rank %d's next "
+                 "message holds %llu floats (do both ranks cut the same chunk at this step?)", from, count, from,
+                 (unsigned long long)theirs);
+    while (left > 0) {
+        uint64_t tail = ld(&L->tail), avail = ld(&L->head) - tail, k;
+        if (avail == 0) {
+            wait_a_little(&tries);
+            continue;
         }
-        if (pump(-1, 100)) last = lab_now();
-        else if (lab_now() - last > RECV_PATIENCE_S)
-            rank_die("waited %.0f s in recv(from = %d, count = %zu) and nothing came: rank %d never sends it "
-                     "(or waits itself for something that never comes)", RECV_PATIENCE_S, from, count, from);
+        tries = 0;
+        k = avail < left ? avail : left;
+        ring_copy(ring, tail, data, k, 0);
+        st(&L->tail, tail + k);
+        data += k, left -= (size_t)k;
+        st(&me->call_done, count - left);
+        bump();
+    }
+    st(&L->mtail, ld(&L->mtail) + 1);
+    set_call(ST_RUN, -1, 0);
+}
+
+/* ---- the watcher, in the case's process -------------------------------------------------------- */
+
+/* 1 when no rank that has not returned can ever move again: each is in send with its link full,
+   or in recv with nothing to take. */
+static int nobody_can_move(shared* sh, int W, size_t window) {
+    int r, blocked = 0;
+    for (r = 0; r < W; r++) {
+        rank_info* ri = &sh->rank[r];
+        int s = ldi(&ri->state);
+        if (s == ST_DONE) continue;
+        if (s == ST_RUN) return 0;
+        if (s == ST_SEND) {
+            link_t* L = &sh->link[r];
+            int full = ld(&L->mhead) - ld(&L->mtail) >= MAX_Q ||
+                       (ld(&L->head) - ld(&L->tail) >= window && ld(&ri->call_done) < ld(&ri->call_count));
+            if (!full) return 0;
+        } else {
+            link_t* L = &sh->link[(r + W - 1) % W];
+            int empty = ld(&L->mhead) == ld(&L->mtail) ||
+                        (ld(&L->head) == ld(&L->tail) && ld(&ri->call_done) < ld(&ri->call_count));
+            if (!empty) return 0;
+        }
+        blocked++;
+    }
+    return blocked > 0;
+}
+
+/* What each rank waits for, and which rule that breaks. */
+static void describe_deadlock(shared* sh, int W, size_t window, double after_s) {
+    int r, senders = 0, receivers = 0, returned = 0;
+    for (r = 0; r < W; r++) {
+        int s = ldi(&sh->rank[r].state);
+        senders += s == ST_SEND, receivers += s == ST_RECV, returned += s == ST_DONE;
+    }
+    if (returned > 0)
+        lab_failf("[rule 3: every message sent is received] %d rank(s) returned while the others still wait for them "
+                  "(found %.0f ms after the last move):", returned, after_s * 1e3);
+    else if (receivers == 0)
+        lab_failf("[rule 7: no deadlock] deadlock: every rank is blocked in send, and no rank is receiving, so no send "
+                  "can ever finish (found %.0f ms after the last move). A send returns only once its message is in the "
+                  "link, and the link holds window = %zu float(s):", after_s * 1e3, window);
+    else if (senders == 0)
+        lab_failf("[rule 7: no deadlock] deadlock: every rank is blocked in recv, and no message is on its way: "
+                  "somebody has to send first (found %.0f ms after the last move):", after_s * 1e3);
+    else
+        lab_failf("[rule 7: no deadlock] deadlock: every rank waits for another (found %.0f ms after the last move), "
+                  "window = %zu floats:", after_s * 1e3, window);
+    for (r = 0; r < W; r++) {
+        rank_info* ri = &sh->rank[r];
+        int s = ldi(&ri->state), peer = ldi(&ri->peer);
+        unsigned long long c = (unsigned long long)ld(&ri->call_count), d = (unsigned long long)ld(&ri->call_done);
+        if (s == ST_DONE)
+            lab_note("  rank %d has returned from the all-reduce", r);
+        else if (s == ST_SEND && ld(&sh->link[r].mhead) - ld(&sh->link[r].mtail) >= MAX_Q)
+            lab_note("  rank %d is blocked in send(to = %d, count = %llu): %d messages wait in the link, none received",
+                     r, peer, c, MAX_Q);
+        else if (s == ST_SEND)
+            lab_note("  rank %d is blocked in send(to = %d, count = %llu), %llu of its floats in the link: the link is "
+                     "full and rank %d is not receiving", r, peer, c, d, peer);
+        else if (d > 0)
+            lab_note("  rank %d is blocked in recv(from = %d, count = %llu) with %llu floats, and no more is on its way",
+                     r, peer, c, d);
+        else
+            lab_note("  rank %d is blocked in recv(from = %d, count = %llu): no message from rank %d is on its way", r,
+                     peer, c, peer);
     }
 }
 
-/* ---- one run: world processes, each all-reducing its own data -------------------------------- */
+/* ---- one run ------------------------------------------------------------------------------------ */
 
 /* Rank r's element i: small multiples of 1/4, so every sum is exact in any order. */
 static float value(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 13) % 17) - 8) + 0.25f * (float)r; }
 
-static void run_ring(int world, size_t n) {
-    int pairs[MAX_WORLD][MAX_WORLD];
+static size_t clen(size_t n, int W, int c) { return n * (size_t)(c + 1) / (size_t)W - n * (size_t)c / (size_t)W; }
+
+/* Run the all-reduce on W ranks; piece > 0 runs part 2 (the link then holds 2 * piece floats).
+   Returns 1 when the ranks finished and every check passed. */
+static int run_ring(int W, size_t n, size_t window, size_t piece) {
+    shared* sh = (shared*)lab_shared(sizeof(shared));
+    float* result = (float*)lab_shared((n + GUARD) * sizeof(float) * (size_t)W);
+    float* data;
     pid_t pid[MAX_WORLD];
-    rank_stats* stats = (rank_stats*)lab_shared(sizeof(rank_stats) * MAX_WORLD);
-    float* result = (float*)lab_shared((n ? n : 1) * sizeof(float) * (size_t)world);
-    int r, p, failed = 0, shown = 0, bad_ranks = 0;
+    int r, exited[MAX_WORLD], nexited = 0, failed = 0, stuck_polls = 0, before = lab_failed_checks, bad_ranks = 0;
+    uint64_t last_progress = 0, total = 0, per_rank_max;
+    double last_move = lab_now();
     size_t i, wrong = 0;
-    uint64_t total = 0, per_rank_max;
-    if (!stats || !result) LAB_SKIP("cannot map %zu bytes of shared memory: %s", n * sizeof(float) * (size_t)world, strerror(errno));
-    for (r = 0; r < world; r++)
-        for (p = r + 1; p < world; p++) {
-            int sv[2];
-            if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) LAB_SKIP("socketpair failed: %s", strerror(errno));
-            pairs[r][p] = sv[0], pairs[p][r] = sv[1];
-        }
+    const char* part = piece ? "lab_ring_all_reduce_pipelined" : "lab_ring_all_reduce";
+    if (piece) window = 2 * piece;
+    data = (float*)lab_shared(window * sizeof(float) * (size_t)W);
+    if (!sh || !result || !data) LAB_SKIP("cannot map shared memory: %s", strerror(errno));
     fflush(NULL);
-    for (r = 0; r < world; r++) {
+    for (r = 0; r < W; r++) {
         pid[r] = fork();
         if (pid[r] < 0) LAB_SKIP("cannot fork rank %d: %s", r, strerror(errno));
         if (pid[r] == 0) {
-            float* buf = (float*)malloc((n ? n : 1) * sizeof(float));
-            g_rank = r, g_world = world, g_stats = stats;
-            for (p = 0; p < world; p++) { /* keep only this rank's ends of the sockets */
-                int q;
-                for (q = p + 1; q < world; q++)
-                    if (p != r && q != r) close(pairs[p][q]), close(pairs[q][p]);
-                if (p == r) continue;
-                g_fd[p] = pairs[r][p];
-                close(pairs[p][r]);
-                fcntl(g_fd[p], F_SETFL, fcntl(g_fd[p], F_GETFL) | O_NONBLOCK);
-            }
+            float* buf = (float*)malloc((n + GUARD) * sizeof(float));
+            g_sh = sh, g_data = data, g_rank = r, g_world = W, g_n = n, g_window = window, g_piece = piece;
             if (!buf) rank_die("out of memory");
             for (i = 0; i < n; i++) buf[i] = value(r, i);
-            lab_ring_all_reduce(buf, n, r, world, harness_send, harness_recv);
-            if (n) memcpy(result + (size_t)r * n, buf, n * sizeof(float));
+            for (i = n; i < n + GUARD; i++) buf[i] = SENTINEL;
+            if (piece) lab_ring_all_reduce_pipelined(buf, n, r, W, piece, harness_send, harness_recv);
+            else lab_ring_all_reduce(buf, n, r, W, window, harness_send, harness_recv);
+            memcpy(result + (size_t)r * (n + GUARD), buf, (n + GUARD) * sizeof(float));
+            sti(&sh->rank[r].state, ST_DONE);
+            bump();
             fflush(NULL);
             _exit(0);
         }
+        exited[r] = 0;
     }
-    for (r = 0; r < world; r++)
-        for (p = r + 1; p < world; p++) close(pairs[r][p]), close(pairs[p][r]);
-    /* wait for every rank; once one has failed, stop the others (they would wait for it) */
-    for (r = 0; r < world; r++) {
-        int status, k;
-        pid_t w = waitpid(-1, &status, 0);
-        for (k = 0; k < world && pid[k] != w; k++) {
-        }
-        if (k == world) continue;
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            if (WIFSIGNALED(status) && WTERMSIG(status) != SIGKILL)
-                lab_failf("rank %d was killed by signal %d (%s) inside lab_ring_all_reduce", k, WTERMSIG(status),
-                          strsignal(WTERMSIG(status)));
-            else if (WIFEXITED(status) && WEXITSTATUS(status) != 3)
-                lab_failf("rank %d exited with status %d inside lab_ring_all_reduce", k, WEXITSTATUS(status));
-            else if (WIFEXITED(status))
-                lab_failed_checks++; /* it said why */
-            if (!failed) {
-                int q;
-                for (q = 0; q < world; q++)
-                    if (q != k) kill(pid[q], SIGKILL);
+    /* watch until every rank has ended, or nobody can move */
+    while (nexited < W) {
+        int status, k, stuck;
+        uint64_t p1, p2;
+        pid_t w = waitpid(-1, &status, WNOHANG);
+        if (w > 0) {
+            for (k = 0; k < W && pid[k] != w; k++) {
             }
+            if (k == W) continue;
+            exited[k] = 1, nexited++;
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                if (WIFSIGNALED(status) && WTERMSIG(status) != SIGKILL)
+                    lab_failf("rank %d was killed by signal %d (%s) inside %s", k, WTERMSIG(status),
+                              strsignal(WTERMSIG(status)), part);
+                else if (WIFEXITED(status) && WEXITSTATUS(status) != 3)
+                    lab_failf("rank %d exited with status %d inside %s", k, WEXITSTATUS(status), part);
+                else if (WIFEXITED(status))
+                    lab_failed_checks++; /* it said why */
+                failed = 1;
+                break;
+            }
+            continue;
+        }
+        p1 = ld(&sh->progress);
+        stuck = nobody_can_move(sh, W, window);
+        p2 = ld(&sh->progress);
+        if (p1 != last_progress) last_move = lab_now(), last_progress = p1;
+        /* the same picture twice, 20 ms apart, with nothing moving in between: a deadlock */
+        stuck_polls = stuck && p1 == p2 && p1 == last_progress ? stuck_polls + 1 : 0;
+        if (stuck_polls >= 3) {
+            describe_deadlock(sh, W, window, lab_now() - last_move);
             failed = 1;
+            break;
+        }
+        {
+            struct timespec ts = {0, 20000000};
+            nanosleep(&ts, NULL);
         }
     }
     if (failed) {
-        lab_note("(world = %d, n = %zu; the other ranks were stopped)", world, n);
-        return;
+        for (r = 0; r < W; r++)
+            if (!exited[r]) kill(pid[r], SIGKILL);
+        for (r = 0; r < W; r++)
+            if (!exited[r]) waitpid(pid[r], NULL, 0);
+        lab_note("(%s, world = %d, n = %zu, %s = %zu; the other ranks were stopped)", part, W, n,
+                 piece ? "piece" : "window", piece ? piece : window);
+        return 0;
     }
-    /* every rank holds the sum */
-    for (r = 0; r < world; r++)
+    /* rule 3: nothing left in a link */
+    for (r = 0; r < W; r++) {
+        uint64_t left = sh->link[r].mhead - sh->link[r].mtail;
+        EXPECT(left == 0, "[rule 3: every message sent is received] world = %d, n = %zu: rank %d returned with %llu "
+               "message(s) to rank %d that rank %d never received", W, n, r, (unsigned long long)left, (r + 1) % W,
+               (r + 1) % W);
+    }
+    /* rule 1: every rank holds the sum, and nothing past it changed */
+    for (r = 0; r < W; r++) {
+        const float* got = result + (size_t)r * (n + GUARD);
         for (i = 0; i < n; i++) {
             float want = 0;
             int q;
-            for (q = 0; q < world; q++) want += value(q, i);
-            if (result[(size_t)r * n + i] != want) {
-                wrong++;
-                if (shown++ < 4)
-                    lab_failf("world = %d, n = %zu: rank %d has buf[%zu] = %g, expected %g (the sum of every rank's "
-                              "buf[%zu]; its own was %g)", world, n, r, i, (double)result[(size_t)r * n + i],
-                              (double)want, i, (double)value(r, i));
+            for (q = 0; q < W; q++) want += value(q, i);
+            if (got[i] != want && wrong++ < 4)
+                lab_failf("[rule 1: every rank ends with the sum] world = %d, n = %zu: rank %d has buf[%zu] = %g, "
+                          "expected %g (the sum of every rank's buf[%zu]; its own was %g)", W, n, r, i, (double)got[i],
+                          (double)want, i, (double)value(r, i));
+        }
+        for (i = n; i < n + GUARD; i++)
+            if (got[i] != SENTINEL) {
+                lab_failf("[rule 1: nothing past buf[n-1] is written] world = %d, n = %zu: rank %d wrote buf[%zu]", W,
+                          n, r, i);
+                break;
+            }
+    }
+    if (wrong > 4) lab_failf("... %zu wrong elements in all (of %zu on %d ranks)", wrong, n * (size_t)W, W);
+    /* rule 5: bandwidth */
+    per_rank_max = 2 * (uint64_t)(W - 1) * (uint64_t)((n + (size_t)W - 1) / (size_t)W);
+    for (r = 0; r < W; r++) {
+        total += sh->rank[r].floats_sent;
+        if (sh->rank[r].floats_sent > per_rank_max && bad_ranks++ < 2)
+            lab_failf("[rule 5: each rank sends at most 2(world-1) chunks] world = %d, n = %zu: rank %d sent %llu "
+                      "floats, more than 2(world-1) chunks of at most ceil(n/world) = %zu floats (%llu)", W, n, r,
+                      (unsigned long long)sh->rank[r].floats_sent, (n + (size_t)W - 1) / (size_t)W,
+                      (unsigned long long)per_rank_max);
+    }
+    EXPECT(total == 2 * (uint64_t)(W - 1) * n,
+           "[rule 5: the ranks together send exactly 2(world-1) * n floats] world = %d, n = %zu: they sent %llu, "
+           "expected %llu: each phase moves every chunk world-1 times", W, n, (unsigned long long)total,
+           (unsigned long long)(2 * (uint64_t)(W - 1) * n));
+    if (!piece && window >= (n + (size_t)W - 1) / (size_t)W && W > 1) { /* rule 6: every chunk fits */
+        int msgs = 0;
+        size_t want = 2 * (size_t)(W - 1) * (n < (size_t)W ? n : (size_t)W);
+        for (r = 0; r < W; r++) msgs += sh->rank[r].nonempty_sends;
+        EXPECT((size_t)msgs == want,
+               "[rule 6: a chunk that fits in the window goes as one message] world = %d, n = %zu, window = %zu: the "
+               "ranks sent %d non-empty messages, expected %zu (2(world-1) steps on each rank, one chunk each, and "
+               "every chunk fits in the window)", W, n, window, msgs, want);
+    }
+    if (piece && W > 1) { /* rule P2: ceil(len / piece) messages per chunk */
+        int msgs = 0, c;
+        size_t want = 0;
+        for (c = 0; c < W; c++) want += 2 * (size_t)(W - 1) * ((clen(n, W, c) + piece - 1) / piece);
+        for (r = 0; r < W; r++) msgs += sh->rank[r].nonempty_sends;
+        EXPECT((size_t)msgs == want,
+               "[rule P2: each chunk goes as ceil(len / piece) messages] world = %d, n = %zu, piece = %zu: the ranks "
+               "sent %d non-empty messages, expected %zu", W, n, piece, msgs, want);
+    }
+    if (piece && W > 1 && n % ((size_t)W * piece) == 0 && n > 0) { /* rule P3, when every chunk has K pieces */
+        size_t K = n / (size_t)W / piece;
+        for (r = 0; r < W && lab_failed_checks == before; r++) {
+            rank_info* ri = &sh->rank[r];
+            int e, sends = 0, recvs = 0;
+            if (ri->nev > MAX_EV) continue;
+            for (e = 0; e < ri->nev; e++) {
+                if (ri->ev[e] == 'S') {
+                    sends++;
+                    continue;
+                }
+                {
+                    size_t step = (size_t)recvs / K, p = (size_t)recvs % K;
+                    size_t need = step * K + (p + 2 < K ? p + 2 : K);
+                    if ((size_t)sends < need) {
+                        lab_failf("[rule P3: one piece in flight] world = %d, n = %zu, piece = %zu (%zu pieces per "
+                                  "chunk): rank %d waited for piece %zu of step %zu having sent only %zu piece(s) of "
+                                  "that step; piece %zu should already be on its way, so that the link never idles "
+                                  "while the rank adds", W, n, piece, K, r, p, step, (size_t)sends - step * K,
+                                  p + 1 < K ? p + 1 : p);
+                        break;
+                    }
+                }
+                recvs++;
             }
         }
-    if (wrong > 4) lab_failf("... %zu wrong elements in all (of %zu on %d ranks)", wrong, n * (size_t)world, world);
-    /* the traffic */
-    per_rank_max = 2 * (uint64_t)(world - 1) * (uint64_t)((n + (size_t)world - 1) / (size_t)world);
-    for (r = 0; r < world; r++) {
-        rank_stats* s = &stats[r];
-        int right = (r + 1) % world, left = (r + world - 1) % world, before = lab_failed_checks;
-        total += s->floats_sent;
-        if (bad_ranks >= 2) { /* the details of two ranks are enough */
-            int q, wrong_peer = 0;
-            for (q = 0; q < world; q++) wrong_peer |= q != right && s->sent_to[q] != 0;
-            bad_ranks += wrong_peer || s->sends != 2 * (world - 1) || s->recvs != s->sends || s->floats_sent > per_rank_max;
-            continue;
-        }
-        for (p = 0; p < world; p++)
-            EXPECT(p == right || s->sent_to[p] == 0,
-                   "world = %d: rank %d sent %d message(s) to rank %d; in a ring it only sends to its right "
-                   "neighbour, rank %d", world, r, s->sent_to[p], p, right);
-        EXPECT(s->sends == 2 * (world - 1),
-               "world = %d: rank %d sent %d messages, expected 2(world-1) = %d: world-1 steps of reduce-scatter, "
-               "world-1 of all-gather, one chunk each", world, r, s->sends, 2 * (world - 1));
-        EXPECT(s->recvs == s->sends, "world = %d: rank %d received %d messages (from rank %d) and sent %d; each step "
-               "of the ring sends one chunk and receives one", world, r, s->recvs, left, s->sends);
-        EXPECT(s->floats_sent <= per_rank_max,
-               "world = %d, n = %zu: rank %d sent %llu floats, more than 2(world-1) chunks of at most "
-               "ceil(n/world) = %zu floats allow (%llu)", world, n, r, (unsigned long long)s->floats_sent,
-               (n + (size_t)world - 1) / (size_t)world, (unsigned long long)per_rank_max);
-        bad_ranks += lab_failed_checks != before;
     }
-    if (bad_ranks > 2) lab_failf("... and the same kind of problem on %d more rank(s)", bad_ranks - 2);
-    EXPECT(total == 2 * (uint64_t)(world - 1) * n,
-           "world = %d, n = %zu: the ranks sent %llu floats together, expected 2(world-1) * n = %llu: each phase "
-           "passes every chunk world-1 times", world, n, (unsigned long long)total,
-           (unsigned long long)(2 * (uint64_t)(world - 1) * n));
-    lab_note("world = %d, n = %zu floats (S = %zu bytes): each rank sent %.0f bytes on average, "
-             "2(W-1)/W * S = %.0f", world, n, n * sizeof(float), world ? (double)total * 4 / world : 0.0,
-             2.0 * (world - 1) / world * (double)(n * sizeof(float)));
+    if (lab_failed_checks == before)
+        lab_note("world = %d, n = %zu floats, %s = %zu: each rank sent %.0f floats on average, 2(W-1)/W * n = %.0f",
+                 W, n, piece ? "piece" : "window", piece ? piece : window, W ? (double)total / W : 0.0,
+                 2.0 * (W - 1) / W * (double)n);
+    return lab_failed_checks == before;
 }
 
 /* ---- the cases ----------------------------------------------------------------------------- */
 
-static void one_rank_leaves_the_buffer_alone(void) { run_ring(1, 5); }
-static void two_ranks(void) { run_ring(2, 8); }
-static void three_ranks_n_divisible(void) { run_ring(3, 12); }
-static void four_ranks_n_not_divisible(void) {
-    run_ring(4, 10);
-    run_ring(3, 1001);
+#define BIG ((size_t)1 << 30) /* a window larger than any chunk */
+
+static void one_rank_leaves_the_buffer_alone(void) { run_ring(1, 5, BIG, 0); }
+static void two_ranks(void) { run_ring(2, 8, 1024, 0); }
+static void three_ranks_n_divisible(void) { run_ring(3, 12, 1024, 0); }
+static void uneven_chunks(void) {
+    if (run_ring(4, 10, 1024, 0)) /* chunks of 2 and 3 */
+        if (run_ring(3, 1001, 4096, 0))
+            run_ring(5, 13, 64, 0);
 }
 static void fewer_elements_than_ranks(void) {
-    run_ring(5, 3);
-    run_ring(4, 1);
+    if (run_ring(5, 3, 1024, 0)) run_ring(4, 1, 1024, 0);
 }
-static void empty_buffer(void) { run_ring(3, 0); }
-static void eight_ranks(void) { run_ring(8, 1000); }
-static void four_ranks_four_megabytes(void) { run_ring(4, ((size_t)1 << 20) + 3); }
+static void empty_buffer(void) { run_ring(3, 0, 1024, 0); }
+static void eight_ranks(void) { run_ring(8, 1000, 1024, 0); }
+static void chunks_larger_than_the_window(void) {
+    if (run_ring(3, 3000, 64, 0)) /* "send, then receive" deadlocks here */
+        if (run_ring(2, 1000, 16, 0))
+            run_ring(4, 4099, 100, 0);
+}
+static void a_chunk_that_just_fits(void) {
+    if (run_ring(3, 12, 4, 0)) run_ring(4, 10, 3, 0);
+}
+static void a_window_of_one_float(void) {
+    if (run_ring(3, 20, 1, 0)) run_ring(2, 7, 1, 0);
+}
+static void four_ranks_four_megabytes(void) { run_ring(4, ((size_t)1 << 20) + 3, 65536, 0); }
+
+/* Eight random settings of the seed (LAB_SEED); part 2 (pipelined) or part 1. */
+static void random_settings(int pipelined) {
+    lab_rng g;
+    int k;
+    lab_rng_seed(&g, lab_seed(), (uint64_t)(1 + pipelined));
+    lab_note("seed %llu (LAB_SEED)", (unsigned long long)lab_seed());
+    for (k = 0; k < 8; k++) {
+        int W = 1 + (int)lab_rng_below(&g, 8);
+        size_t piece = 1 + lab_rng_below(&g, 64), n, window = 0;
+        if (pipelined) {
+            n = k % 2 ? (size_t)W * piece * (1 + lab_rng_below(&g, 6)) : lab_rng_below(&g, 3000);
+        } else {
+            n = lab_rng_below(&g, 4) == 0 ? lab_rng_below(&g, 9) : lab_rng_below(&g, 5000);
+            window = 1 + lab_rng_below(&g, lab_rng_below(&g, 2) ? 8 : 2048);
+            piece = 0;
+        }
+        if (!run_ring(W, n, window, piece)) break;
+    }
+}
+static void random_cases(void) { random_settings(0); }
+
+static void pipelined_even_pieces(void) { run_ring(3, 3 * 4 * 16, 0, 16); }
+static void pipelined_four_ranks(void) {
+    if (run_ring(4, 4 * 8 * 32, 0, 32)) run_ring(2, 2 * 5 * 3, 0, 3);
+}
+static void pipelined_uneven(void) {
+    if (run_ring(3, 1000, 0, 64)) /* chunks of 333 and 334: 6 pieces each, the last ones short */
+        if (run_ring(5, 13, 0, 2))
+            run_ring(4, 2, 0, 5);
+}
+static void pipelined_one_piece_per_chunk(void) { run_ring(4, 40, 0, 64); }
+static void pipelined_piece_of_one_float(void) { run_ring(3, 3 * 6, 0, 1); }
+static void pipelined_eight_ranks_one_megabyte(void) { run_ring(8, (size_t)8 * 16 * 2048, 0, 2048); }
+static void pipelined_random_cases(void) { random_settings(1); }
 
 int main(int argc, char** argv) {
     lab_begin(argc, argv);
-    LAB_CASE(one_rank_leaves_the_buffer_alone, 30);
-    LAB_CASE(two_ranks, 30);
-    LAB_CASE(three_ranks_n_divisible, 30);
-    LAB_CASE(four_ranks_n_not_divisible, 30);
-    LAB_CASE(fewer_elements_than_ranks, 30);
-    LAB_CASE(empty_buffer, 30);
-    LAB_CASE(eight_ranks, 30);
+    LAB_CASE(one_rank_leaves_the_buffer_alone, 20);
+    LAB_CASE(two_ranks, 20);
+    LAB_CASE(three_ranks_n_divisible, 20);
+    LAB_CASE(uneven_chunks, 20);
+    LAB_CASE(fewer_elements_than_ranks, 20);
+    LAB_CASE(empty_buffer, 20);
+    LAB_CASE(eight_ranks, 20);
+    LAB_CASE(chunks_larger_than_the_window, 20);
+    LAB_CASE(a_chunk_that_just_fits, 20);
+    LAB_CASE(a_window_of_one_float, 20);
     LAB_CASE(four_ranks_four_megabytes, 60);
+    LAB_CASE(random_cases, 60);
+    LAB_CASE(pipelined_even_pieces, 20);
+    LAB_CASE(pipelined_four_ranks, 20);
+    LAB_CASE(pipelined_uneven, 20);
+    LAB_CASE(pipelined_one_piece_per_chunk, 20);
+    LAB_CASE(pipelined_piece_of_one_float, 20);
+    LAB_CASE(pipelined_eight_ranks_one_megabyte, 60);
+    LAB_CASE(pipelined_random_cases, 60);
     return lab_end();
 }

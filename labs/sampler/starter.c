@@ -1,21 +1,21 @@
 /* Lab "sampler": the distributed sampler.            run the tests:  make lab-sampler
 
    In data-parallel training every rank must see a different part of each epoch, and together the
-   ranks must see all of it. PyTorch's DistributedSampler (and ddp_sampler_* in ddp.h) decide who
-   gets what, with no communication at all: every rank computes the same shuffled order from the
+   ranks must see all of it. PyTorch's DistributedSampler decides who gets what, with no
+   communication at all: every rank computes the same shuffled order from the
    same seed, and takes its own share of it. Here the order is handed to you.
 
-   The rule, for n samples, R = replicas, and this rank r:
+   THE RULES, for n samples, R = replicas and this rank r (the tests name the one you break):
 
-   1. The epoch's list is the shuffled order: position p holds order[p].
-   2. Make its length a multiple of R:
-      - drop_last = 0: PAD it. num_samples = ceil(n / R) per rank, total = num_samples * R. The
-        extra positions p = n .. total-1 repeat the list from its start: position p holds
-        order[p % n]. (If n < R, the start is repeated more than once: that is what p % n does.)
-      - drop_last = 1: CUT it. num_samples = floor(n / R), total = num_samples * R; the positions
-        from total on are dropped and nobody visits them this epoch.
-   3. Rank r takes every R-th position starting at r: positions r, r + R, r + 2R, ... below total.
-      That is num_samples indices, in that order.
+   rule S1 The epoch's list is the shuffled order, position p holding order[p]. Rank r takes every
+           R-th position starting at r: positions r, r + R, r + 2R, ..., in that order.
+   rule S2 drop_last = 0: the list is PADDED to total = ceil(n / R) * R positions; the extra
+           positions p = n .. total-1 repeat the list from its start, position p holding
+           order[p % n]. (If n < R the start is repeated more than once: that is what p % n does.)
+   rule S3 drop_last = 1: the list is CUT to total = floor(n / R) * R positions; the positions from
+           total on are dropped and nobody visits them this epoch.
+   rule S4 So every rank gets the same number of indices, total / R, written to *count.
+   rule S5 out has room for n + R entries; write only out[0 .. *count).
 
    Example: n = 10, R = 4, order = [7 2 9 0 4 1 8 3 6 5].
       padded list:  7 2 9 0 | 4 1 8 3 | 6 5 7 2      (total 12: positions 10 and 11 repeat 7 2)
@@ -27,12 +27,13 @@
    Why pad at all: every rank must run the same number of steps, or the ranks' collectives no
    longer pair up and the job hangs.
 
-   Edge cases the tests try: n = 0, R = 1, n < R (with and without drop_last), n a multiple of R.
-   ddp.h's ddp_sampler_indices does exactly this; the tests compare your answer with it. */
+   Edge cases the tests try: n = 0, R = 1, n < R (with and without drop_last), n a multiple of R,
+   and then thousands of settings against a reference (40 more from the seed, LAB_SEED).
+   Stuck? labs/sampler/HINTS.md. Then answer labs/sampler/QUESTIONS.md. */
 #include "sampler.h"
 
 void lab_sampler_indices(int n, int replicas, int rank, int drop_last, const int* order, int* out, int* count) {
-    /* TODO: compute num_samples and total (step 2), then fill out[0 .. num_samples) (step 3). */
+    /* TODO: how many indices (rules S2-S4), then which ones (rules S1-S2) */
     (void)n, (void)replicas, (void)rank, (void)drop_last, (void)order, (void)out;
     *count = 0;
 }

@@ -28,30 +28,47 @@ static int student(int n, int R, int r, int drop_last, const int* order, int* ou
     for (k = 0; k < n + R + GUARD; k++) out[k] = SENTINEL;
     lab_sampler_indices(n, R, r, drop_last, order, out, &count);
     if (count == SENTINEL) {
-        lab_failf("n = %d, replicas = %d, rank = %d, drop_last = %d: *count was never set", n, R, r, drop_last);
+        lab_failf("[rule S4: set *count] n = %d, replicas = %d, rank = %d, drop_last = %d: *count was never set", n, R, r,
+                  drop_last);
         return -1;
     }
     if (count < 0 || count > n + R) {
-        lab_failf("n = %d, replicas = %d, rank = %d, drop_last = %d: *count = %d, which no rank can have "
-                  "(0 .. ceil(n / replicas))", n, R, r, drop_last, count);
+        lab_failf("[rule S4: every rank gets ceil(n / replicas) indices, floor with drop_last] n = %d, replicas = %d, "
+                  "rank = %d, drop_last = %d: *count = %d, which no rank can have", n, R, r, drop_last, count);
         return -1;
     }
     for (k = count; k < n + R + GUARD; k++)
         if (out[k] != SENTINEL) {
-            lab_failf("n = %d, replicas = %d, rank = %d, drop_last = %d: *count = %d but out[%d] was written too",
-                      n, R, r, drop_last, count, k);
+            lab_failf("[rule S5: write only out[0 .. *count)] n = %d, replicas = %d, rank = %d, drop_last = %d: *count = "
+                      "%d but out[%d] was written too", n, R, r, drop_last, count, k);
             return -1;
         }
     return count;
 }
 
-/* Compare the student's answer with `want`, want_n entries. */
+/* Compare the student's answer with `want`, want_n entries; a difference names the rule it breaks. */
 static void expect_indices(int n, int R, int r, int drop_last, const int* order, const int* want, int want_n) {
-    int out[256], count = student(n, R, r, drop_last, order, out);
+    int out[256], count = student(n, R, r, drop_last, order, out), k;
+    char setting[1200];
     if (count < 0) return;
-    EXPECT(count == want_n && !memcmp(out, want, sizeof(int) * (size_t)want_n),
-           "n = %d, replicas = %d, rank = %d, drop_last = %d, order %s: expected %s (count %d), got %s (count %d)", n,
-           R, r, drop_last, fmt_list(order, n), fmt_list(want, want_n), want_n, fmt_list(out, count), count);
+    if (count == want_n && !memcmp(out, want, sizeof(int) * (size_t)want_n)) return;
+    snprintf(setting, sizeof setting, "n = %d, replicas = %d, rank = %d, drop_last = %d, order %s: expected %s (count %d), "
+             "got %s (count %d)", n, R, r, drop_last, fmt_list(order, n), fmt_list(want, want_n), want_n,
+             fmt_list(out, count), count);
+    if (count != want_n && drop_last)
+        lab_failf("[rule S3: drop_last cuts the list to floor(n / replicas) per rank] %s", setting);
+    else if (count != want_n)
+        lab_failf("[rule S4: every rank gets ceil(n / replicas) indices: the list is padded] %s", setting);
+    else {
+        for (k = 0; k < count && out[k] == want[k]; k++) {
+        }
+        if (r + k * R >= n)
+            lab_failf("[rule S2: padding repeats the list from its start, position p holding order[p %% n]] %s (index %d "
+                      "comes from position %d, past the end of the list)", setting, k, r + k * R);
+        else
+            lab_failf("[rule S1: rank r takes positions r, r + replicas, r + 2 replicas, ...] %s (index %d is position "
+                      "%d of the list)", setting, k, r + k * R);
+    }
 }
 
 static void one_replica_is_the_order(void) {
@@ -110,21 +127,25 @@ static void ranks_together_cover_the_data_set(void) {
                     int c = student(n, R, r, drop_last, order, out);
                     if (c < 0) break;
                     if (first < 0) first = c;
-                    EXPECT(c == first, "n = %d, replicas = %d, drop_last = %d: rank 0 gets %d indices, rank %d gets %d: "
-                           "every rank must take the same number of steps", n, R, drop_last, first, r, c);
+                    EXPECT(c == first, "[rule S4: every rank gets the same count] n = %d, replicas = %d, drop_last = %d: "
+                           "rank 0 gets %d indices, rank %d gets %d: every rank must take the same number of steps", n, R,
+                           drop_last, first, r, c);
                     for (k = 0; k < c; k++)
                         if (out[k] >= 0 && out[k] < n) seen[out[k]]++;
-                        else lab_failf("n = %d, replicas = %d, rank %d: index %d is not a sample (0 .. %d)", n, R, r,
+                        else lab_failf("[rule S2: padding repeats the list, so every index is a sample] n = %d, "
+                                       "replicas = %d, rank %d: index %d is not a sample (0 .. %d)", n, R, r,
                                        out[k], n - 1);
                     total += c;
                 }
                 if (lab_failed_checks == before) {
                     int want_total = drop_last ? n / R * R : (n + R - 1) / R * R, expected[32] = {0};
                     for (k = 0; k < want_total; k++) expected[order[k % n]]++; /* the padded or cut list */
-                    EXPECT(total == want_total, "n = %d, replicas = %d, drop_last = %d: the ranks visit %d positions "
+                    EXPECT(total == want_total, "[rules S3-S4: the padded or cut list, all of it] n = %d, replicas = %d, "
+                           "drop_last = %d: the ranks visit %d positions "
                            "together, expected %d", n, R, drop_last, total, want_total);
                     for (k = 0; k < n; k++)
-                        EXPECT(seen[k] == expected[k], "n = %d, replicas = %d, drop_last = %d: sample %d is visited %d "
+                        EXPECT(seen[k] == expected[k], "[rules S1-S2: together the ranks visit each position once] n = %d, "
+                               "replicas = %d, drop_last = %d: sample %d is visited %d "
                                "time(s) by all ranks together, expected %d", n, R, drop_last, k, seen[k], expected[k]);
                 }
                 reported += lab_failed_checks != before;
@@ -164,6 +185,46 @@ static void matches_ddp_h_sampler(void) {
     else lab_note("%d settings (n 0..40, replicas 1..8, every rank, drop_last, shuffled or not) compared", settings);
 }
 
+/* Larger settings from the seed (LAB_SEED): up to 10000 samples and 64 replicas, against ddp.h. */
+static void random_settings_match_ddp_h(void) {
+    static int order[10000], want[10000 + 64], out[10000 + 64 + GUARD];
+    lab_rng g;
+    int t;
+    lab_rng_seed(&g, lab_seed(), 21);
+    lab_note("seed %llu (LAB_SEED)", (unsigned long long)lab_seed());
+    for (t = 0; t < 40 && lab_failed_checks == 0; t++) {
+        int n = (int)lab_rng_below(&g, t < 20 ? 200 : 10000), R = 1 + (int)lab_rng_below(&g, 64);
+        int r = (int)lab_rng_below(&g, (size_t)R), drop_last = (int)lab_rng_below(&g, 2), c, k;
+        ddp_sampler s;
+        ddp_sampler_desc d;
+        memset(&d, 0, sizeof d);
+        d.num_replicas = R, d.rank = r, d.seed = lab_seed() + (uint64_t)t, d.drop_last = drop_last;
+        if (ddp_sampler_init(&s, n, &d) != DDP_OK) {
+            lab_failf("ddp_sampler_init failed: %s", ddp_error_string());
+            return;
+        }
+        ddp_sampler_set_epoch(&s, t);
+        ddp_sampler_indices(&s, want);
+        ddp_permutation(n, d.seed + (uint64_t)t, order);
+        c = student(n, R, r, drop_last, order, out);
+        if (c < 0) return;
+        for (k = 0; k < c && k < s.num_samples && out[k] == want[k]; k++) {
+        }
+        if (c != s.num_samples || k < c) {
+            int before = lab_failed_checks;
+            if (c <= 200 && n <= 200) expect_indices(n, R, r, drop_last, order, want, s.num_samples);
+            if (lab_failed_checks == before)
+                lab_failf("[rule %s] n = %d, replicas = %d, rank = %d, drop_last = %d: %d indices, expected %d; the first "
+                          "difference at index %d (position %d of the list)",
+                          c != s.num_samples ? (drop_last ? "S3: drop_last cuts to floor(n / replicas)"
+                                                          : "S4: every rank gets ceil(n / replicas)")
+                          : r + k * R >= n ? "S2: padding repeats the list from its start"
+                                           : "S1: rank r takes positions r, r + replicas, ...",
+                          n, R, r, drop_last, c, s.num_samples, k, r + k * R);
+        }
+    }
+}
+
 int main(int argc, char** argv) {
     lab_begin(argc, argv);
     LAB_CASE(one_replica_is_the_order, 10);
@@ -174,5 +235,6 @@ int main(int argc, char** argv) {
     LAB_CASE(empty_data_set, 10);
     LAB_CASE(ranks_together_cover_the_data_set, 10);
     LAB_CASE(matches_ddp_h_sampler, 10);
+    LAB_CASE(random_settings_match_ddp_h, 10);
     return lab_end();
 }

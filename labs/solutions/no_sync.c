@@ -1,5 +1,5 @@
-/* Reference solution of lab "no_sync" (labs/no_sync/starter.c). Instructors only: delete
-   labs/solutions before handing the labs out.           check it:  make lab-no_sync SOLUTION=1 */
+/* Reference solution of lab "no_sync" (labs/no_sync/starter.c). Instructors only: it is not in
+   the handout (make lab-handout leaves labs/solutions out).  check it:  make lab-no_sync SOLUTION=1 */
 #include "no_sync.h"
 
 ddp_status lab_accumulate_step(ddp_wrapper* w, ddp_model* m, ddp_optim* o, const float* const* x,

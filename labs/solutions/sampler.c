@@ -1,5 +1,5 @@
-/* Reference solution of lab "sampler" (labs/sampler/starter.c). Instructors only: delete
-   labs/solutions before handing the labs out.           check it:  make lab-sampler SOLUTION=1 */
+/* Reference solution of lab "sampler" (labs/sampler/starter.c). Instructors only: it is not in
+   the handout (make lab-handout leaves labs/solutions out).  check it:  make lab-sampler SOLUTION=1 */
 #include "sampler.h"
 
 void lab_sampler_indices(int n, int replicas, int rank, int drop_last, const int* order, int* out, int* count) {

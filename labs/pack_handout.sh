@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# labs/pack_handout.sh [BUILD]: write BUILD/ddp-labs.tar.gz, the labs as students get them, made
+# of committed files only (git's HEAD): one top folder, ddp-labs/, holding ddp.h, LICENSE,
+# TUTORIAL.md and its figures, labs/ without labs/solutions (reference solutions, wrong
+# solutions, answer keys), a Makefile (labs/handout/Makefile) and a README (labs/handout/README.md).
+# Refuses, naming the files, when one that goes in differs from what is committed: an instructor
+# who tried the labs would otherwise hand out solved starters. `make lab-handout` calls it.
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+say() { echo "make lab-handout: $*" >&2; }
+if ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
+    say "the handout is made of committed files, and this folder is not a git checkout with a commit"
+    exit 2
+fi
+mapfile -t files < <(git ls-tree -r --name-only HEAD -- ddp.h LICENSE TUTORIAL.md labs docs/figures |
+                     grep -v -e '^labs/solutions/' -e '^docs/figures/.*[^g]$' -e '^docs/figures/data/')
+changed=$(git status --porcelain --untracked-files=no -- "${files[@]}")
+if [ -n "$changed" ]; then
+    say "these files differ from what is committed, and the handout is made of committed files only:"
+    sed 's/^.. /    /' <<<"$changed" >&2
+    say "commit them if the change belongs in the handout, or restore them (git checkout -- FILE: a starter you solved while trying the lab, for instance)"
+    exit 1
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+git archive --format=tar --prefix=ddp-labs/ HEAD -- "${files[@]}" | tar -x -C "$tmp"
+mv "$tmp/ddp-labs/labs/handout/Makefile" "$tmp/ddp-labs/Makefile"
+mv "$tmp/ddp-labs/labs/handout/README.md" "$tmp/ddp-labs/README.md"
+rm -rf "$tmp/ddp-labs/labs/handout" "$tmp/ddp-labs/labs/pack_handout.sh"
+if [ -n "$(find "$tmp/ddp-labs" -path '*solutions*' -o -name '*.patch')" ]; then
+    say "refusing: a solution would be in the handout"; exit 1
+fi
+mkdir -p "$BUILD"
+tar -czf "$BUILD/ddp-labs.tar.gz" -C "$tmp" ddp-labs
+echo "$BUILD/ddp-labs.tar.gz: ddp-labs/ from commit $(git rev-parse --short HEAD): ddp.h, TUTORIAL.md, Makefile, README.md and labs/ ($(find "$tmp/ddp-labs/labs" -type f | wc -l) files), no solutions"
