@@ -13,7 +13,8 @@ if ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
     say "the handout is made of committed files, and this folder is not a git checkout with a commit"
     exit 2
 fi
-mapfile -t files < <(git ls-tree -r --name-only HEAD -- ddp.h LICENSE TUTORIAL.md labs docs/figures |
+files=()   # (a read loop, not mapfile: macOS's bash 3.2 has none)
+while IFS= read -r f; do files+=("$f"); done < <(git ls-tree -r --name-only HEAD -- ddp.h LICENSE TUTORIAL.md labs docs/figures |
                      grep -v -e '^labs/solutions/' -e '^docs/figures/.*[^g]$' -e '^docs/figures/data/')
 changed=$(git status --porcelain --untracked-files=no -- "${files[@]}")
 if [ -n "$changed" ]; then
