@@ -98,3 +98,36 @@ read_lines() {
         _i=$((_i + 1))
     done
 }
+
+# ---- processes ---------------------------------------------------------------------------------
+# A fresh Debian machine (build-essential and make only, or a debian:12 container) has no procps,
+# so no ps, pgrep or pkill; macOS always has them. Where they are missing, Linux's /proc answers
+# (COMPAT_NO_PROCPS=1 takes that way even where procps is installed: test_compat.sh checks it).
+#   proc_alive PID          PID runs and is not a zombie (a killed grandchild waits to be reaped
+#                           by PID 1, and kill -0 succeeds on a zombie)
+#   procs_matching TEXT     the pids whose command line holds TEXT (pgrep -f), one per line
+#   kill_matching TEXT      SIGKILL to each of them (pkill -9 -f)
+proc_alive() {
+    local st
+    kill -0 "$1" 2>/dev/null || return 1
+    if [ -z "${COMPAT_NO_PROCPS:-}" ] && command -v ps >/dev/null 2>&1; then st=$(ps -o stat= -p "$1" 2>/dev/null)
+    elif [ -r "/proc/$1/stat" ]; then  # portable: Linux without procps; macOS has ps
+        st=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null)  # portable: the state follows the command's ")"
+    else st=R; fi
+    case "$st" in Z*) return 1 ;; esac
+    return 0
+}
+procs_matching() {
+    local d
+    if [ -z "${COMPAT_NO_PROCPS:-}" ] && command -v pgrep >/dev/null 2>&1; then pgrep -f -- "$1"; return 0; fi
+    for d in /proc/[0-9]*; do  # portable: Linux without procps; macOS has pgrep
+        [ "${d#/proc/}" = $$ ] && continue  # portable: as above
+        tr '\0' ' ' <"$d/cmdline" 2>/dev/null | grep -qF -- "$1" && echo "${d#/proc/}"  # portable: as above
+    done
+    return 0
+}
+kill_matching() {
+    local p
+    for p in $(procs_matching "$1"); do kill -9 "$p" 2>/dev/null; done
+    return 0
+}

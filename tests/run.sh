@@ -311,7 +311,7 @@ fi
 # runs the rest: the portable, musl and aarch64 builds) ------------------------------------------
 echo "== laptops"
 if command -v python3 >/dev/null 2>&1; then run_prog portability_lint python3 tests/lint_portable.py
-else skp portability_lint "python3 is not installed"; fi
+else skp portability_lint "python3 is not installed (apt-get install python3)"; fi
 run_prog test_compat bash tests/test_compat.sh
 # Scripts, sources and the Makefile keep LF endings in every checkout, also a Windows-side clone
 # with core.autocrlf=true, where CRLF would break bash ("$'\r': command not found") and make.

@@ -86,5 +86,39 @@ if [ ${#got[@]} -eq 4 ] && [ "${got[0]}" = first ] && [ -z "${got[1]}" ] && [ "$
    [ "${got[3]}" = "last, no newline" ]; then ok compat_read_lines
 else bad compat_read_lines "${#got[@]} lines: $(printf '[%s] ' "${got[@]}")"; fi
 
+# ---- processes, with procps (ps, pgrep) and without it (Linux's /proc), as a fresh Debian has none --
+mark="compat-proc-$$-$RANDOM"
+for way in procps no_procps; do
+    if [ $way = procps ] && ! command -v pgrep >/dev/null 2>&1; then
+        skp compat_processes_procps "procps is not installed (apt-get install procps)"; continue
+    fi
+    if [ $way = no_procps ] && [ ! -d /proc/self ]; then  # portable: the fallback exists only where /proc does
+        skp compat_processes_no_procps "this system has no /proc, and needs none: it has ps and pgrep"; continue
+    fi
+    [ $way = no_procps ] && COMPAT_NO_PROCPS=1
+    # a sleeper whose command line holds the mark, and a zombie: the exec'd sleep never reaps its child
+    sh -c 'sleep 30; :' "$mark" &
+    holder=$!
+    sh -c 'sleep 0.1 & echo $! >"$1"; exec sleep 5' sh "$TMP/zombie" &
+    zparent=$!
+    sleep 0.5
+    zombie=$(cat "$TMP/zombie" 2>/dev/null)
+    found=$(procs_matching "$mark" | tr '\n' ' ')
+    why=()
+    proc_alive $$ || why+=("proc_alive says this shell ($$) is not running")
+    proc_alive "$holder" || why+=("proc_alive says the sleeper ($holder) is not running")
+    if [ -z "$zombie" ] || ! kill -0 "$zombie" 2>/dev/null; then why+=("no zombie to look at (pid \"$zombie\")")
+    elif proc_alive "$zombie"; then why+=("proc_alive counts the zombie $zombie as running"); fi
+    [ "$found" = "$holder " ] || why+=("procs_matching found \"$found\", want \"$holder \"")
+    kill_matching "$mark"
+    wait "$holder" 2>/dev/null
+    kill "$zparent" 2>/dev/null; wait "$zparent" 2>/dev/null
+    ! proc_alive "$holder" || why+=("the sleeper $holder still runs after kill_matching")
+    [ -z "$(procs_matching "$mark")" ] || why+=("procs_matching still finds $(procs_matching "$mark")")
+    if [ ${#why[@]} -eq 0 ]; then ok "compat_processes_$way"
+    else bad "compat_processes_$way" "${why[@]}"; fi
+    unset COMPAT_NO_PROCPS
+done
+
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]

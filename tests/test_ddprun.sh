@@ -34,13 +34,7 @@ wait_files() {
 
 # Does process $1 still run? A zombie does not count: a killed grandchild (the sleep below) is
 # reparented to PID 1, which may take a moment to reap it, and kill -0 succeeds on a zombie.
-running() {
-    local st
-    kill -0 "$1" 2>/dev/null || return 1
-    st=$(ps -o stat= -p "$1" 2>/dev/null)
-    case "$st" in Z*) return 1 ;; esac
-    return 0
-}
+running() { proc_alive "$1"; }  # (tests/compat.sh: also without ps)
 
 # The processes whose pids are in files $1* that still run (empty when all are gone). A
 # grandchild that ddprun signalled may take a moment to die on a busy machine: allow it 1 s.
@@ -171,7 +165,7 @@ if wait_files 2 "$D/sleep."; then
     if [ -z "$left" ]; then ok killed_ddprun_leaves_no_rank_even_stopped
     else
         bad killed_ddprun_leaves_no_rank_even_stopped "still running 10 s after ddprun was killed:$left" \
-            "$(ps -o pid,stat,ppid,cmd -p "$(tr ' ' ',' <<<"${left# }")" 2>&1)"
+            "$(command -v ps >/dev/null && ps -o pid,stat,ppid,cmd -p "$(tr ' ' ',' <<<"${left# }")" 2>&1)"
         for p in $left; do kill -KILL "$p" 2>/dev/null; done
     fi
 else

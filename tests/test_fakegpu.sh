@@ -13,7 +13,7 @@ FG="$BUILD/fakegpu"
 pass=0 fail=0 skip=0
 TMP=$(mktemp -d)
 cleanup() {
-    pkill -9 -f "$TMP" 2>/dev/null
+    kill_matching "$TMP"
     rm -rf "$TMP"
 }
 trap cleanup EXIT

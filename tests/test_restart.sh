@@ -26,7 +26,7 @@ WRITER="$BUILD/tests/snapshot_writer"
 pass=0 fail=0 skip=0
 TMP=$(mktemp -d)
 cleanup() {
-    pkill -9 -f "$TMP" 2>/dev/null
+    kill_matching "$TMP"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -153,7 +153,7 @@ ddprun_fault() {  # name, signal, rank, phrase expected in a survivor's error
     rc=$?
     t1=$(now)
     sleep 0.2
-    left=$(pgrep -f "$TMP/$name.st" | tr '\n' ' ')
+    left=$(procs_matching "$TMP/$name.st" | tr '\n' ' ')
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ -z "$left" ] && awk "BEGIN{exit !($t1 - $t0 < 10)}" &&
        grep -q "$phrase" "$log"; then
         ok "$name (ddprun exited $rc after $(secs $t0 $t1) s; $(grep -m1 -o "$phrase.\{0,70\}" "$log"))"
@@ -185,7 +185,7 @@ manual_fault() {  # name, signal, rank, phrase: three ranks started by hand, no 
         [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "$phrase" "$TMP/$name.$r.log" && good=$((good + 1))
     done
     t1=$(now)
-    left=$(pgrep -f "$TMP/$name.st" | tr '\n' ' ')
+    left=$(procs_matching "$TMP/$name.st" | tr '\n' ' ')
     [ -n "$left" ] && kill -9 $left 2>/dev/null
     wait 2>/dev/null
     if [ $good -eq 2 ] && awk "BEGIN{exit !($t1 - $t0 < 10)}"; then
