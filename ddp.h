@@ -9642,25 +9642,38 @@ DDP__PRIVATE void ddp__ln_stop(ddp__ln_job* j) {
    the first failure (or when the launcher itself got SIGINT/SIGTERM, already passed on by the
    handler), and SIGKILL the survivors once the grace period is over. */
 DDP__PRIVATE void ddp__ln_tick(ddp__ln_job* j) {
-    int i, st = 0;
-    for (i = 0; i < j->n; i++) {
+    int i, st = 0, fail = -1, fail_by_signal = 0, nreaped = 0;
+    int reaped[64]; /* the ranks reaped in this step (at most 64 are judged together; more wait) */
+    pid_t gone[64];
+    for (i = 0; i < j->n && nreaped < 64; i++) {
         pid_t r;
         if (j->pid[i] <= 0) continue;
         r = waitpid(j->pid[i], &st, WNOHANG);
         if (r == 0 || (r < 0 && errno == EINTR)) continue;
         j->status[i] = r == j->pid[i] ? st : -1;
-        /* The group may outlive its leader (a program the rank started); stop it too when failing. */
-        if (j->kill_at > 0) kill(-j->pid[i], j->killed ? SIGKILL : SIGTERM);
+        gone[nreaped] = j->pid[i];
+        reaped[nreaped++] = i;
         ddp__ln_guard_tell(j, 'D', j->pid[i]);
         j->pid[i] = 0;
         j->alive--;
-        if (j->first_fail < 0 && (j->status[i] == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
-            j->first_fail = i;
-            j->fail_time = time(NULL);
-            j->fail_after_signal = ddp__ln_got_signal != 0;
-            ddp__ln_stop(j);
-        }
     }
+    /* The first failure. Ranks reaped in the same step ended in an order nobody saw; one killed by
+       a signal is then named before one that exited with an error, which is most often its
+       reaction to losing that peer (DDP_ERR_PEER_LOST), so that the report names the cause. */
+    for (i = 0; i < nreaped && j->first_fail < 0; i++) {
+        int k = reaped[i], s = j->status[k];
+        if (s != -1 && WIFEXITED(s) && WEXITSTATUS(s) == 0) continue;
+        if (fail < 0 || (!fail_by_signal && s != -1 && WIFSIGNALED(s))) fail = k, fail_by_signal = s != -1 && WIFSIGNALED(s);
+    }
+    if (fail >= 0) {
+        j->first_fail = fail;
+        j->fail_time = time(NULL);
+        j->fail_after_signal = ddp__ln_got_signal != 0;
+        ddp__ln_stop(j);
+    }
+    /* The group may outlive its leader (a program the rank started); stop it too when failing. */
+    if (j->kill_at > 0)
+        for (i = 0; i < nreaped; i++) kill(-gone[i], j->killed ? SIGKILL : SIGTERM);
     if (ddp__ln_got_signal && j->kill_at == 0) j->kill_at = ddp__now() + j->grace;
     if (j->kill_at > 0 && !j->killed && ddp__now() >= j->kill_at) {
         ddp__ln_signal_all(j, SIGKILL);

@@ -126,6 +126,28 @@ else
     bad killed_rank_gives_137 "status $rc (expected 137); left running:${left:- none}; output:" "$out"
 fi
 
+# Two ranks that end while ddprun cannot look (it is stopped): rank 1 killed by SIGKILL, then rank 0
+# exiting with an error, as a survivor does on losing its peer. ddprun reaps both in one step and
+# must name the killed rank as the cause, not the lower rank's reaction.
+D=$TMP/both; mkdir -p "$D"
+"$DDPRUN" --nproc-per-node 2 sh -c 'echo $$ > "$D/pid.$RANK"; while [ ! -e "$D/go" ]; do sleep 0.02; done
+    if [ $RANK = 1 ]; then : > "$D/dying"; kill -9 $$; fi
+    while [ ! -e "$D/dying" ]; do sleep 0.02; done; sleep 0.2; : > "$D/exiting"; exit 1' >"$TMP/o" 2>&1 &
+lpid=$!
+if wait_files 2 "$D/pid."; then
+    kill -STOP $lpid
+    : >"$D/go"
+    wait_files 1 "$D/exiting"; sleep 0.3
+    kill -CONT $lpid
+    wait $lpid; rc=$?
+    if [ $rc -eq 137 ] && grep -q "^ddprun: rank 1 (pid [0-9]*) was killed by signal 9 (SIGKILL)" "$TMP/o"; then
+        ok same_step_failures_name_the_killed_rank
+    else bad same_step_failures_name_the_killed_rank "status $rc (expected 137, rank 1's SIGKILL); output:" "$(cat "$TMP/o")"; fi
+else
+    kill -KILL $lpid 2>/dev/null; wait $lpid 2>/dev/null
+    bad same_step_failures_name_the_killed_rank "the ranks never started"
+fi
+
 D=$TMP/term; mkdir -p "$D"
 "$DDPRUN" --nproc-per-node 2 sh -c "$SLEEPER" >"$TMP/o" 2>&1 &
 lpid=$!
