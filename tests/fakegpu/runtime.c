@@ -509,6 +509,7 @@ static void fg_add_dep(fg_op* op, fg_stream* s, uint64_t seq) {
 uint64_t fg_enqueue(fg_stream* s, fg_op* op) {
     fg_stream* b;
     uint64_t seq;
+    const char* what = op->what ? op->what : "?"; /* op is the worker's once queued: it may run and be freed */
     fg_stream* legacy = s->nonblocking || s->legacy ? NULL : fg_legacy_stream(s->dev);
     pthread_mutex_lock(&fg_lock);
     /* the legacy default stream waits for every blocking stream of its device, and they for it */
@@ -526,7 +527,7 @@ uint64_t fg_enqueue(fg_stream* s, fg_op* op) {
     s->tail = op;
     pthread_cond_broadcast(&fg_cv);
     pthread_mutex_unlock(&fg_lock);
-    fg_trace("queue stream %u #%llu %s", s->id, (unsigned long long)seq, op->what ? op->what : "?");
+    fg_trace("queue stream %u #%llu %s", s->id, (unsigned long long)seq, what);
     return seq;
 }
 
