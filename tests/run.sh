@@ -140,7 +140,9 @@ for lab in sampler ring buckets no_sync resume measure; do
     for kind in starter solution; do
         name=lab_${lab}_${kind}_$([ $kind = starter ] && echo fails || echo passes)
         sol=(); [ $kind = solution ] && sol=(SOLUTION=1)
-        out=$(make --no-print-directory BUILD="$BUILD" "lab-$lab" ${sol[@]+"${sol[@]}"} 2>&1); rc=$?
+        # LAB_TIMING=report: the measure lab's timing verdicts are printed, not enforced (this suite
+        # proves mechanisms by values; a busy machine bends timings). A student's make lab-measure enforces them.
+        out=$(LAB_TIMING=report make --no-print-directory BUILD="$BUILD" "lab-$lab" ${sol[@]+"${sol[@]}"} 2>&1); rc=$?
         p=$(grep -c '^ok ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out"); s=$(grep -c '^skip ' <<<"$out")
         if grep -q "^skip lab_${lab}: " <<<"$out"; then  # the solutions were removed (a student's copy)
             skp "$name" "$(sed -n "s/^skip lab_${lab}: //p" <<<"$out")"

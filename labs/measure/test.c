@@ -378,7 +378,16 @@ static int fit_works(void) {
     return 0;
 }
 
-/* Every measurement within `tol` of the fitted line? Prints the table; returns 1 if so. */
+/* Whether the live cases' timing verdicts fail a case. make test sets LAB_TIMING=report: there the
+   suite's own other work (or a student's busy laptop) may bend any timing, and make test proves
+   mechanisms by values, not speed, so the verdict is printed instead. A student's run enforces it. */
+static int timing_enforced(void) {
+    const char* v = getenv("LAB_TIMING");
+    return !(v && strcmp(v, "report") == 0);
+}
+
+/* Every measurement within `tol` of the fitted line? Prints the table; returns 1 if so, or if the
+   verdict is only reported (LAB_TIMING=report) and beta is positive. */
 static int expect_fit_follows(const char* what, const double* x, const double* t, int n, lab_line l, double tol) {
     int i, ok = 1;
     for (i = 0; i < n; i++) {
@@ -387,10 +396,14 @@ static int expect_fit_follows(const char* what, const double* x, const double* t
                  fabs(m - t[i]) > tol * t[i] ? "  <- off" : "");
         ok &= fabs(m - t[i]) <= tol * t[i];
     }
-    if (!ok || !(l.beta_s_per_byte > 0))
+    if (!(l.beta_s_per_byte > 0) || (!ok && timing_enforced())) {
         lab_failf("[rule M5: the fitted line follows the measurements] %s: your fit, %s, misses a measurement by more "
                   "than %.0f%% (marked above)", what, fmt_line(l), tol * 100);
-    return ok && l.beta_s_per_byte > 0;
+        return 0;
+    }
+    if (!ok) lab_note("(timing verdict reported, not enforced: LAB_TIMING=report) the fit misses a measurement by more "
+                      "than %.0f%%", tol * 100);
+    return 1;
 }
 
 /* The ring against the relay on 3 ranks, on this machine as it is: no simulated network, so the
@@ -463,7 +476,9 @@ static void live_best_bucket_on_a_simulated_network(void) {
     }
     lab_note("predicted best bucket %.0f KiB, measured best %.0f KiB: ratio %.2f", predicted / 1024, measured / 1024,
              measured / predicted);
-    EXPECT(measured / predicted <= 2 && measured / predicted >= 0.5,
+    if (!(measured / predicted <= 2 && measured / predicted >= 0.5) && !timing_enforced())
+        lab_note("(timing verdict reported, not enforced: LAB_TIMING=report) the ratio is outside 0.5 to 2");
+    else EXPECT(measured / predicted <= 2 && measured / predicted >= 0.5,
            "[rule M5: the predicted best bucket is within a factor of 2 of the measured one] predicted %.0f KiB from your "
            "fit and model, measured %.0f KiB. If the fit above follows the measurements and the exact_ cases pass, the "
            "machine was busy while it measured: run it again", predicted / 1024, measured / 1024);
