@@ -7155,31 +7155,55 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
 #endif
 }
 
+/* Whether two ranks of this machine share a GPU: each rank publishes the PCI bus id of its GPU
+   (cuda:index in its own numbering) in the store and reads every local rank's, since
+   CUDA_VISIBLE_DEVICES may number the GPUs differently for each rank. pair[0] is -1 when all
+   differ, else pair[0] < pair[1] are the first two local ranks found on one GPU. A bus id that
+   cannot be read counts as shared. */
+DDP__PRIVATE ddp_status ddp__gpu_sharer(ddp_pg* pg, int index, char mine[64], int pair[2]) {
+    char key[384], host[256] = "?", ids[2][64];
+    int r, q, lws = pg->env.local_world_size;
+    size_t n;
+    mine[0] = 0;
+    pair[0] = pair[1] = -1;
+    gethostname(host, sizeof host - 1);
+#if DDP__CUDA
+    if (cudaDeviceGetPCIBusId(mine, 64, index) != cudaSuccess) {
+        (void)cudaGetLastError();
+        mine[0] = 0;
+    }
+#else
+    (void)index;
+#endif
+    snprintf(key, sizeof key, "ddp/gpu/%s/%d/%d", host, pg->env.node_rank, pg->env.local_rank);
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine) + 1));
+    /* every pair, so that all ranks of this machine reach the same verdict */
+    for (r = 0; r < lws && pair[0] == -1; r++) {
+        memset(ids[0], 0, sizeof ids[0]);
+        snprintf(key, sizeof key, "ddp/gpu/%s/%d/%d", host, pg->env.node_rank, r);
+        DDP__TRY(ddp_store_get(pg->store, key, ids[0], sizeof ids[0] - 1, &n));
+        for (q = r + 1; q < lws; q++) {
+            memset(ids[1], 0, sizeof ids[1]);
+            snprintf(key, sizeof key, "ddp/gpu/%s/%d/%d", host, pg->env.node_rank, q);
+            DDP__TRY(ddp_store_get(pg->store, key, ids[1], sizeof ids[1] - 1, &n));
+            if (!ids[0][0] || !ids[1][0] || !strcmp(ids[0], ids[1])) {
+                pair[0] = r, pair[1] = q;
+                break;
+            }
+        }
+    }
+    return DDP_OK;
+}
+
 /* AUTO on a machine that shows this rank fewer GPUs than it has local ranks: each rank takes GPU
    want.index if every local rank's GPU is a different one (told by its PCI bus id, published in
    the store), as when CUDA_VISIBLE_DEVICES gives each rank its own; else every rank uses the CPU. */
 DDP__PRIVATE ddp_status ddp__own_gpu(ddp_pg* pg, ddp_device want, ddp_device* out) {
-    char key[384], host[256] = "?", mine[64] = "", theirs[64];
-    int r, distinct = 1;
-    size_t n;
+    char mine[64];
+    int pair[2];
     want.type = DDP_DEVICE_CUDA;
-    gethostname(host, sizeof host - 1);
-#if DDP__CUDA
-    if (cudaDeviceGetPCIBusId(mine, (int)sizeof mine, want.index) != cudaSuccess) {
-        (void)cudaGetLastError();
-        distinct = 0;
-    }
-#endif
-    snprintf(key, sizeof key, "ddp/gpu/%s/%d", host, pg->env.local_rank);
-    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine) + 1));
-    for (r = 0; r < pg->env.local_world_size; r++) {
-        if (r == pg->env.local_rank) continue;
-        snprintf(key, sizeof key, "ddp/gpu/%s/%d", host, r);
-        memset(theirs, 0, sizeof theirs);
-        DDP__TRY(ddp_store_get(pg->store, key, theirs, sizeof theirs - 1, &n));
-        if (!mine[0] || !strcmp(theirs, mine)) distinct = 0;
-    }
-    if (!distinct) {
+    DDP__TRY(ddp__gpu_sharer(pg, want.index, mine, pair));
+    if (pair[0] != -1) {
         ddp_log(DDP_LOG_INFO, "%d GPU%s for %d local ranks, shared: every rank uses the CPU (NCCL needs a GPU of its "
                 "own for each rank)", ddp_cuda_device_count(), ddp_cuda_device_count() == 1 ? "" : "s",
                 pg->env.local_world_size);
@@ -7188,6 +7212,24 @@ DDP__PRIVATE ddp_status ddp__own_gpu(ddp_pg* pg, ddp_device want, ddp_device* ou
         ddp_log(DDP_LOG_INFO, "each local rank sees a GPU of its own (this one: %s, cuda:%d here)", mine, want.index);
     }
     return ddp_device_resolve(want, out);
+}
+
+/* The nccl backend on a GPU named by the program: two ranks on one GPU are refused here, by name,
+   with the way out, rather than by NCCL's "Duplicate GPU detected" at the first collective setup.
+   Every rank of this machine sees the same pairs, so every one of them stops with the same words. */
+DDP__PRIVATE ddp_status ddp__nccl_gpu_own(ddp_pg* pg) {
+    char mine[64];
+    int pair[2], gpus = ddp_cuda_device_count();
+    if (pg->env.local_world_size < 2) return DDP_OK;
+    DDP__TRY(ddp__gpu_sharer(pg, pg->device.index, mine, pair));
+    if (pair[0] == -1) return DDP_OK;
+    return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "local ranks %d and %d of this machine share one GPU, and the nccl "
+                     "backend needs a GPU of its own for each rank (this rank: cuda:%d, bus id %s; this process sees "
+                     "%d GPU%s for %d ranks here). Start at most %d rank%s per machine (ddprun --nproc, torchrun "
+                     "--nproc_per_node, srun --ntasks-per-node), or use the cpu backend (DDP_BACKEND=cpu), which "
+                     "reduces GPU buffers through host memory", pair[0], pair[1], pg->device.index,
+                     mine[0] ? mine : "unknown", gpus, gpus == 1 ? "" : "s", pg->env.local_world_size,
+                     gpus > 0 ? gpus : 1, gpus == 1 ? "" : "s");
 }
 
 /* The backend desc.backend or DDP_BACKEND names (DEFAULT when neither does). ddp_init asks before
@@ -7293,6 +7335,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (s == DDP_OK) s = ddp__agree(pg);
     if (s == DDP_OK && want.type == DDP_DEVICE_AUTO) s = ddp__own_gpu(pg, want, &pg->device);
     if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
+    if (s == DDP_OK && want.type != DDP_DEVICE_AUTO && pg->backend == DDP_BACKEND_NCCL) s = ddp__nccl_gpu_own(pg);
     if (s != DDP_OK) goto fail;
     ddp__bind_cores(pg); /* now that this rank's GPU, and so its NUMA node, is known */
 #if DDP__CUDA

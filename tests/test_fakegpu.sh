@@ -167,6 +167,15 @@ own() {  # name, CUDA_VISIBLE_DEVICES expression, device, phrase expected twice 
 own auto_takes_each_ranks_own_gpu '$LOCAL_RANK' auto 'backend nccl, device cuda:0'
 own cuda_local_rank_with_one_visible_gpu '$LOCAL_RANK' 'cuda:$LOCAL_RANK' 'backend nccl, device cuda:0'
 own auto_shared_gpu_uses_the_cpu 0 auto 'backend cpu, device cpu'
+# --device cuda with more ranks than GPUs on the nccl backend: every rank stops in ddp_init, naming
+# the pair and the ways out (before, NCCL's "Duplicate GPU detected" came from inside NCCL's setup)
+expect nccl_shared_gpu_named "local ranks 0 and 1 of this machine share one GPU" fail \
+    with_timeout 120 env FAKEGPU_DEVICES=1 "$FG/examples/02_multi_gpu" --nproc 2 --device cuda --epochs 1 --save-every 0
+expect nccl_shared_gpu_visible_devices_named "or use the cpu backend (DDP_BACKEND=cpu)" fail \
+    with_timeout 120 env FAKEGPU_DEVICES=2 "$BUILD/ddprun" --standalone --nproc-per-node 2 \
+    sh -c 'CUDA_VISIBLE_DEVICES=1 exec "$0" --device cuda --epochs 1 --save-every 0' "$FG/examples/03_multi_node"
+expect nccl_shared_gpu_cpu_backend_trains "test accuracy" 0 \
+    with_timeout 120 env FAKEGPU_DEVICES=1 DDP_BACKEND=cpu "$FG/examples/02_multi_gpu" --nproc 2 --device cuda --epochs 1 --save-every 0
 
 # ---- DDP_DEBUG=DETAIL waits for every GPU operation, cuBLAS's included --------------------------------------
 echo "== DETAIL mode"

@@ -11,7 +11,8 @@
 # ones PyTorch's wheels bring) and says which it used; reports the driver, toolkit and NCCL
 # versions; runs make test-gpu (tests/run.sh --gpu), the chapter-1 and chapter-3 programs on the
 # GPU (chapter 3 with one NCCL rank, and with two ranks on the CPU backend with GPU buffers), the
-# DDP equivalence test on GPU buffers, and make bench-gpu beside PyTorch. The report goes to
+# DDP equivalence test on GPU buffers, compute-sanitizer's memcheck, initcheck and synccheck where
+# the toolkit has it, and make bench-gpu beside PyTorch. The report goes to
 # BUILD/gpu-check/report.txt, with every step's full output beside it, and is printed at the end.
 set -u
 cd "$(dirname "$0")/.."
@@ -26,13 +27,18 @@ steps=0 passed=0
 
 say() { printf '%s\n' "$*" | tee -a "$REPORT"; }
 # step NAME WANT COMMAND...: run, keep the output in OUT/NAME.log; the step passes when the
-# command exits 0 and its output has a line matching the extended regex WANT.
+# command exits 0 and its output has a line matching the extended regex WANT. A step that runs past
+# GPU_CHECK_STEP_LIMIT seconds (default 300) is stopped and fails, so that one hung step (an NCCL
+# init waiting forever, say) cannot take the whole of a short lease of a GPU machine.
+. tests/compat.sh
+STEP_LIMIT=${GPU_CHECK_STEP_LIMIT:-300}
 step() {
     local name=$1 want=$2 rc t0 t1
     shift 2
     steps=$((steps + 1))
     t0=$(date +%s)
-    "$@" >"$OUT/$name.log" 2>&1; rc=$?
+    with_timeout -k 5 "$STEP_LIMIT" "$@" >"$OUT/$name.log" 2>&1; rc=$?
+    [ $rc -eq 124 ] && echo "gpu-check: stopped after $STEP_LIMIT s (GPU_CHECK_STEP_LIMIT)" >>"$OUT/$name.log"
     t1=$(date +%s)
     if [ $rc -eq 0 ] && grep -qE -- "$want" "$OUT/$name.log"; then
         passed=$((passed + 1))
@@ -110,6 +116,21 @@ grep -q 'backend nccl' "$OUT/chapter3_one_nccl_rank.log" 2>/dev/null ||
 step chapter3_cpu_backend_gpu_buffers_2_ranks 'test accuracy: (0\.9[5-9]|1\.0)' \
     env DDP_BACKEND=cpu "$PROGS/examples/02_multi_gpu" --nproc 2 --device cuda --save-every 0
 step equivalence_on_gpu_buffers '^ok   equivalence_all_worlds_and_buckets' "$PROGS/tests/test_ddp" --gpu
+# compute-sanitizer (the toolkit's): out-of-bounds and misaligned accesses, leaks, reads of device
+# memory never written, and barrier misuse, in ddp.h's kernels and CUDA calls. Not on the stand-in,
+# whose "GPU" is the host.
+CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if [ "$STANDIN" != 1 ] && [ -n "$CS" ]; then
+    step memcheck_test_gpu 'ERROR SUMMARY: 0 errors' "$CS" --error-exitcode 99 --leak-check full \
+        env DDP_REQUIRE_GPU=1 "$PROGS/tests/test_gpu"
+    step initcheck_chapter1 'ERROR SUMMARY: 0 errors' "$CS" --tool initcheck --error-exitcode 99 \
+        "$PROGS/examples/01_single_gpu" --device cuda --epochs 5 --save-every 0
+    step synccheck_chapter1 'ERROR SUMMARY: 0 errors' "$CS" --tool synccheck --error-exitcode 99 \
+        "$PROGS/examples/01_single_gpu" --device cuda --epochs 3 --save-every 0
+else
+    if [ "$STANDIN" = 1 ]; then say "compute-sanitizer steps: not run (the stand-in is not a GPU)"
+    else say "compute-sanitizer steps: not run (no compute-sanitizer on PATH or in /usr/local/cuda/bin)"; fi
+fi
 if [ "$STANDIN" = 1 ]; then
     step bench_gpu 'took [0-9]+ s' env BENCH_FAKEGPU=1 BENCH_HAVE_CUDA=1 BENCH_STEPS=1 BENCH_WARMUP=1 BENCH_STEP_ROUNDS=1 \
         python3 bench/run.py --gpu "$BUILD"
