@@ -4,13 +4,13 @@
    (ddp_init), wraps the model (ddp_wrap), and takes its own share of every epoch from the
    distributed sampler; the gradients are averaged during backward, so every rank keeps the
    same weights. One GPU per rank when the machine has enough, else the CPU backend. Only rank 0
-   prints, checkpoints and evaluates. `diff examples/01_single_gpu.c examples/02_multi_gpu.c`
+   prints, checkpoints and evaluates. `diff examples/ch01_single_gpu.c examples/ch03_multi_gpu.c`
    shows every change.
 
    Build and run (from the repository's top folder):
        make
-       build/examples/02_multi_gpu                   # 4 ranks
-       build/examples/02_multi_gpu --nproc 2 --data digits
+       build/examples/ch03_multi_gpu                   # 4 ranks
+       build/examples/ch03_multi_gpu --nproc 2 --data digits
    Options: --device cpu|cuda|cuda:N|auto  --data wine|digits|FILE.csv  --data-dir DIR
             --epochs N  --batch-size N  --lr X  --hidden N  --seed N
             --save-every N (epochs; 0 = never)  --snapshot FILE */

@@ -1,25 +1,16 @@
-/* Chapter 7 of TUTORIAL.md: gradient accumulation and no_sync.
+/* Chapter 6 of TUTORIAL.md: fault tolerance.
 
-   The chapter-3 program with one optimizer step per --accumulate K micro-batches: the gradients
-   of the K backward passes add up in p->grad, and the step uses their sum. Every rank does the
-   same, so one step sees micro-batch x K x ranks samples. Only the last backward of a step needs
-   to all-reduce (the sum of averages is the average of sums): ddp_no_sync(ddp, 1) before the
-   others keeps their gradients local. --sync every all-reduces in every backward (the same
-   weights, K times the traffic); --sync first is the classic off-by-one, which all-reduces the
-   step's first micro-batch instead of its last: the ranks then step with gradients of their own,
-   and their weights drift apart. At the end rank 0 prints the wrapper's counters, and every rank
-   prints the sum of its weights: equal replicas agree to the last digit.
-   `diff examples/02_multi_gpu.c examples/07_accumulate.c` shows every change.
+   The chapter-5 program, made to survive a lost process. Every --save-every optimizer steps rank
+   0 writes a snapshot: the weights, Adam's moments and step count, the sampler's epoch and how far
+   into the epoch the loader is. On start, every rank loads the snapshot if there is one and
+   carries on from exactly that step, so a job restarted after a crash ends with the same weights,
+   bit for bit, as one that never stopped. The restart itself is the launcher's work:
+   ddprun --max-restarts N stops the surviving ranks and starts the whole job again.
 
-   Build and run (from the repository's top folder):
-       make
-       build/examples/07_accumulate --nproc 2 --batch-size 8 --accumulate 4
-       build/examples/07_accumulate --nproc 2 --batch-size 8 --accumulate 4 --sync every
-   Options: --accumulate K (micro-batches per optimizer step, default 1)  --sync last|every|first
-            and those of examples/02_multi_gpu.c: --device cpu|cuda|cuda:N|auto
-            --data wine|digits|FILE.csv  --data-dir DIR  --epochs N  --batch-size N (per micro-batch)
-            --lr X  --hidden N  --seed N  --save-every N (epochs; 0 = never)  --snapshot FILE
-            --nproc N */
+   Run (from the repository's top folder), then kill a rank with kill -9 and watch it resume:
+       build/ddprun --standalone --nproc-per-node 2 --max-restarts 3 build/examples/ch06_fault_tolerance
+   Every rank reads the same snapshot file: on several machines, put it on a shared filesystem.
+   Delete the snapshot to start over. */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 
@@ -31,20 +22,18 @@ typedef struct options {
     int epochs, batch_size, hidden, save_every, nproc;
     float lr;
     unsigned long seed;
-    int accumulate; const char* sync; /* chapter 7: micro-batches per step, which one all-reduces */
 } options;
 
 static void usage(const char* prog) {
     fprintf(stderr,
             "usage: %s [--device cpu|cuda|cuda:N|auto] [--data wine|digits|FILE.csv] [--data-dir DIR]\n"
             "          [--epochs N] [--batch-size N] [--lr X] [--hidden N] [--seed N]\n"
-            "          [--save-every N] [--snapshot FILE] [--nproc N]\n"
-            "          [--accumulate K] [--sync last|every|first]\n", prog);
+            "          [--save-every STEPS] [--snapshot FILE]\n", prog);
     exit(2);
 }
 
 static options parse_args(int argc, char** argv) {
-    options o = {"auto", "wine", NULL, "snapshot.safetensors", 100, 32, 0, 50, 4, 1e-3f, 1, 1, "last"};
+    options o = {"auto", "wine", NULL, "snapshot.safetensors", 100, 32, 0, 10, 4, 1e-3f, 1};
     int i;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -65,20 +54,13 @@ static options parse_args(int argc, char** argv) {
         else if (!strcmp(a, "--save-every")) o.save_every = atoi(v);
         else if (!strcmp(a, "--lr")) o.lr = (float)atof(v);
         else if (!strcmp(a, "--seed")) o.seed = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--nproc")) o.nproc = atoi(v); /* used from chapter 3 on */
-        else if (!strcmp(a, "--accumulate")) o.accumulate = atoi(v);
-        else if (!strcmp(a, "--sync")) o.sync = v;
         else {
             fprintf(stderr, "unknown option %s\n", a);
             usage(argv[0]);
         }
     }
     if (o.epochs < 1 || o.batch_size < 1 || o.hidden < 0 || o.save_every < 0 || !(o.lr > 0) || o.nproc < 1) {
-        fprintf(stderr, "--epochs, --batch-size and --nproc must be >= 1, --hidden and --save-every >= 0, --lr > 0\n");
-        exit(2);
-    }
-    if (o.accumulate < 1 || (strcmp(o.sync, "last") && strcmp(o.sync, "every") && strcmp(o.sync, "first"))) {
-        fprintf(stderr, "--accumulate must be >= 1, --sync last, every or first\n");
+        fprintf(stderr, "--epochs and --batch-size must be >= 1, --hidden and --save-every >= 0, --lr > 0\n");
         exit(2);
     }
     return o;
@@ -97,23 +79,6 @@ static void report(int epoch, int epochs, double loss) {
     fflush(stdout);
 }
 
-/* The sum of this rank's weights: replicas that stay in step agree to the last digit. */
-static double weight_sum(ddp_model* m) {
-    ddp_device cpu = {DDP_DEVICE_CPU, 0};
-    double sum = 0;
-    int i;
-    size_t j;
-    DDP_CHECK(ddp_stream_sync(ddp_model_stream(m))); /* on a GPU: after the last step's work */
-    for (i = 0; i < ddp_model_num_params(m); i++) {
-        ddp_param* p = ddp_model_param(m, i);
-        float* w = (float*)malloc(p->count * sizeof *w);
-        if (w) DDP_CHECK(ddp_copy(cpu, w, p->device, p->data, p->count * sizeof *w, NULL));
-        for (j = 0; w && j < p->count; j++) sum += w[j];
-        free(w);
-    }
-    return sum;
-}
-
 /* Everything a training run does. In chapter 1 `rank` is 0, the only process; from chapter 3 on,
    this same function runs in every process of the job, with its own rank. Returns the exit status. */
 static int train(int rank, void* arg) {
@@ -128,7 +93,8 @@ static int train(int rank, void* arg) {
     ddp_sampler sampler;
     ddp_loader loader;
     char devname[32];
-    int epoch, r;
+    int epoch, seen;
+    ddp_snapshot snap = {0};
 
     /* 1. Data: load, hold out 20% for testing, standardise with the training statistics. */
     DDP_CHECK(ddp_dataset_load(opt->data, opt->data_dir, &all));
@@ -139,6 +105,8 @@ static int train(int rank, void* arg) {
     DDP_CHECK(ddp_device_parse(opt->device, &desc.device));
     DDP_CHECK(ddp_init(&desc, &pg)); /* join the job: this rank's GPU when every rank has one */
     device = ddp_pg_device(pg), rank = ddp_rank(pg);
+    printf("rank %d of %d is pid %ld\n", rank, ddp_world_size(pg), (long)getpid()); /* for kill -9 */
+    fflush(stdout);
 
     /* 3. Model and optimizer: the MLP features -> hidden -> classes, Adam. */
     {
@@ -154,10 +122,8 @@ static int train(int rank, void* arg) {
         DDP_CHECK(ddp_wrap(pg, model, NULL, &ddp)); /* same weights everywhere; gradients averaged */
         DDP_CHECK(ddp_optim_create(model, &od, &optim));
         if (rank == 0)
-            printf("training %d -> %d -> %d on %s: %d training and %d test samples, batch %d x %d micro-batches x "
-                   "%d ranks = %d per step\n", sizes[0], sizes[1], sizes[2],
-                   ddp_device_name(device, devname, sizeof devname), data.n, test.n, opt->batch_size,
-                   opt->accumulate, ddp_world_size(pg), opt->batch_size * opt->accumulate * ddp_world_size(pg));
+            printf("training %d -> %d -> %d on %s: %d training and %d test samples, batch %d\n", sizes[0], sizes[1],
+                   sizes[2], ddp_device_name(device, devname, sizeof devname), data.n, test.n, opt->batch_size);
     }
 
     /* 4. Train: each epoch visits the training set once in a fresh random order. With one replica
@@ -170,50 +136,56 @@ static int train(int rank, void* arg) {
         DDP_CHECK(ddp_sampler_init(&sampler, data.n, &sd));
         DDP_CHECK(ddp_loader_init(&loader, &data, opt->batch_size, 0));
     }
-    for (epoch = 1; epoch <= opt->epochs; epoch++) {
+
+    /* 5. Resume: everything the snapshot holds goes back where it came from. Every rank reads the
+       file (after ddp_wrap, whose broadcast would otherwise overwrite the loaded weights). */
+    snap.model = model, snap.optim = optim, snap.sampler = &sampler, snap.loader = &loader;
+    snap.epoch = 1, snap.step = 0;
+    if (ddp_snapshot_exists(opt->snapshot)) {
+        DDP_CHECK(ddp_snapshot_load(&snap, opt->snapshot));
+        if (rank == 0 && snap.epoch > opt->epochs)
+            printf("%s holds a finished run (step %ld): nothing left to train\n", opt->snapshot, snap.step);
+        else if (rank == 0)
+            printf("resuming from %s: epoch %d, step %ld, %d samples into the epoch (restart %s)\n", opt->snapshot,
+                   snap.epoch, snap.step, loader.resume_pos, getenv("DDP_RESTART_COUNT") ? getenv("DDP_RESTART_COUNT") : "0");
+    }
+    for (epoch = snap.epoch; epoch <= opt->epochs; epoch++) {
         double loss_sum = 0;
         const float* xb;
         const int* yb;
-        int n, b, nb;
+        int n;
+        seen = 0;
         ddp_sampler_set_epoch(&sampler, epoch); /* without it every epoch repeats one order */
         DDP_CHECK(ddp_loader_start(&loader, &sampler));
-        nb = ddp_loader_batches(&loader); /* the same on every rank: the sampler pads */
-        for (b = 0; (n = ddp_loader_next(&loader, &xb, &yb)) > 0; b++) { /* micro-batch b */
+        while ((n = ddp_loader_next(&loader, &xb, &yb)) > 0) {
             float loss;
-            /* a step is K micro-batches (fewer at the end of the epoch): the first zeroes the
-               gradients, the last steps */
-            int first = b % opt->accumulate == 0, last = (b + 1) % opt->accumulate == 0 || b + 1 == nb;
-            int sync = !strcmp(opt->sync, "every") ? 1 : !strcmp(opt->sync, "first") ? first : last;
-            if (first) DDP_CHECK(ddp_model_zero_grad(model));
-            ddp_no_sync(ddp, !sync); /* 1: this backward only adds into p->grad, no all-reduce */
+            DDP_CHECK(ddp_model_zero_grad(model));
             DDP_CHECK(ddp_model_forward(model, xb, n));
             DDP_CHECK(ddp_loss_cross_entropy(model, yb, &loss));
             DDP_CHECK(ddp_model_backward(model));
-            if (last) DDP_CHECK(ddp_optim_step(optim));
+            DDP_CHECK(ddp_optim_step(optim));
             loss_sum += (double)loss * n;
+            seen += n;
+            snap.epoch = epoch, snap.step++;
+            /* after the optimizer step: the state is whole (no gradient half-averaged) */
+            if (rank == 0 && opt->save_every && snap.step % opt->save_every == 0)
+                DDP_CHECK(ddp_snapshot_save(&snap, opt->snapshot));
         }
-        if (rank == 0) report(epoch, opt->epochs, loss_sum / sampler.num_samples);
-        if (rank == 0 && opt->save_every && epoch % opt->save_every == 0) {
-            ddp_snapshot snap = {0}; /* chapter 6 adds the sampler and the position in the epoch */
-            snap.model = model, snap.optim = optim, snap.epoch = epoch;
-            DDP_CHECK(ddp_snapshot_save(&snap, opt->snapshot));
-            printf("epoch %3d/%d  snapshot saved to %s\n", epoch, opt->epochs, opt->snapshot);
-        }
+        if (rank == 0 && seen > 0) report(epoch, opt->epochs, loss_sum / seen);
+    }
+    snap.epoch = opt->epochs + 1; /* finished: a rerun resumes after the last epoch */
+    if (rank == 0) {
+        DDP_CHECK(ddp_snapshot_save(&snap, opt->snapshot));
+        printf("final snapshot (step %ld) saved to %s; delete it to train again from the start\n", snap.step,
+               opt->snapshot);
     }
 
-    /* 5. Evaluate on the held-out samples. */
+    /* 6. Evaluate on the held-out samples. */
     if (rank == 0) {
         float accuracy, test_loss;
-        ddp_wrap_stats st;
         DDP_CHECK(ddp_model_evaluate(model, test.x, test.y, test.n, &accuracy, &test_loss));
         printf("test loss: %.4f\n", test_loss);
         printf("test accuracy: %.4f\n", accuracy);
-        ddp_wrapper_stats(ddp, &st); /* the wrapper's counters */
-        printf("%ld optimizer steps, %ld all-reduces of the gradients\n", ddp_optim_steps(optim), st.all_reduces);
-    }
-    for (r = 0; r < ddp_world_size(pg); r++) { /* every rank, in rank order */
-        if (r == rank) printf("rank %d: sum of the weights %.9f\n", rank, weight_sum(model)), fflush(stdout);
-        DDP_CHECK(ddp_barrier(pg));
     }
 
     ddp_loader_free(&loader);
@@ -226,5 +198,5 @@ static int train(int rank, void* arg) {
 
 int main(int argc, char** argv) {
     options opt = parse_args(argc, argv);
-    return ddp_spawn(opt.nproc, train, &opt) == DDP_OK ? 0 : 1;
+    return train(0, &opt); /* the launcher started this process: ddp_init reads where it stands */
 }

@@ -6,12 +6,12 @@
    per node + local rank; the local rank picks the GPU. Nothing else changes.
 
    Run (from the repository's top folder):
-       build/ddprun --standalone --nproc-per-node 4 build/examples/03_multi_node
+       build/ddprun --standalone --nproc-per-node 4 build/examples/ch04_multi_node
        # two machines (or two shells on one), the same DDP_JOB_TOKEN on both:
-       build/ddprun --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr HOST0 --master-port 29500 build/examples/03_multi_node
-       build/ddprun --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr HOST0 --master-port 29500 build/examples/03_multi_node
-       sbatch examples/03_multi_node.sbatch          # SLURM
-       mpirun -np 4 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 build/examples/03_multi_node */
+       build/ddprun --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr HOST0 --master-port 29500 build/examples/ch04_multi_node
+       build/ddprun --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr HOST0 --master-port 29500 build/examples/ch04_multi_node
+       sbatch examples/ch05_multi_node.sbatch          # SLURM
+       mpirun -np 4 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 build/examples/ch04_multi_node */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 

@@ -14,11 +14,11 @@
    fraction of the step, and a machine-readable "result ..." line.
 
    Build and run (from the repository's top folder):
-       make build/examples/05_large_mlp
-       build/examples/05_large_mlp                          # 2 ranks, PyTorch's default buckets
-       OPENBLAS_NUM_THREADS=1 build/examples/05_large_mlp --nproc 1   # the 1-process baseline
-       build/examples/05_large_mlp --one-bucket             # all 96 MiB in one all-reduce
-       build/examples/05_large_mlp --view                   # gradient_as_bucket_view
+       make build/examples/ch08_large_mlp
+       build/examples/ch08_large_mlp                          # 2 ranks, PyTorch's default buckets
+       OPENBLAS_NUM_THREADS=1 build/examples/ch08_large_mlp --nproc 1   # the 1-process baseline
+       build/examples/ch08_large_mlp --one-bucket             # all 96 MiB in one all-reduce
+       build/examples/ch08_large_mlp --view                   # gradient_as_bucket_view
    Options: --nproc N (1: one process without ddp_init/ddp_wrap)  --steps N  --warmup N
             --bucket-cap-mb X (0: every parameter its own bucket)  --first-bucket-mb X
             --one-bucket  --view  --device cpu|cuda|cuda:N|auto */

@@ -1,16 +1,17 @@
-/* Chapter 6 of TUTORIAL.md: fault tolerance.
+/* Chapter 1 of TUTORIAL.md: the single-device baseline.
 
-   The chapter-5 program, made to survive a lost process. Every --save-every optimizer steps rank
-   0 writes a snapshot: the weights, Adam's moments and step count, the sampler's epoch and how far
-   into the epoch the loader is. On start, every rank loads the snapshot if there is one and
-   carries on from exactly that step, so a job restarted after a crash ends with the same weights,
-   bit for bit, as one that never stopped. The restart itself is the launcher's work:
-   ddprun --max-restarts N stops the surviving ranks and starts the whole job again.
+   A small classifier (13 -> 64 -> 3, ReLU) trained on the UCI wine data with Adam and
+   cross-entropy, on one device: a GPU when one is usable, otherwise the CPU. Every later
+   chapter starts from this file and changes a few lines, so read it once slowly.
 
-   Run (from the repository's top folder), then kill a rank with kill -9 and watch it resume:
-       build/ddprun --standalone --nproc-per-node 2 --max-restarts 3 build/examples/04_fault_tolerance
-   Every rank reads the same snapshot file: on several machines, put it on a shared filesystem.
-   Delete the snapshot to start over. */
+   Build and run (from the repository's top folder):
+       make
+       build/examples/ch01_single_gpu                  # device chosen automatically
+       build/examples/ch01_single_gpu --device cpu --epochs 20
+       build/examples/ch01_single_gpu --data digits    # 8x8 digits with a wider MLP
+   Options: --device cpu|cuda|cuda:N|auto  --data wine|digits|FILE.csv  --data-dir DIR
+            --epochs N  --batch-size N  --lr X  --hidden N  --seed N
+            --save-every N (epochs; 0 = never)  --snapshot FILE */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 
@@ -28,12 +29,12 @@ static void usage(const char* prog) {
     fprintf(stderr,
             "usage: %s [--device cpu|cuda|cuda:N|auto] [--data wine|digits|FILE.csv] [--data-dir DIR]\n"
             "          [--epochs N] [--batch-size N] [--lr X] [--hidden N] [--seed N]\n"
-            "          [--save-every STEPS] [--snapshot FILE]\n", prog);
+            "          [--save-every N] [--snapshot FILE] [--nproc N]\n", prog);
     exit(2);
 }
 
 static options parse_args(int argc, char** argv) {
-    options o = {"auto", "wine", NULL, "snapshot.safetensors", 100, 32, 0, 10, 4, 1e-3f, 1};
+    options o = {"auto", "wine", NULL, "snapshot.safetensors", 100, 32, 0, 50, 4, 1e-3f, 1};
     int i;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -54,13 +55,14 @@ static options parse_args(int argc, char** argv) {
         else if (!strcmp(a, "--save-every")) o.save_every = atoi(v);
         else if (!strcmp(a, "--lr")) o.lr = (float)atof(v);
         else if (!strcmp(a, "--seed")) o.seed = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--nproc")) o.nproc = atoi(v); /* used from chapter 3 on */
         else {
             fprintf(stderr, "unknown option %s\n", a);
             usage(argv[0]);
         }
     }
     if (o.epochs < 1 || o.batch_size < 1 || o.hidden < 0 || o.save_every < 0 || !(o.lr > 0) || o.nproc < 1) {
-        fprintf(stderr, "--epochs and --batch-size must be >= 1, --hidden and --save-every >= 0, --lr > 0\n");
+        fprintf(stderr, "--epochs, --batch-size and --nproc must be >= 1, --hidden and --save-every >= 0, --lr > 0\n");
         exit(2);
     }
     return o;
@@ -85,16 +87,12 @@ static int train(int rank, void* arg) {
     const options* opt = (const options*)arg;
     ddp_dataset all, data, test;
     ddp_device device;
-    ddp_desc desc = {0};
-    ddp_pg* pg;
-    ddp_wrapper* ddp;
     ddp_model* model;
     ddp_optim* optim;
     ddp_sampler sampler;
     ddp_loader loader;
     char devname[32];
-    int epoch, seen;
-    ddp_snapshot snap = {0};
+    int epoch;
 
     /* 1. Data: load, hold out 20% for testing, standardise with the training statistics. */
     DDP_CHECK(ddp_dataset_load(opt->data, opt->data_dir, &all));
@@ -102,11 +100,8 @@ static int train(int rank, void* arg) {
     ddp_dataset_standardize(&data, &test);
 
     /* 2. Device: a GPU when usable, else the CPU (--device overrides). */
-    DDP_CHECK(ddp_device_parse(opt->device, &desc.device));
-    DDP_CHECK(ddp_init(&desc, &pg)); /* join the job: this rank's GPU when every rank has one */
-    device = ddp_pg_device(pg), rank = ddp_rank(pg);
-    printf("rank %d of %d is pid %ld\n", rank, ddp_world_size(pg), (long)getpid()); /* for kill -9 */
-    fflush(stdout);
+    DDP_CHECK(ddp_device_parse(opt->device, &device));
+    DDP_CHECK(ddp_device_resolve(device, &device));
 
     /* 3. Model and optimizer: the MLP features -> hidden -> classes, Adam. */
     {
@@ -119,7 +114,6 @@ static int train(int rank, void* arg) {
         md.seed = opt->seed;
         od.lr = opt->lr;
         DDP_CHECK(ddp_model_mlp(&md, sizes, 3, DDP_LAYER_RELU, &model));
-        DDP_CHECK(ddp_wrap(pg, model, NULL, &ddp)); /* same weights everywhere; gradients averaged */
         DDP_CHECK(ddp_optim_create(model, &od, &optim));
         if (rank == 0)
             printf("training %d -> %d -> %d on %s: %d training and %d test samples, batch %d\n", sizes[0], sizes[1],
@@ -132,29 +126,14 @@ static int train(int rank, void* arg) {
     {
         ddp_sampler_desc sd = {0};
         sd.seed = opt->seed;
-        sd.pg = pg; /* each rank takes every world-size-th sample of the epoch's order */
         DDP_CHECK(ddp_sampler_init(&sampler, data.n, &sd));
         DDP_CHECK(ddp_loader_init(&loader, &data, opt->batch_size, 0));
     }
-
-    /* 5. Resume: everything the snapshot holds goes back where it came from. Every rank reads the
-       file (after ddp_wrap, whose broadcast would otherwise overwrite the loaded weights). */
-    snap.model = model, snap.optim = optim, snap.sampler = &sampler, snap.loader = &loader;
-    snap.epoch = 1, snap.step = 0;
-    if (ddp_snapshot_exists(opt->snapshot)) {
-        DDP_CHECK(ddp_snapshot_load(&snap, opt->snapshot));
-        if (rank == 0 && snap.epoch > opt->epochs)
-            printf("%s holds a finished run (step %ld): nothing left to train\n", opt->snapshot, snap.step);
-        else if (rank == 0)
-            printf("resuming from %s: epoch %d, step %ld, %d samples into the epoch (restart %s)\n", opt->snapshot,
-                   snap.epoch, snap.step, loader.resume_pos, getenv("DDP_RESTART_COUNT") ? getenv("DDP_RESTART_COUNT") : "0");
-    }
-    for (epoch = snap.epoch; epoch <= opt->epochs; epoch++) {
+    for (epoch = 1; epoch <= opt->epochs; epoch++) {
         double loss_sum = 0;
         const float* xb;
         const int* yb;
         int n;
-        seen = 0;
         ddp_sampler_set_epoch(&sampler, epoch); /* without it every epoch repeats one order */
         DDP_CHECK(ddp_loader_start(&loader, &sampler));
         while ((n = ddp_loader_next(&loader, &xb, &yb)) > 0) {
@@ -165,22 +144,17 @@ static int train(int rank, void* arg) {
             DDP_CHECK(ddp_model_backward(model));
             DDP_CHECK(ddp_optim_step(optim));
             loss_sum += (double)loss * n;
-            seen += n;
-            snap.epoch = epoch, snap.step++;
-            /* after the optimizer step: the state is whole (no gradient half-averaged) */
-            if (rank == 0 && opt->save_every && snap.step % opt->save_every == 0)
-                DDP_CHECK(ddp_snapshot_save(&snap, opt->snapshot));
         }
-        if (rank == 0 && seen > 0) report(epoch, opt->epochs, loss_sum / seen);
-    }
-    snap.epoch = opt->epochs + 1; /* finished: a rerun resumes after the last epoch */
-    if (rank == 0) {
-        DDP_CHECK(ddp_snapshot_save(&snap, opt->snapshot));
-        printf("final snapshot (step %ld) saved to %s; delete it to train again from the start\n", snap.step,
-               opt->snapshot);
+        if (rank == 0) report(epoch, opt->epochs, loss_sum / sampler.num_samples);
+        if (rank == 0 && opt->save_every && epoch % opt->save_every == 0) {
+            ddp_snapshot snap = {0}; /* chapter 6 adds the sampler and the position in the epoch */
+            snap.model = model, snap.optim = optim, snap.epoch = epoch;
+            DDP_CHECK(ddp_snapshot_save(&snap, opt->snapshot));
+            printf("epoch %3d/%d  snapshot saved to %s\n", epoch, opt->epochs, opt->snapshot);
+        }
     }
 
-    /* 6. Evaluate on the held-out samples. */
+    /* 5. Evaluate on the held-out samples. */
     if (rank == 0) {
         float accuracy, test_loss;
         DDP_CHECK(ddp_model_evaluate(model, test.x, test.y, test.n, &accuracy, &test_loss));
@@ -190,7 +164,6 @@ static int train(int rank, void* arg) {
 
     ddp_loader_free(&loader);
     ddp_optim_destroy(optim);
-    ddp_wrapper_destroy(ddp), ddp_destroy(pg);
     ddp_model_destroy(model);
     ddp_dataset_free(&data), ddp_dataset_free(&test), ddp_dataset_free(&all);
     return 0;
@@ -198,5 +171,5 @@ static int train(int rank, void* arg) {
 
 int main(int argc, char** argv) {
     options opt = parse_args(argc, argv);
-    return train(0, &opt); /* the launcher started this process: ddp_init reads where it stands */
+    return train(0, &opt);
 }

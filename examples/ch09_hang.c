@@ -4,8 +4,8 @@
    loss over all ranks for its progress line, so it all-reduces the loss, inside `if (rank == 0)`.
    The other ranks never make that call. Rank 0 then waits for partners that are busy with the next
    step's gradients, and the job hangs until the deadline. Run it and read what each rank says:
-       DDP_TIMEOUT=5 build/examples/09_hang --nproc 2
-       DDP_TIMEOUT=5 DDP_DEBUG=DETAIL build/examples/09_hang --nproc 2
+       DDP_TIMEOUT=5 build/examples/ch09_hang --nproc 2
+       DDP_TIMEOUT=5 DDP_DEBUG=DETAIL build/examples/ch09_hang --nproc 2
    With --fixed every rank makes the call, and the job trains normally. */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
