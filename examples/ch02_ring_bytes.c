@@ -78,7 +78,7 @@ static int run(int rank, void* arg) {
 }
 
 int main(int argc, char** argv) {
-    options o = {4, 0, 262144};
+    options o = {.nproc = 4, .count = 262144};
     int i;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--nproc") && i + 1 < argc) o.nproc = atoi(argv[++i]);

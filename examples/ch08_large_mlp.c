@@ -42,7 +42,7 @@ static void usage(const char* prog) {
 }
 
 static options parse_args(int argc, char** argv) {
-    options o = {2, 20, 3, 0, 0, 25, 1, "cpu"};
+    options o = {.nproc = 2, .steps = 20, .warmup = 3, .bucket_cap_mb = 25, .first_bucket_mb = 1, .device = "cpu"};
     int i;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -139,8 +139,8 @@ static int run(int rank, void* arg) {
 
     /* 2. Model, wrapper, optimizer. */
     {
-        ddp_model_desc md = {{DDP_DEVICE_AUTO, 0}, 0};
-        ddp_optim_desc od = {DDP_SGD, 0, 0, 0, 0, 0, 0, 0, 0};
+        ddp_model_desc md = {.device = {.type = DDP_DEVICE_AUTO}};
+        ddp_optim_desc od = {.kind = DDP_SGD};
         md.device = device;
         md.seed = 1;
         od.lr = 0.01f;

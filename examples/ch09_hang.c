@@ -23,7 +23,7 @@ static int train(int rank, void* arg) {
     ddp_loader loader;
     ddp_desc dd = {0};
     ddp_sampler_desc sd = {0};
-    ddp_model_desc md = {{DDP_DEVICE_CPU, 0}, 1};
+    ddp_model_desc md = {.device = {.type = DDP_DEVICE_CPU}, .seed = 1};
     int sizes[3] = {13, 64, 3}, epoch;
 
     DDP_CHECK(ddp_dataset_load("wine", NULL, &all));
@@ -70,7 +70,7 @@ static int train(int rank, void* arg) {
 }
 
 int main(int argc, char** argv) {
-    options opt = {2, 0};
+    options opt = {.nproc = 2};
     int i;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--fixed")) opt.fixed = 1;
