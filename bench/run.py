@@ -22,7 +22,7 @@ WHAT EACH SECTION MEASURES
      busbw = size / time * 2(n-1)/n (GB = 1e9 B), the time at 4 KiB, and ratios (ddp.h shm / MPI
      shm, ddp.h tcp / MPI tcp, the better ddp.h / gloo; at 4 KiB, time ratios: lower is better).
      Every timer checks one more all-reduce element by element; a wrong element marks the cell.
-  2. a DDP training step of the 25M-parameter MLP (examples/05_large_mlp.c; its PyTorch twin is
+  2. a DDP training step of the 25M-parameter MLP (examples/ch08_large_mlp.c; its PyTorch twin is
      bench/pytorch_ddp_large.py), batch 64 per rank, one BLAS thread per rank, 2 ranks, default
      buckets (25 MiB, first 1 MiB) and one bucket. ms/step, the exposed-communication fraction
      (ddp.h: the time backward waited for buckets after its last layer, / step; PyTorch does not
@@ -38,7 +38,7 @@ WHAT EACH SECTION MEASURES
   4. one process, no DDP: ms/step of the same model, ddp.h against PyTorch, with 1 and 2 BLAS
      threads (OpenBLAS on both sides; PyTorch with jemalloc when installed, its fastest setting).
   5. the tutorial's model (wine, 13 -> 64 -> 3, Adam, batch 32 per rank): ddp.h one process
-     (examples/01_single_gpu) against 2 ranks (examples/02_multi_gpu), and PyTorch's
+     (examples/ch01_single_gpu) against 2 ranks (examples/ch03_multi_gpu), and PyTorch's
      (bench/pytorch_wine.py). The examples print no step times, so a ddp.h launch is a pair of
      runs, short and long (only the number of epochs differs), and its figure is
      (wall time of the long run - wall time of the short one) / (difference in steps): start-up,
@@ -275,7 +275,8 @@ def probe(build):
     ENV.build = build
     b = lambda *p: os.path.join(build, *p)
     ENV.ddprun, ENV.arperf = b("ddprun"), b("allreduce_perf")
-    ENV.large, ENV.ex1, ENV.ex2 = b("examples", "05_large_mlp"), b("examples", "01_single_gpu"), b("examples", "02_multi_gpu")
+    ENV.large = b("examples", "ch08_large_mlp")
+    ENV.ex1, ENV.ex2 = b("examples", "ch01_single_gpu"), b("examples", "ch03_multi_gpu")
     missing = [p for p in (ENV.ddprun, ENV.arperf, ENV.large, ENV.ex1, ENV.ex2) if not os.access(p, os.X_OK)]
     if missing:
         sys.exit("bench/run.py: not built: %s (run `make BUILD=%s bench`, which builds them)" % (" ".join(missing), build))
@@ -569,7 +570,7 @@ def fit_alpha_beta(n, points):
     return max(0.0, c0) / (2 * (n - 1)), 2.0 * (n - 1) / (n * c1)
 
 
-LAYERS = [(1024, 4096), (4096, 4096), (4096, 1024), (1024, 10)]   # examples/05_large_mlp.c
+LAYERS = [(1024, 4096), (4096, 4096), (4096, 1024), (1024, 10)]   # examples/ch08_large_mlp.c
 
 
 def buckets_for(cap, first):
@@ -1034,7 +1035,7 @@ def main_gpu(build):
     rounds = env_num("BENCH_STEP_ROUNDS", 3, int)
     b = lambda *q: os.path.join(build, *q)
     progs = b("fakegpu") if fake else build
-    large, launched = os.path.join(progs, "examples", "05_large_mlp"), os.path.join(progs, "bench", "large_mlp_launched")
+    large, launched = os.path.join(progs, "examples", "ch08_large_mlp"), os.path.join(progs, "bench", "large_mlp_launched")
     ddprun = b("ddprun")
     stand_in = {"FAKEGPU_DEVICES": "1", "FAKEGPU_CACHE": b("fakegpu", "kernels")} if fake else {}
 
@@ -1088,7 +1089,7 @@ def main_gpu(build):
         setups[2] = setups[2][:2] + ("%s not built" % launched,) + setups[2][3:]
     # the tutorial's model (wine, 13 -> 64 -> 3, Adam, batch 32) on the GPU: ddp.h's example timed as
     # the difference of two launches (lo and hi epochs) per step, PyTorch's twin by its own loop
-    ex1 = os.path.join(progs, "examples", "01_single_gpu")
+    ex1 = os.path.join(progs, "examples", "ch01_single_gpu")
     wlo, whi = (2, 12) if fake else (20, 2020)
     print("make bench-gpu: %s" % (gpu_name or gpu_why), flush=True)
     for rnd in range(1, rounds + 1):
