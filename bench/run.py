@@ -34,7 +34,7 @@ WHAT EACH SECTION MEASURES
   3. the bucket-size sweep of ddp.h on that model (caps 0 = one parameter per bucket, 4, 25,
      100 MiB, one bucket), and the transport's latency a and bandwidth B fitted to section 1's
      2-rank times (T = 2(n-1)a + 2(n-1)/n S/B, n = 2), with what that cost model says about
-     buckets (see fit_alpha_beta and model_exposed below for the formulas).
+     buckets (see fit_alpha_beta and model_exposed in bench/costmodel.py for the formulas).
   4. one process, no DDP: ms/step of the same model, ddp.h against PyTorch, with 1 and 2 BLAS
      threads (OpenBLAS on both sides; PyTorch with jemalloc when installed, its fastest setting).
   5. the tutorial's model (wine, 13 -> 64 -> 3, Adam, batch 32 per rank): ddp.h one process
@@ -92,8 +92,13 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MiB = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if HERE not in sys.path:    # python3 -P or -I leaves the script's folder out
+    sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True   # no bench/__pycache__ left in the checkout by a benchmark run
+import costmodel  # noqa: E402  (bench/costmodel.py, found through the line above)
+from costmodel import MiB  # noqa: E402
 
 
 def env_num(name, default, kind=float):
@@ -430,16 +435,17 @@ def ar_time(impl, n, s):
 
 def ar_busbw(impl, n, s):
     t = ar_time(impl, n, s)
-    return s / (t * 1e-6) / 1e9 * 2.0 * (n - 1) / n if t else None
+    return costmodel.busbw(s, t * 1e-6, n) if t else None
 
 
 # ---- 2, 3, 4. the large model -------------------------------------------------------------------
 
 STEP = {}    # setup -> [result dicts]
 BUCKETS = {}  # setup -> bucket map line
-SWEEP_CAPS = [("cap0", "0", ["--bucket-cap-mb", "0"]), ("cap4", "4", ["--bucket-cap-mb", "4"]),
-              ("c2", "25 (default)", []), ("cap100", "100", ["--bucket-cap-mb", "100"]),
-              ("c2one", "one bucket", ["--one-bucket"])]
+# the bucket sweep: (setup, cap as printed, the example's flags, the cap in bytes for the model)
+SWEEP_CAPS = [("cap0", "0", ["--bucket-cap-mb", "0"], 1), ("cap4", "4", ["--bucket-cap-mb", "4"], 4 * MiB),
+              ("c2", "25 (default)", [], 25 * MiB), ("cap100", "100", ["--bucket-cap-mb", "100"], 100 * MiB),
+              ("c2one", "one bucket", ["--one-bucket"], costmodel.ONE_BUCKET)]
 
 
 SLOW_NS = "2"  # DDP_SIMULATE_NS_PER_BYTE of the overlap rows
@@ -465,7 +471,7 @@ def large_setups():
           dict(one, DDP_SIMULATE_NS_PER_BYTE=SLOW_NS)),
          ("c2oneslow", "ddp.h DDP, 2 ranks, one bucket, slow network", [ENV.large, "--nproc", "2", "--one-bucket"]
           + common, dict(one, DDP_SIMULATE_NS_PER_BYTE=SLOW_NS))]
-    for key, _, opts in SWEEP_CAPS:
+    for key, _, opts, _ in SWEEP_CAPS:
         if key not in ("c2", "c2one"):
             s.append((key, "ddp.h DDP, 2 ranks, --bucket-cap-mb " + opts[1], [ENV.large, "--nproc", "2"] + opts + common, one))
     return s
@@ -542,71 +548,6 @@ def wine_round(rnd):
         WINE.setdefault(key + "_spe", [spe])
 
 
-# ---- the cost model ---------------------------------------------------------------------------
-
-def fit_alpha_beta(n, points):
-    """Fit T = 2(n-1) a + 2(n-1)/n * S/B (the ring all-reduce: 2(n-1) messages in sequence, each
-    rank sending and receiving 2(n-1)/n of the S bytes) to measured (S, T) pairs. T is linear in
-    S, T = c0 + c1 S with c0 = 2(n-1) a and c1 = 2(n-1)/(n B); we solve the least-squares problem
-    in RELATIVE error (weights 1/T^2): plain least squares would let the 256 MiB point, whose time
-    is 10^4 times the 4 KiB one's, decide everything, and the latency would come out as the
-    noise of that point. Returns (a in seconds, B in bytes/s) or None; a is clamped at 0."""
-    pts = [(s, t) for s, t in points if t and t > 0]
-    if len(pts) < 2:
-        return None
-    w = [1.0 / (t * t) for _, t in pts]
-    sw = sum(w)
-    sx = sum(wi * s for wi, (s, _) in zip(w, pts))
-    sy = sum(wi * t for wi, (_, t) in zip(w, pts))
-    sxx = sum(wi * s * s for wi, (s, _) in zip(w, pts))
-    sxy = sum(wi * s * t for wi, (s, t) in zip(w, pts))
-    det = sw * sxx - sx * sx
-    if det <= 0:
-        return None
-    c1 = (sw * sxy - sx * sy) / det
-    c0 = (sy - c1 * sx) / sw
-    if c1 <= 0:
-        return None
-    return max(0.0, c0) / (2 * (n - 1)), 2.0 * (n - 1) / (n * c1)
-
-
-LAYERS = [(1024, 4096), (4096, 4096), (4096, 1024), (1024, 10)]   # examples/ch08_large_mlp.c
-
-
-def buckets_for(cap, first):
-    """ddp.h's bucket assignment for the large model: parameters in the order backward makes them
-    ready (last layer first, its bias then its weight), a bucket closes once it holds at least its
-    cap (first bucket: `first`), a tensor is never split. Returns [(bytes, ready fraction of
-    backward)], the ready fraction from the layer's share of the FLOPs (in * out)."""
-    total = float(sum(i * o for i, o in LAYERS))
-    done, tensors = 0.0, []
-    for i, o in reversed(LAYERS):
-        done += i * o
-        tensors += [(4 * o, done / total), (4 * i * o, done / total)]
-    out, cur, ready, limit = [], 0, 0.0, first
-    for b, r in tensors:
-        cur, ready = cur + b, r
-        if cur >= limit:
-            out.append((cur, ready))
-            cur, limit = 0, cap
-    if cur:
-        out.append((cur, ready))
-    return out
-
-
-def model_exposed(buckets, tb, a, bw, n=2):
-    """Exposed communication of one step under the cost model: bucket k becomes ready at its
-    fraction of the backward time tb, all-reduces run one after another on the communication
-    thread (FIFO, as ddp.h's reducer launches them), each taking 2(n-1)a + 2(n-1)/n S/B; the
-    exposed part is how long the last one ends after backward's last layer. It assumes that the
-    communication does not slow backward down: on 2 cores with 2 ranks it does, so measured
-    exposed times are larger; the model ranks the bucket sizes, it does not predict the ms."""
-    t = 0.0
-    for size, frac in buckets:
-        t = max(t, frac * tb) + 2 * (n - 1) * a + 2.0 * (n - 1) / n * size / bw
-    return max(0.0, t - tb)
-
-
 # ---- the report -------------------------------------------------------------------------------
 
 OUT = []           # the final table's lines (also written to table.txt)
@@ -674,7 +615,7 @@ def report_allreduce():
             for i in AR_IMPLS:
                 vals = AR.get((i, n, s), [])
                 csv_row("allreduce", AR_LABEL[i], n, s, "busbw", bws[i], "GB/s",
-                        [s / (t * 1e-6) / 1e9 * 2.0 * (n - 1) / n for t in vals])
+                        [costmodel.busbw(s, t * 1e-6, n) for t in vals])
                 csv_row("allreduce", AR_LABEL[i], n, s, "time", ar_time(i, n, s), "us", vals)
     p()
     p("%-5s %-8s" % ("ranks", "4 KiB") + "".join("%10s" % AR_LABEL[i] for i in AR_IMPLS) +
@@ -787,10 +728,8 @@ def report_sweep(fits):
     p("%-14s %-44s %9s %11s %8s %11s" % ("cap MiB", "buckets", "ms/step", "exposed ms", "exposed", "model ms"))
     a_b = fits.get("ddp_shm") or fits.get("ddp_tcp")
     tb = step("c1", "bwd_ms")
-    for key, cap, opts in SWEEP_CAPS:
-        capb = 1 if cap == "0" else (1 << 62) if key == "c2one" else int(float(cap.split()[0]) * MiB)
-        first = (1 << 62) if key == "c2one" else MiB
-        mod = model_exposed(buckets_for(capb, first), tb / 1e3, *a_b) * 1e3 if a_b and tb else None
+    for key, cap, _, cap_bytes in SWEEP_CAPS:
+        mod = costmodel.model_exposed(costmodel.bucket_layout(cap_bytes), tb / 1e3, *a_b) * 1e3 if a_b and tb else None
         s = step(key)
         bk = re.sub(r" \(\d+ params?\)", "", BUCKETS.get(key, ""))
         bk = bk if len(bk) <= 44 else bk[:40] + " ..."
@@ -812,15 +751,10 @@ def report_sweep(fits):
         else:
             p("     %-10s no fit (needs at least 2 sizes at 2 ranks)" % AR_LABEL[impl])
     if a_b and tb:
-        # The cap the model prefers: the smallest predicted exposed time over a range of caps. As a
-        # tensor is never split, neighbouring caps often give the same buckets and tie: say which.
-        caps = [1] + [int(x * MiB) for x in (0.25, 0.5, 1, 2, 4, 8, 16, 25, 32, 64, 100)] + [1 << 62]
-        scored = [(model_exposed(buckets_for(c, MiB if c < (1 << 62) else c), tb / 1e3, *a_b), c) for c in caps]
-        best_t = min(t for t, _ in scored)
-        same = [c for t, c in scored if t - best_t < 1e-6]
+        best_t, same = costmodel.best_caps(tb / 1e3, *a_b)
         def capname(c):
-            return "one bucket" if c >= (1 << 62) else "0 (per parameter)" if c == 1 else size_label_any(c)
-        best_b = buckets_for(same[0], MiB if same[0] < (1 << 62) else same[0])
+            return "one bucket" if c >= costmodel.ONE_BUCKET else "0 (per parameter)" if c == 1 else size_label_any(c)
+        best_b = costmodel.bucket_layout(same[0])
         p("   model's best cap (backward %.1f ms from the 1-process run, fit of %s): %s, i.e. %d bucket%s of %s; "
           "predicted exposed %.1f ms" % (
               tb, "ddp.h shm" if fits.get("ddp_shm") else "ddp.h tcp",
@@ -972,7 +906,7 @@ def main_cpu(build):
 
     fits = {}
     for impl in AR_IMPLS:
-        f = fit_alpha_beta(2, [(s, ar_time(impl, 2, s) * 1e-6) for s in AR_SIZES if ar_time(impl, 2, s)])
+        f = costmodel.fit_alpha_beta(2, [(s, ar_time(impl, 2, s) * 1e-6) for s in AR_SIZES if ar_time(impl, 2, s)])
         if f:
             fits[impl] = f
 
