@@ -126,8 +126,8 @@ FAKE_PROGS :=
 ifeq ($(HAVE_CUDA),1)
   FAKE_LIBS  := -L$(FAKE_DIR) -Wl,-rpath,$(abspath $(FAKE_DIR)) -lfakegpu
   FAKE_PROGS := $(FAKE_DIR)/tests/fakegpu/selftest $(FAKE_DIR)/tests/test_gpu $(FAKE_DIR)/tests/test_gpu_pg \
-                $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/examples/01_single_gpu $(FAKE_DIR)/examples/02_multi_gpu \
-                $(FAKE_DIR)/examples/03_multi_node $(FAKE_DIR)/examples/04_fault_tolerance $(FAKE_DIR)/examples/05_large_mlp \
+                $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/examples/ch01_single_gpu $(FAKE_DIR)/examples/ch03_multi_gpu \
+                $(FAKE_DIR)/examples/ch04_multi_node $(FAKE_DIR)/examples/ch06_fault_tolerance $(FAKE_DIR)/examples/ch08_large_mlp \
                 $(FAKE_DIR)/bench/large_mlp_launched $(FAKE_DIR)/tests/confusions/confusions $(FAKE_DIR)/allreduce_perf
   ifeq ($(HAVE_MPI),1)
     FAKE_PROGS += $(FAKE_DIR)/tests/test_mpi
@@ -138,10 +138,10 @@ DDP_CFLAGS := -I. $(CUDA_CFLAGS) $(BLAS_CFLAGS)
 DDP_LIBS   := $(CUDA_LIBS) $(BLAS_LIBS) -lpthread -lm
 export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS HAVE_MPI MPI_CFLAGS MPI_LIBS
 
-EXAMPLES := $(BUILD)/examples/01_single_gpu $(BUILD)/examples/02_multi_gpu $(BUILD)/examples/03_multi_node
-EXAMPLES += $(BUILD)/examples/04_fault_tolerance $(BUILD)/examples/05_large_mlp $(BUILD)/examples/09_hang
-EXAMPLES += $(BUILD)/examples/07_accumulate
-EXAMPLES += $(BUILD)/examples/sampler_demo $(BUILD)/examples/ring_bytes
+EXAMPLES := $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch04_multi_node
+EXAMPLES += $(BUILD)/examples/ch06_fault_tolerance $(BUILD)/examples/ch08_large_mlp $(BUILD)/examples/ch09_hang
+EXAMPLES += $(BUILD)/examples/ch07_accumulate
+EXAMPLES += $(BUILD)/examples/ch02_sampler_demo $(BUILD)/examples/ch02_ring_bytes
 TOOLS    := $(BUILD)/ddprun $(BUILD)/allreduce_perf
 TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu \
             $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_sampler \
@@ -152,7 +152,7 @@ TESTS    += $(BUILD)/tests/sampler_dump
 # learners' mistakes as small programs, run by tests/test_confusions.sh (built by the tests/% rule)
 TESTS    += $(BUILD)/tests/confusions/confusions
 # the same sources built with the mpi backend (-DDDP_MPI), when mpicc was found
-MPI_PROGS := $(BUILD)/allreduce_perf_mpi $(BUILD)/examples/03_multi_node_mpi $(BUILD)/tests/test_mpi
+MPI_PROGS := $(BUILD)/allreduce_perf_mpi $(BUILD)/examples/ch04_multi_node_mpi $(BUILD)/tests/test_mpi
 ifneq ($(HAVE_MPI),1)
   MPI_PROGS :=
 endif
@@ -204,14 +204,14 @@ $(FAKE_DIR)/allreduce_perf: tools/allreduce_perf.c ddp.h $(FAKE_LIB)
 $(FAKE_DIR)/tests/test_mpi: tests/test_mpi.c tests/test_pg.c ddp.h tests/harness.h $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) -DDDP_MPI $(MPI_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -lpthread -lm
-$(FAKE_DIR)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/05_large_mlp.c ddp.h $(FAKE_LIB)
+$(FAKE_DIR)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/ch08_large_mlp.c ddp.h $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
 
-# The main job: the chapter-3 program (examples/02_multi_gpu.c) on 4 ranks (CPU backend) on the bundled wine data.
+# The main job: the chapter-3 program (examples/ch03_multi_gpu.c) on 4 ranks (CPU backend) on the bundled wine data.
 # It builds that one program only, so that a fresh clone trains within a minute; `make` builds the rest.
-demo: $(BUILD)/examples/02_multi_gpu
-	@$(BUILD)/examples/02_multi_gpu --nproc 4 --device cpu --save-every 0
+demo: $(BUILD)/examples/ch03_multi_gpu
+	@$(BUILD)/examples/ch03_multi_gpu --nproc 4 --device cpu --save-every 0
 
 # The CPU suite: unit tests, compile modes, the chapter-1 example's accuracy bars.
 test: all
@@ -291,15 +291,15 @@ fuzz: $(BUILD)/fuzz/fuzz_snapshot $(BUILD)/fuzz/fuzz_store
 # bench-gpu: the large model on one GPU, ddp.h against PyTorch, NCCL with one rank, and the CPU
 # backend with GPU buffers; every row says why it is skipped on a machine without a GPU.
 .PHONY: bench bench-gpu
-bench: $(BUILD)/ddprun $(BUILD)/allreduce_perf $(BUILD)/examples/05_large_mlp $(BUILD)/examples/01_single_gpu \
-       $(BUILD)/examples/02_multi_gpu
+bench: $(BUILD)/ddprun $(BUILD)/allreduce_perf $(BUILD)/examples/ch08_large_mlp $(BUILD)/examples/ch01_single_gpu \
+       $(BUILD)/examples/ch03_multi_gpu
 	@python3 bench/run.py $(BUILD)
 
-$(BUILD)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/05_large_mlp.c ddp.h
+$(BUILD)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/ch08_large_mlp.c ddp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
 
-bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/05_large_mlp $(BUILD)/bench/large_mlp_launched $(BUILD)/examples/01_single_gpu
+bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/ch08_large_mlp $(BUILD)/bench/large_mlp_launched $(BUILD)/examples/ch01_single_gpu
 	@BENCH_HAVE_CUDA=$(HAVE_CUDA) python3 bench/run.py --gpu $(BUILD)
 
 # make gpu-check: on a machine with a GPU, everything a first real run must show, in one report
@@ -310,7 +310,7 @@ bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/05_large_mlp $(BUILD)/bench/large_m
 # make gpu-check-standin runs the same flow on the GPU stand-in, so that the first real run can
 # only fail on the GPU itself.
 GPU_CHECK_PROGS := $(BUILD)/tests/test_gpu $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp \
-                   $(BUILD)/examples/01_single_gpu $(BUILD)/examples/02_multi_gpu $(BUILD)/examples/05_large_mlp \
+                   $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch08_large_mlp \
                    $(BUILD)/bench/large_mlp_launched $(BUILD)/ddprun
 .PHONY: gpu-check gpu-check-build gpu-check-standin
 gpu-check-build: $(GPU_CHECK_PROGS)

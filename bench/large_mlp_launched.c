@@ -1,4 +1,4 @@
-/* examples/05_large_mlp.c as ONE rank of a job that a launcher started (make bench-gpu).
+/* examples/ch08_large_mlp.c as ONE rank of a job that a launcher started (make bench-gpu).
 
    The example starts its own ranks with ddp_spawn, and with --nproc 1 it runs without a process
    group at all. To measure what DDP itself costs on one GPU (ddp_init with NCCL, ddp_wrap, a
@@ -10,7 +10,7 @@
    It takes the example's flags (--steps, --warmup, --bucket-cap-mb, --one-bucket, --view,
    --device); --nproc is ignored. Built by `make bench-gpu` into $(BUILD)/bench/. */
 #define main large_mlp_example_main /* the example's own main, unused here */
-#include "../examples/05_large_mlp.c"
+#include "../examples/ch08_large_mlp.c"
 #undef main
 
 int main(int argc, char** argv) {

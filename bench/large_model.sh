@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ddp.h against PyTorch DDP on the larger model of the performance reference (MLP 1024 -> 4096 ->
 # 4096 -> 1024 -> 10, 25,185,290 parameters, SGD, batch 64 per rank), side by side in one run:
-# examples/05_large_mlp.c and bench/pytorch_ddp_large.py, one thread per rank, interleaved so that
+# examples/ch08_large_mlp.c and bench/pytorch_ddp_large.py, one thread per rank, interleaved so that
 # a change in the machine's load hits both alike. Prints one table; the raw outputs stay in $LOG.
 #
 #   bash bench/large_model.sh            # from the repository's top folder; about 3 minutes
@@ -22,7 +22,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 if [ "$(uname)" != Linux ]; then
     echo "bench/large_model.sh compares with Debian's PyTorch and reads Linux paths; elsewhere run"
-    echo "build/examples/05_large_mlp --nproc 2 on its own (it prints the step time and the exposed wait)"
+    echo "build/examples/ch08_large_mlp --nproc 2 on its own (it prints the step time and the exposed wait)"
     exit 0
 fi
 STEPS=${STEPS:-15}
@@ -32,7 +32,7 @@ WARMUP=${WARMUP:-3}
 PY=${PY:-/usr/bin/python3}
 BUILD=${BUILD:-build}
 LOG=${LOG:-$(mktemp -d /tmp/large_model.XXXXXX)}
-BIN=$BUILD/examples/05_large_mlp
+BIN=$BUILD/examples/ch08_large_mlp
 JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 
 make --no-print-directory BUILD="$BUILD" "$BIN" >"$LOG/build.txt" 2>&1 || { cat "$LOG/build.txt"; exit 1; }

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """PyTorch DDP on the larger model of the performance reference: the twin of
-examples/05_large_mlp.c.
+examples/ch08_large_mlp.c.
 
 MLP 1024 -> 4096 -> 4096 -> 1024 -> 10 (ReLU between the Linear layers, 25,185,290 parameters),
 synthetic data (inputs uniform in [-1, 1), labels 0..9, a fixed set of 4 batches drawn once per
@@ -21,7 +21,7 @@ Run with Debian's python3-torch (apt-get install python3-torch libopenblas0):
 --threads N sets torch.set_num_threads(N) and, unless the environment already says otherwise,
 OPENBLAS_NUM_THREADS and OMP_NUM_THREADS (read when torch loads, hence before the import).
 On a GPU (--device cuda) every rank uses cuda:RANK and DDP uses nccl; the timer synchronises
-the device at each mark, as examples/05_large_mlp.c does.
+the device at each mark, as examples/ch08_large_mlp.c does.
 PyTorch is fastest here with OpenBLAS (Debian's libblas.so.3 alternative) and jemalloc that never
 returns memory to the kernel; bench/large_model.sh runs it that way:
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 \

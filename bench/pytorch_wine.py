@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""PyTorch on the tutorial's model: the twin of examples/01_single_gpu.c (one process) and
-examples/02_multi_gpu.c (DDP), for step times only.
+"""PyTorch on the tutorial's model: the twin of examples/ch01_single_gpu.c (one process) and
+examples/ch03_multi_gpu.c (DDP), for step times only.
 
 The wine data (examples/data/wine.csv: 13 features, 3 classes), 80% for training, standardised
 with the training statistics; MLP 13 -> 64 -> 3 with ReLU, Adam lr 1e-3, cross-entropy, batch 32

@@ -19,7 +19,7 @@ SKIP_REASONS=$TMP/skip_reasons
 if [ $GPU_ONLY = 1 ]; then
     run_prog test_gpu env DDP_REQUIRE_GPU=1 "$BUILD/tests/test_gpu"
     run_prog test_gpu_pg env DDP_REQUIRE_GPU=1 "$BUILD/tests/test_gpu_pg"
-    out=$("$BUILD/examples/01_single_gpu" --device cuda --save-every 0 --snapshot "$TMP/c" 2>&1)
+    out=$("$BUILD/examples/ch01_single_gpu" --device cuda --save-every 0 --snapshot "$TMP/c" 2>&1)
     acc=$(sed -n 's/^test accuracy: //p' <<<"$out")
     if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= 0.95)}"; then ok "example01_gpu_wine_accuracy ($acc)"
     else bad example01_gpu_wine_accuracy "$(tail -n 3 <<<"$out")"; fi
@@ -242,11 +242,11 @@ if grep -q "step 1/4 (reduce-scatter): send segment 0 \[0, 1) to rank 1" <<<"$ou
 else bad ring_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
 # log lines carry one rank label: under ddprun its "[rank R]: " alone, even before ddp_init; by hand,
 # before ddp_init, the launcher's RANK and WORLD_SIZE (nobody listens at the port: init fails at once)
-out=$(DDP_DEBUG=INFO with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 2 "$BUILD/examples/03_multi_node" --device cpu \
+out=$(DDP_DEBUG=INFO with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 2 "$BUILD/examples/ch04_multi_node" --device cpu \
       --epochs 1 --save-every 0 2>&1)
 port=$((20000 + RANDOM % 20000))
 out1=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_TIMEOUT=1 DDP_DEBUG=INFO with_timeout 30 \
-       "$BUILD/examples/03_multi_node" --device cpu 2>&1)
+       "$BUILD/examples/ch04_multi_node" --device cpu 2>&1)
 if grep -q '^\[rank 1\]: loaded examples/data/wine.csv' <<<"$out" && grep -q '^\[rank 1\]: placement from torchrun: rank 1 of 2' <<<"$out" &&
    ! grep -q '^\[rank [0-9]*\]: .*\[rank [0-9]*/' <<<"$out" && grep -q '^\[rank 1/2\] loaded examples/data/wine.csv' <<<"$out1"; then
     ok log_lines_one_rank_label
@@ -350,7 +350,7 @@ if command -v pkg-config >/dev/null 2>&1; then
            { grep -qF "export PKG_CONFIG_PATH=$TMP/prefix/lib/pkgconfig" <<<"$out" ||
              ! out="make install did not say how to point pkg-config at $TMP/prefix/lib/pkgconfig: $out"; } &&
            flags=$(PKG_CONFIG_PATH="$TMP/prefix/lib/pkgconfig" pkg-config --cflags --libs $pc 2>&1) &&
-           cp examples/01_single_gpu.c "$TMP/train.c" &&
+           cp examples/ch01_single_gpu.c "$TMP/train.c" &&
            out=$(cd "$TMP" && ${CC:-cc} train.c $flags -o train 2>&1) &&
            { [ $pc = ddp ] || ! ldd "$TMP/train" | grep -E 'lib(cudart|cublas|nvrtc|nccl)' ||
              ! out="built with ddp-cpu, the program still needs CUDA libraries: $(ldd "$TMP/train" | grep -E 'cuda|nccl|nvrtc|cublas')"; } &&
@@ -367,7 +367,7 @@ fi
 
 # ---- the chapter-1 example, end to end ----------------------------------------------------------
 echo "== example 01"
-ex="$BUILD/examples/01_single_gpu"
+ex="$BUILD/examples/ch01_single_gpu"
 check_accuracy() {  # name, minimum, args...
     local name=$1 min=$2; shift 2
     local out acc
@@ -378,11 +378,11 @@ check_accuracy() {  # name, minimum, args...
     else bad "$name" "expected test accuracy >= $min" "$(tail -n 3 <<<"$out")"; fi
 }
 # chapter 9: a collective inside `if (rank == 0)` is caught at once, not trained on silently
-out=$(DDP_TIMEOUT=10 with_timeout 60 "$BUILD/examples/09_hang" --nproc 2 2>&1); rc=$?
+out=$(DDP_TIMEOUT=10 with_timeout 60 "$BUILD/examples/ch09_hang" --nproc 2 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "DDP_ERR_DESYNC: desync: this rank (0) calls all_reduce #[0-9]* (1 x f32, sum), but rank 1 calls all_reduce #[0-9]* (1091 x f32, sum)" <<<"$out"; then
     ok example09_collective_on_one_rank_caught
 else bad example09_collective_on_one_rank_caught "exit status $rc" "$(tail -n 4 <<<"$out")"; fi
-out=$(DDP_TIMEOUT=10 with_timeout 60 "$BUILD/examples/09_hang" --nproc 2 --fixed 2>&1); rc=$?
+out=$(DDP_TIMEOUT=10 with_timeout 60 "$BUILD/examples/ch09_hang" --nproc 2 --fixed 2>&1); rc=$?
 if [ $rc -eq 0 ] && grep -q "epoch 20  mean loss over all ranks" <<<"$out"; then ok example09_fixed_trains
 else bad example09_fixed_trains "exit status $rc" "$(tail -n 4 <<<"$out")"; fi
 check_accuracy example01_wine_cpu 0.95 --device cpu --snapshot "$TMP/wine.st"
@@ -393,21 +393,21 @@ else bad example01_snapshot_written "no snapshot at $TMP/wine.st after --save-ev
 
 # ---- chapters 2 and 3: several ranks, the same accuracy bar ---------------------------------------
 echo "== examples 02 and 03"
-ex="$BUILD/examples/02_multi_gpu"
+ex="$BUILD/examples/ch03_multi_gpu"
 check_accuracy example02_wine_4_ranks 0.95 --device cpu --save-every 0
 check_accuracy example02_digits_2_ranks 0.95 --device cpu --nproc 2 --data digits --epochs 30 --save-every 0
 ex="$BUILD/ddprun"
-check_accuracy example03_ddprun_4_ranks 0.95 --standalone --nproc-per-node 4 "$BUILD/examples/03_multi_node" --device cpu --save-every 0
+check_accuracy example03_ddprun_4_ranks 0.95 --standalone --nproc-per-node 4 "$BUILD/examples/ch04_multi_node" --device cpu --save-every 0
 if command -v mpirun >/dev/null 2>&1; then
     ex=mpirun
     port=$((20000 + RANDOM % 20000))
     check_accuracy example03_mpirun_4_ranks 0.95 --allow-run-as-root --oversubscribe -np 4 -x MASTER_ADDR=127.0.0.1 \
-        -x MASTER_PORT=$port "$BUILD/examples/03_multi_node" --device cpu --save-every 0
+        -x MASTER_PORT=$port "$BUILD/examples/ch04_multi_node" --device cpu --save-every 0
     cpu03_out=$CHECK_OUT
 else
     skp example03_mpirun_4_ranks "Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
 fi
-ex="$BUILD/examples/01_single_gpu"
+ex="$BUILD/examples/ch01_single_gpu"
 
 # ---- the mpi backend: the *_mpi programs make builds with -DDDP_MPI when it finds mpicc ---------------
 # mpirun alone places the ranks (no ddprun, no MASTER_ADDR). tests/test_mpi runs test_pg.c's checks of
@@ -437,7 +437,7 @@ else
     if grep -q "^ok   mpi_timeout_names_the_collective" <<<"$out" && grep -q "^ok   mpi_timeout_breaks_the_group" <<<"$out" &&
        [ $el -lt 30 ]; then ok "mpi_backend_timeout (DDP_TIMEOUT 2 s; the job ended after $el s)"
     else bad mpi_backend_timeout "after $el s:" "$(grep -E '^(ok|FAIL|skip)|DDP_ERR' <<<"$out" | head -n 6)"; fi
-    out=$("${mpirun_[@]}" -np 4 -x DDP_BACKEND=mpi -x DDP_DEBUG=INFO "$BUILD/examples/03_multi_node_mpi" --device cpu \
+    out=$("${mpirun_[@]}" -np 4 -x DDP_BACKEND=mpi -x DDP_DEBUG=INFO "$BUILD/examples/ch04_multi_node_mpi" --device cpu \
           --save-every 0 2>&1)
     acc=$(sed -n 's/^test accuracy: //p' <<<"$out"); loss=$(sed -n 's/^test loss: //p' <<<"$out")
     acc_cpu=$(sed -n 's/^test accuracy: //p' <<<"${cpu03_out:-}"); loss_cpu=$(sed -n 's/^test loss: //p' <<<"${cpu03_out:-}")
@@ -452,7 +452,7 @@ fi
 
 # DDP_TRACE: one timeline per rank, with every kind of span the chapter on overlap shows
 rm -f "$TMP"/trace.*
-DDP_TRACE="$TMP/trace" "$BUILD/examples/02_multi_gpu" --nproc 2 --epochs 2 --device cpu --save-every 0 >/dev/null 2>&1
+DDP_TRACE="$TMP/trace" "$BUILD/examples/ch03_multi_gpu" --nproc 2 --epochs 2 --device cpu --save-every 0 >/dev/null 2>&1
 if command -v python3 >/dev/null 2>&1; then
     if out=$(python3 - "$TMP/trace" <<'PY' 2>&1
 import json, sys
@@ -471,12 +471,12 @@ fi
 # ---- chapter 3 across two hosts: network namespaces, and a real two-node SLURM cluster ------------
 echo "== multi-node"
 TWO_HOSTS_NAME=example03_two_hosts_netns \
-TWO_HOSTS_CMD="env DDP_DEBUG=INFO $BUILD/ddprun --nnodes {NNODES} --node-rank {NODE_RANK} --nproc-per-node 2 --master-addr {MASTER_ADDR} --master-port {MASTER_PORT} $BUILD/examples/03_multi_node --device cpu --save-every 0" \
+TWO_HOSTS_CMD="env DDP_DEBUG=INFO $BUILD/ddprun --nnodes {NNODES} --node-rank {NODE_RANK} --nproc-per-node 2 --master-addr {MASTER_ADDR} --master-port {MASTER_PORT} $BUILD/examples/ch04_multi_node --device cpu --save-every 0" \
 TWO_HOSTS_EXPECT=$'test accuracy: (0\\.9[5-9]|1\\.0)\njoined the job on host node1' \
     run_prog multinode_netns bash tests/netns_two_hosts.sh "$BUILD"
 DDP_BUILD="$BUILD" DDP_DEBUG=INFO SLURM_TWO_HOSTS_NAME=example03_slurm_two_hosts \
 SLURM_TWO_HOSTS_EXPECT=$'test accuracy: (0\\.9[5-9]|1\\.0)\njoined the job on host node1\njoined the job on host node2\nplacement from slurm' \
-    run_prog slurm_two_hosts bash tests/slurm_two_hosts.sh examples/03_multi_node.sbatch
+    run_prog slurm_two_hosts bash tests/slurm_two_hosts.sh examples/ch05_multi_node.sbatch
 
 expect_error() {  # name, text the error must contain, args...
     local name=$1 want=$2; shift 2

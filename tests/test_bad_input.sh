@@ -18,7 +18,7 @@ case "$BUILD" in /*) ;; *) BUILD=$PWD/$BUILD ;; esac
 cd "$(dirname "$0")/.." || exit 1   # the examples find their bundled data from the top folder
 . tests/proc_cases.sh
 
-EX=$BUILD/examples/03_multi_node
+EX=$BUILD/examples/ch04_multi_node
 DDPRUN=$BUILD/ddprun
 ARGS=(--device cpu --epochs 1 --save-every 0)
 for f in "$EX" "$DDPRUN"; do
@@ -426,7 +426,7 @@ verdict models_differ models_differ \
 mkdir -p "$TMP/full"
 if command -v unshare >/dev/null 2>&1 && unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs "$0"' "$TMP/full" 2>/dev/null; then
     run_fg disk_full 30 -- unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs "$0" && exec "$1" --device cpu --epochs 2 --save-every 1 --snapshot "$0/snap.safetensors"' \
-        "$TMP/full" "$BUILD/examples/01_single_gpu"
+        "$TMP/full" "$BUILD/examples/ch01_single_gpu"
     verdict disk_full disk_full "DDP_ERR_IO: writing .*snap.safetensors failed: No space left on device" 0 20 \
         "$(grep -q 'fix: .*free space' "$TMP/disk_full.err" || echo "the fix line does not say to free space: $(grep 'fix:' "$TMP/disk_full.err")")"
 else

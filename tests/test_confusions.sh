@@ -23,8 +23,8 @@ cd "$(dirname "$0")/.." || exit 1   # the programs find the bundled data from th
 
 C=$BUILD/tests/confusions/confusions
 DDPRUN=$BUILD/ddprun
-EX03=$BUILD/examples/03_multi_node
-EX04=$BUILD/examples/04_fault_tolerance
+EX03=$BUILD/examples/ch04_multi_node
+EX04=$BUILD/examples/ch06_fault_tolerance
 for f in "$C" "$DDPRUN" "$EX03" "$EX04"; do
     if [ ! -x "$f" ]; then bad confusions_built "$f is not an executable (run make first, or pass the build folder)"; exit 1; fi
 done

@@ -74,7 +74,7 @@ prog "test_ddp --gpu (4 GPUs, NCCL)" env FAKEGPU_DEVICES=4 "$FG/tests/test_ddp" 
 # ---- the chapter-3 program over NCCL ----------------------------------------------------------------
 echo "== chapter 3 on NCCL"
 for n in 2 4; do
-    out=$(FAKEGPU_DEVICES=$n DDP_DEBUG=INFO with_timeout 300 "$FG/examples/02_multi_gpu" --nproc $n --device cuda \
+    out=$(FAKEGPU_DEVICES=$n DDP_DEBUG=INFO with_timeout 300 "$FG/examples/ch03_multi_gpu" --nproc $n --device cuda \
           --save-every 0 2>&1)
     acc=$(sed -n 's/^\(\[rank [0-9]*\]: \)\{0,1\}test accuracy: //p' <<<"$out")
     joined=$(grep -c 'joined the job on host .*: backend nccl, device cuda:' <<<"$out")
@@ -122,7 +122,7 @@ else bad confusion05_gpu_index_past_the_gpus_on_a_gpu "$(grep -E 'warning|DDP_ER
 # ---- kill-and-resume from a GPU run, and stopped or killed ranks on NCCL (tests/test_restart.sh) ----
 echo "== faults on NCCL"
 shm_before=$(ls /dev/shm 2>/dev/null | grep -c '^fgnccl-')
-out=$(FAKEGPU_DEVICES=3 RESTART_EXAMPLE="$FG/examples/04_fault_tolerance" RESTART_DEVICE=cuda RESTART_CASES="1 3" \
+out=$(FAKEGPU_DEVICES=3 RESTART_EXAMPLE="$FG/examples/ch06_fault_tolerance" RESTART_DEVICE=cuda RESTART_CASES="1 3" \
       bash tests/test_restart.sh "$BUILD" 2 2>&1)
 grep -E '^(ok|FAIL|skip) |^    ' <<<"$out"
 pass=$((pass + $(grep -c '^ok ' <<<"$out"))); fail=$((fail + $(grep -c '^FAIL ' <<<"$out")))
@@ -133,7 +133,7 @@ else bad faults_leave_no_nccl_files "$((shm_after - shm_before)) fgnccl-* files 
 
 # ---- the driver and the kernels' code ------------------------------------------------------------------
 echo "== driver and kernel images"
-ex1="$FG/examples/01_single_gpu"
+ex1="$FG/examples/ch01_single_gpu"
 expect() {  # name, text the output must contain, expected exit (0 or "fail"), command...
     local name=$1 want=$2 how=$3 out rc
     shift 3
@@ -159,7 +159,7 @@ echo "== one visible GPU per rank"
 own() {  # name, CUDA_VISIBLE_DEVICES expression, device, phrase expected twice (once per rank)
     local name=$1 vis=$2 dev=$3 want=$4 out n
     out=$(FAKEGPU_DEVICES=2 DDP_DEBUG=INFO with_timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node 2 \
-          sh -c "CUDA_VISIBLE_DEVICES=$vis exec \"\$0\" --device $dev --epochs 3 --save-every 0" "$FG/examples/03_multi_node" 2>&1)
+          sh -c "CUDA_VISIBLE_DEVICES=$vis exec \"\$0\" --device $dev --epochs 3 --save-every 0" "$FG/examples/ch04_multi_node" 2>&1)
     n=$(grep -c -- "$want" <<<"$out")
     if [ "$n" = 2 ] && grep -q 'test accuracy' <<<"$out"; then ok "$name (both ranks: $want)"
     else bad "$name" "want \"$want\" from both ranks and a finished run ($n ranks said it)" "$(grep -E 'joined|ERR|GPU' <<<"$out" | tail -n 4)"; fi
@@ -170,12 +170,12 @@ own auto_shared_gpu_uses_the_cpu 0 auto 'backend cpu, device cpu'
 # --device cuda with more ranks than GPUs on the nccl backend: every rank stops in ddp_init, naming
 # the pair and the ways out (before, NCCL's "Duplicate GPU detected" came from inside NCCL's setup)
 expect nccl_shared_gpu_named "local ranks 0 and 1 of this machine share one GPU" fail \
-    with_timeout 120 env FAKEGPU_DEVICES=1 "$FG/examples/02_multi_gpu" --nproc 2 --device cuda --epochs 1 --save-every 0
+    with_timeout 120 env FAKEGPU_DEVICES=1 "$FG/examples/ch03_multi_gpu" --nproc 2 --device cuda --epochs 1 --save-every 0
 expect nccl_shared_gpu_visible_devices_named "or use the cpu backend (DDP_BACKEND=cpu)" fail \
     with_timeout 120 env FAKEGPU_DEVICES=2 "$BUILD/ddprun" --standalone --nproc-per-node 2 \
-    sh -c 'CUDA_VISIBLE_DEVICES=1 exec "$0" --device cuda --epochs 1 --save-every 0' "$FG/examples/03_multi_node"
+    sh -c 'CUDA_VISIBLE_DEVICES=1 exec "$0" --device cuda --epochs 1 --save-every 0' "$FG/examples/ch04_multi_node"
 expect nccl_shared_gpu_cpu_backend_trains "test accuracy" 0 \
-    with_timeout 120 env FAKEGPU_DEVICES=1 DDP_BACKEND=cpu "$FG/examples/02_multi_gpu" --nproc 2 --device cuda --epochs 1 --save-every 0
+    with_timeout 120 env FAKEGPU_DEVICES=1 DDP_BACKEND=cpu "$FG/examples/ch03_multi_gpu" --nproc 2 --device cuda --epochs 1 --save-every 0
 
 # ---- DDP_DEBUG=DETAIL waits for every GPU operation, cuBLAS's included --------------------------------------
 echo "== DETAIL mode"
@@ -197,7 +197,7 @@ else bad detail_syncs_after_cublas "products overtaken by later work: $d_on unde
 echo "== events per collective"
 events_made() {  # epochs: CUDA events rank 0 creates in a 2-rank NCCL run of the chapter-3 program
     rm -f "$TMP/events.trace"
-    FAKEGPU_DEVICES=2 FAKEGPU_TRACE="$TMP/events.trace" "$FG/examples/02_multi_gpu" --nproc 2 --device cuda --epochs "$1" \
+    FAKEGPU_DEVICES=2 FAKEGPU_TRACE="$TMP/events.trace" "$FG/examples/ch03_multi_gpu" --nproc 2 --device cuda --epochs "$1" \
         --save-every 0 >/dev/null 2>&1
     awk '$3 == "event" && $4 == "create" { n[$1]++ } END { m = 0; for (p in n) if (n[p] > m) m = n[p]; print m + 0 }' "$TMP/events.trace"
 }
@@ -207,7 +207,7 @@ else bad events_not_made_per_collective "a rank made $e2 events in 2 epochs and 
 
 # ---- a failed call inside the hand-written ring's NCCL group closes the group ---------------------------------
 echo "== NCCL group after a failure"
-out=$(FAKEGPU_DEVICES=2 FAKEGPU_FAIL=ncclSend:3 DDP_NCCL_RING=1 DDP_TIMEOUT=20 with_timeout 120 "$FG/examples/02_multi_gpu" \
+out=$(FAKEGPU_DEVICES=2 FAKEGPU_FAIL=ncclSend:3 DDP_NCCL_RING=1 DDP_TIMEOUT=20 with_timeout 120 "$FG/examples/ch03_multi_gpu" \
       --nproc 2 --device cuda --epochs 2 --save-every 0 2>&1)
 if grep -q 'DDP_ERR_NCCL: ncclSend/ncclRecv failed' <<<"$out" && ! grep -q 'group still open' <<<"$out"; then
     ok "failed_send_closes_its_group (the error is reported; no NCCL call is left inside an open group)"

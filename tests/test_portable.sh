@@ -51,7 +51,7 @@ targets() {  # FOLDER NAME...: the build paths of tests and programs
     local dir=$1 t
     shift
     for t in "$@"; do
-        case $t in test_*) echo "$dir/tests/$t" ;; 0*) echo "$dir/examples/$t" ;; *) echo "$dir/$t" ;; esac
+        case $t in test_*) echo "$dir/tests/$t" ;; ch[0-9]*) echo "$dir/examples/$t" ;; *) echo "$dir/$t" ;; esac
     done
 }
 accuracy() { sed -n 's/^\(\[rank [0-9]*\]: \)\{0,1\}test accuracy: //p' <<<"$1" | head -n 1; }
@@ -64,7 +64,7 @@ part_portable() {
     echo "== portable: -DDDP_PORTABLE, CPU only, under tests/macos_shim.c (16 KiB shared-memory pages)"
     # -DF_FULLFSYNC=51: the number Apple's <fcntl.h> gives it; tests/macos_shim.c answers it
     build_or_fail portable_build "$B" CFLAGS="-O2 -DDDP_PORTABLE -DF_FULLFSYNC=51" \
-        $(targets "$B" $UNIT ddprun allreduce_perf 01_single_gpu 02_multi_gpu 03_multi_node) || return
+        $(targets "$B" $UNIT ddprun allreduce_perf ch01_single_gpu ch03_multi_gpu ch04_multi_node) || return
     shim=$B/macos_shim.so
     if ! out=$(${CC:-cc} -shared -fPIC -O2 tests/macos_shim.c -o "$shim" -ldl 2>&1); then
         bad portable_shim_build "$out"
@@ -97,7 +97,7 @@ part_portable() {
     # the demo on 2 and 4 ranks: it trains, and every rank uses shared memory of 16 KiB pages
     for n in 2 4; do
         MACOS_SHIM_LOG=$TMP/demo$n.log
-        out=$(MACOS_SHIM_LOG=$TMP/demo$n.log DDP_DEBUG=INFO with_timeout 300 "$B/examples/02_multi_gpu" --nproc $n \
+        out=$(MACOS_SHIM_LOG=$TMP/demo$n.log DDP_DEBUG=INFO with_timeout 300 "$B/examples/ch03_multi_gpu" --nproc $n \
               --device cpu --save-every 0 2>&1)
         acc=$(accuracy "$out")
         used=$(grep -c "transport: shared memory ($n ranks on this host" <<<"$out")
@@ -112,7 +112,7 @@ part_portable() {
     export MACOS_SHIM_LOG=$TMP/shim.log
 
     # snapshots go to the disk with F_FULLFSYNC where the system has it (Apple: fsync alone does not)
-    out=$(MACOS_SHIM_LOG=$TMP/sync.log with_timeout 120 "$B/examples/01_single_gpu" --device cpu --epochs 2 --save-every 1 \
+    out=$(MACOS_SHIM_LOG=$TMP/sync.log with_timeout 120 "$B/examples/ch01_single_gpu" --device cpu --epochs 2 --save-every 1 \
           --snapshot "$TMP/p.safetensors" 2>&1)
     n=$(grep -c 'F_FULLFSYNC fd [0-9]*: done as fsync (ok)' "$TMP/sync.log" 2>/dev/null)
     if [ -s "$TMP/p.safetensors" ] && [ "${n:-0}" -ge 1 ]; then ok "portable_snapshot_uses_f_fullfsync ($n snapshot writes)"
@@ -121,17 +121,17 @@ part_portable() {
     # the error text suggests commands a Mac has: lsof, not Linux's ss
     port=$((20000 + RANDOM % 10000))
     RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_TIMEOUT=30 \
-        with_timeout 40 "$B/examples/03_multi_node" --device cpu >"$TMP/holder.txt" 2>&1 &
+        with_timeout 40 "$B/examples/ch04_multi_node" --device cpu >"$TMP/holder.txt" 2>&1 &
     local holder=$! i
     for i in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
     out=$(RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_TIMEOUT=5 with_timeout 30 \
-          "$B/examples/03_multi_node" --device cpu 2>&1)
+          "$B/examples/ch04_multi_node" --device cpu 2>&1)
     kill -TERM $holder 2>/dev/null
     wait $holder 2>/dev/null
     first=$(grep -m1 'DDP_ERR_PORT_IN_USE' <<<"$out")
     # and the mpi backend asked of a build without it names no Debian command
     out=$(DDP_BACKEND=mpi RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port with_timeout 30 \
-          "$B/examples/03_multi_node" --device cpu 2>&1)
+          "$B/examples/ch04_multi_node" --device cpu 2>&1)
     if grep -qF "\`lsof -nP -iTCP:$port -sTCP:LISTEN\` shows which" <<<"$first" && ! grep -q 'ss -ltnp' <<<"$first" &&
        grep -q 'DDP_ERR_NOT_BUILT: the mpi backend .*install Open MPI or MPICH' <<<"$out" && ! grep -q apt-get <<<"$out"; then
         ok portable_hints_name_commands_of_the_system
@@ -151,9 +151,9 @@ part_musl() {
         return
     fi
     # CBLAS=0: a C library built against glibc (OpenBLAS here) does not link into a musl program
-    build_or_fail musl_build "$B" CC=musl-gcc CBLAS=0 CFLAGS=-O2 $(targets "$B" $UNIT 02_multi_gpu) || return
+    build_or_fail musl_build "$B" CC=musl-gcc CBLAS=0 CFLAGS=-O2 $(targets "$B" $UNIT ch03_multi_gpu) || return
     for t in $UNIT; do run_prog "$t (musl)" "$B/tests/$t"; done
-    out=$(DDP_DEBUG=INFO with_timeout 300 "$B/examples/02_multi_gpu" --nproc 4 --device cpu --save-every 0 2>&1)
+    out=$(DDP_DEBUG=INFO with_timeout 300 "$B/examples/ch03_multi_gpu" --nproc 4 --device cpu --save-every 0 2>&1)
     acc=$(accuracy "$out")
     used=$(grep -c "transport: shared memory (4 ranks on this host" <<<"$out")
     if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= 0.95)}" && [ "$used" -eq 4 ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_restart.sh: fault tolerance with real processes (chapter 6).
 #   bash tests/test_restart.sh BUILD [SEEDS]
-# 1. kill -9 a random rank of examples/04_fault_tolerance at a random moment under
+# 1. kill -9 a random rank of examples/ch06_fault_tolerance at a random moment under
 #    ddprun --max-restarts 3: the job must finish, and its final snapshot (weights, Adam state,
 #    counters) must be byte-identical to an uninterrupted run's. SEEDS rounds (default 5).
 # 2. kill -9 a program in the middle of writing a 12 MB snapshot: what is left loads, whole.
@@ -15,7 +15,7 @@ set -u
 . "$(dirname "$0")/compat.sh"   # now, with_timeout: macOS has no %N in date and no timeout
 BUILD=${1:-build}
 SEEDS=${2:-5}
-EX=${RESTART_EXAMPLE:-"$BUILD/examples/04_fault_tolerance"}
+EX=${RESTART_EXAMPLE:-"$BUILD/examples/ch06_fault_tolerance"}
 DEVICE=${RESTART_DEVICE:-cpu}
 CASES=" ${RESTART_CASES:-1 2 3} "
 # what a survivor says when rank 0 is killed: the CPU ring sees the closed socket; NCCL reports the

@@ -912,7 +912,7 @@ static void test_sampler_and_loader_mismatch(void) {
    and the loader, one optimizer step per batch. It saves once and stops there, as a killed job
    would, when it reaches `stop`:
      STOP_IN_LOOP      after global step `at`, inside the batch loop, naming the epoch it is in
-                       (snap.epoch = epoch, as examples/04_fault_tolerance.c does);
+                       (snap.epoch = epoch, as examples/ch06_fault_tolerance.c does);
      STOP_AFTER_EPOCH  after epoch `at`'s last batch, outside the loop, naming the next epoch
                        (snap.epoch = epoch + 1: "the epoch saved is the next epoch to run").
    With `resume` it first loads the file and carries on from snap.epoch. Returns how many epochs

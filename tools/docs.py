@@ -18,7 +18,7 @@ Markers, each on its own line in the Markdown:
       top folder, and must exit 0 (or, with `fails`, not 0) within S seconds (120). `root`: the
       block uses sudo and ip netns; it is skipped, with the reason, where those cannot run.
       `needs=PROGRAM`: skipped, with the reason, when PROGRAM is not installed (a PROGRAM with a
-      slash, such as build/fakegpu/examples/02_multi_gpu, when that file is not built).
+      slash, such as build/fakegpu/examples/ch03_multi_gpu, when that file is not built).
   <!-- output -->, or <!-- output rtol=R -->
       the fenced block on the next line is the output of the last run block: every line of it,
       except the `...` lines that mark cuts, must appear in the real output, in that order (a
@@ -103,7 +103,7 @@ def diffs(check):
         a, b, limit = m.group(1), m.group(2), m.group(3)
         body, changed = make_diff(a, b)
         new = ["```diff"] + body + ["```"]
-        name = "docs_diff_%s_%s" % (os.path.basename(a)[:2], os.path.basename(b)[:2])
+        name = "docs_diff_%s_%s" % (os.path.basename(a).split("_")[0], os.path.basename(b).split("_")[0])
         n += 1
         if check and lines[i + 1:end] != new:
             print("FAIL %s\n    TUTORIAL.md line %d: the diff from %s to %s is stale; run `make diffs`"

@@ -60,8 +60,8 @@ else
     PROGS="$BUILD"
     say "mode: a real GPU"
 fi
-for p in tests/test_gpu tests/test_gpu_pg tests/test_ddp examples/01_single_gpu examples/02_multi_gpu \
-         examples/05_large_mlp bench/large_mlp_launched; do
+for p in tests/test_gpu tests/test_gpu_pg tests/test_ddp examples/ch01_single_gpu examples/ch03_multi_gpu \
+         examples/ch08_large_mlp bench/large_mlp_launched; do
     if [ ! -x "$PROGS/$p" ]; then
         say "FAIL: $PROGS/$p is not built: run make gpu-check-build (BUILD=$BUILD) on a machine with the CUDA toolkit"
         exit 1
@@ -70,7 +70,7 @@ done
 
 # ---- the libraries: the toolkit's, or PyTorch's wheels' ---------------------------------------------
 if [ "$STANDIN" != 1 ]; then
-    missing=$(ldd "$PROGS/examples/01_single_gpu" | awk '/not found/ {print $1}')
+    missing=$(ldd "$PROGS/examples/ch01_single_gpu" | awk '/not found/ {print $1}')
     if [ -n "$missing" ]; then
         # look where the libraries live on this machine: PyTorch's nvidia-* wheels, then the usual places
         dirs=""
@@ -86,11 +86,11 @@ if [ "$STANDIN" != 1 ]; then
             done
         done
     fi
-    still=$(ldd "$PROGS/examples/01_single_gpu" | awk '/not found/ {print $1}' | tr '\n' ' ')
+    still=$(ldd "$PROGS/examples/ch01_single_gpu" | awk '/not found/ {print $1}' | tr '\n' ' ')
     if [ -n "$still" ]; then say "FAIL: no $still on this machine (looked in:$dirs)"; exit 1; fi
     say "libraries: LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-} (added by gpu-check where the programs' own were missing)"
 fi
-ldd "$PROGS/examples/01_single_gpu" | grep -E 'libcudart|libcublas|libnvrtc|libnccl|libfakegpu' |
+ldd "$PROGS/examples/ch01_single_gpu" | grep -E 'libcudart|libcublas|libnvrtc|libnccl|libfakegpu' |
     awk '{print "  " $1 " -> " $3}' | tee -a "$REPORT"
 
 # ---- versions ------------------------------------------------------------------------------------------
@@ -108,13 +108,13 @@ done
 # ---- the checks ----------------------------------------------------------------------------------------
 say ""
 step test_gpu '^[0-9]+ passed, 0 failed, [0-9]+ skipped$' env BUILD="$PROGS" bash tests/run.sh --gpu
-step chapter1_on_the_gpu '^test accuracy: (0\.9[5-9]|1\.0)' "$PROGS/examples/01_single_gpu" --device cuda --save-every 0
+step chapter1_on_the_gpu '^test accuracy: (0\.9[5-9]|1\.0)' "$PROGS/examples/ch01_single_gpu" --device cuda --save-every 0
 step chapter3_one_nccl_rank 'test accuracy: (0\.9[5-9]|1\.0)' \
-    env DDP_DEBUG=INFO "$PROGS/examples/02_multi_gpu" --nproc 1 --device cuda --save-every 0
+    env DDP_DEBUG=INFO "$PROGS/examples/ch03_multi_gpu" --nproc 1 --device cuda --save-every 0
 grep -q 'backend nccl' "$OUT/chapter3_one_nccl_rank.log" 2>/dev/null ||
     say "  (note: chapter3_one_nccl_rank did not say it joined on the nccl backend)"
 step chapter3_cpu_backend_gpu_buffers_2_ranks 'test accuracy: (0\.9[5-9]|1\.0)' \
-    env DDP_BACKEND=cpu "$PROGS/examples/02_multi_gpu" --nproc 2 --device cuda --save-every 0
+    env DDP_BACKEND=cpu "$PROGS/examples/ch03_multi_gpu" --nproc 2 --device cuda --save-every 0
 step equivalence_on_gpu_buffers '^ok   equivalence_all_worlds_and_buckets' "$PROGS/tests/test_ddp" --gpu
 # compute-sanitizer (the toolkit's): out-of-bounds and misaligned accesses, leaks, reads of device
 # memory never written, and barrier misuse, in ddp.h's kernels and CUDA calls. Not on the stand-in,
@@ -124,9 +124,9 @@ if [ "$STANDIN" != 1 ] && [ -n "$CS" ]; then
     step memcheck_test_gpu 'ERROR SUMMARY: 0 errors' "$CS" --error-exitcode 99 --leak-check full \
         env DDP_REQUIRE_GPU=1 "$PROGS/tests/test_gpu"
     step initcheck_chapter1 'ERROR SUMMARY: 0 errors' "$CS" --tool initcheck --error-exitcode 99 \
-        "$PROGS/examples/01_single_gpu" --device cuda --epochs 5 --save-every 0
+        "$PROGS/examples/ch01_single_gpu" --device cuda --epochs 5 --save-every 0
     step synccheck_chapter1 'ERROR SUMMARY: 0 errors' "$CS" --tool synccheck --error-exitcode 99 \
-        "$PROGS/examples/01_single_gpu" --device cuda --epochs 3 --save-every 0
+        "$PROGS/examples/ch01_single_gpu" --device cuda --epochs 3 --save-every 0
 else
     if [ "$STANDIN" = 1 ]; then say "compute-sanitizer steps: not run (the stand-in is not a GPU)"
     else say "compute-sanitizer steps: not run (no compute-sanitizer on PATH or in /usr/local/cuda/bin)"; fi

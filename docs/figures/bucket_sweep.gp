@@ -8,7 +8,7 @@ set output "bucket_sweep.png"
 ytop = 0                                               # room above the slowest run for the labels
 do for [c=6:8] { stats "data/bucket_sweep.dat" using c nooutput; ytop = (STATS_max > ytop ? STATS_max : ytop) }
 ytop = ytop * 1.15
-set title "examples/05_large_mlp on 2 CPU ranks: time per training step against --bucket-cap-mb\n" . \
+set title "examples/ch08_large_mlp on 2 CPU ranks: time per training step against --bucket-cap-mb\n" . \
           "fastest of 3 runs (small points: every run; a run reports the median of its 8 timed steps); at the top: buckets"
 set xlabel "bucket cap (MiB, log scale)"
 set ylabel "time per step (ms)"

@@ -9,7 +9,7 @@ load "style.gp"
 set output "bucket_timeline.png"
 stats "data/bucket_timeline.dat" using 4 nooutput
 tmax = STATS_max
-set title "One training step of the 25M-parameter MLP on 2 CPU ranks (DDP_TRACE of examples/05_large_mlp)\n" . \
+set title "One training step of the 25M-parameter MLP on 2 CPU ranks (DDP_TRACE of examples/ch08_large_mlp)\n" . \
           "buckets are all-reduced while backward still computes the earlier layers"
 stats "data/bucket_timeline.dat" using 3 nooutput
 tmin = (STATS_min < 0 ? STATS_min : 0)

@@ -17,7 +17,7 @@ REPEATS = 3                                      # timed runs per point; the fig
 # Why the fastest of the runs, not their median: other programs on the machine can only slow a run
 # down, never speed it up, so the fastest run is the one they disturbed least. On a quiet machine
 # the runs agree and it makes no difference; the data files keep every run.
-LARGE = ["--steps", "8", "--warmup", "2"]        # 05_large_mlp: short, but past the first slow steps
+LARGE = ["--steps", "8", "--warmup", "2"]        # ch08_large_mlp: short, but past the first slow steps
 
 
 def clean_env(extra=None):
@@ -113,7 +113,7 @@ def write(name, text):
 
 
 def result_fields(out):
-    """05_large_mlp's machine-readable line: 'result nproc=2 buckets=3 ... step_ms=214.82 ...'."""
+    """ch08_large_mlp's machine-readable line: 'result nproc=2 buckets=3 ... step_ms=214.82 ...'."""
     line = next(l for l in out.splitlines() if l.startswith("result "))
     return dict(kv.split("=", 1) for kv in line.split()[1:])
 
@@ -171,7 +171,7 @@ def ring():
 def timeline():
     tmp = tempfile.mkdtemp(prefix="ddp_figures_")
     try:
-        cmd = [BUILD + "/examples/05_large_mlp", "--nproc", "2", "--steps", "4", "--warmup", "1"]
+        cmd = [BUILD + "/examples/ch08_large_mlp", "--nproc", "2", "--steps", "4", "--warmup", "1"]
         out, shown = run(cmd, {"DDP_TRACE": os.path.join(tmp, "trace")})
         shown = shown.replace(os.path.join(tmp, "trace"), "trace")
         ranks = []
@@ -236,11 +236,11 @@ def timeline():
 
 # ---- 3. training loss per epoch, 1 rank against 4 ranks ----------------------------------------
 def loss():
-    runs = [("1 rank, batch 32", [BUILD + "/examples/01_single_gpu", "--device", "cpu", "--save-every", "0"]),
+    runs = [("1 rank, batch 32", [BUILD + "/examples/ch01_single_gpu", "--device", "cpu", "--save-every", "0"]),
             ("4 ranks, batch 32 per rank (global 128)",
-             [BUILD + "/examples/02_multi_gpu", "--nproc", "4", "--device", "cpu", "--save-every", "0"]),
+             [BUILD + "/examples/ch03_multi_gpu", "--nproc", "4", "--device", "cpu", "--save-every", "0"]),
             ("4 ranks, batch 8 per rank (global 32)",
-             [BUILD + "/examples/02_multi_gpu", "--nproc", "4", "--device", "cpu", "--save-every", "0",
+             [BUILD + "/examples/ch03_multi_gpu", "--nproc", "4", "--device", "cpu", "--save-every", "0",
               "--batch-size", "8"])]
     cols, cmds, notes = [], [], []
     for label, cmd in runs:
@@ -267,7 +267,7 @@ def sweep():
     cmds = []
     for rep in range(REPEATS):        # round robin, so slow spells of the machine hit every point
         for x, label, opts in points:
-            out, shown = run([BUILD + "/examples/05_large_mlp", "--nproc", "2"] + LARGE + opts)
+            out, shown = run([BUILD + "/examples/ch08_large_mlp", "--nproc", "2"] + LARGE + opts)
             res[label].append(result_fields(out))
             if rep == 0: cmds.append(shown)
     rows = ["# x bucket_cap_mb buckets step_ms_fastest wait_ms_of_fastest " +
@@ -280,7 +280,7 @@ def sweep():
         rows.append("%g %s %s %.2f %.2f %s %s %.2f" % (x, label, rs[0]["buckets"], st[best], wt[best],
                     " ".join("%.2f" % v for v in st), " ".join("%.2f" % v for v in wt), statistics.median(st)))
     write("bucket_sweep.dat", header(
-        "05_large_mlp on 2 ranks: step time and exposed communication (time backward waited for "
+        "ch08_large_mlp on 2 ranks: step time and exposed communication (time backward waited for "
         "the all-reduces after its last layer) against --bucket-cap-mb, %d runs per point" % REPEATS, cmds,
         ["each run prints medians over its 8 timed steps; below: the fastest run, every run, and their median",
          "x: plot position (0.3 stands for --bucket-cap-mb 0, one parameter per bucket; 300 for --one-bucket)"])
@@ -299,7 +299,7 @@ def scaling():
     cmds, batch, threads = [], {}, {}
     for rep in range(REPEATS):
         for label, nproc, env in configs:
-            out, shown = run([BUILD + "/examples/05_large_mlp", "--nproc", str(nproc)] + LARGE, env)
+            out, shown = run([BUILD + "/examples/ch08_large_mlp", "--nproc", str(nproc)] + LARGE, env)
             res[label].append(result_fields(out))
             batch[label] = int(re.search(r"batch (\d+) per rank", out).group(1))
             m = re.search(r"OpenBLAS with (\d+) thread", out)
@@ -318,7 +318,7 @@ def scaling():
             i, shown_label, nproc, th, best["step_ms"], best["fwd_ms"], best["bwd_ms"], best["opt_ms"],
             best["wait_ms"], nproc * batch[label] / (best["step_ms"] / 1000.0), cores))
     write("scaling.dat", header(
-        "05_large_mlp (25M parameters, batch %d per rank) on 1, 2 and 4 ranks of this %d-core machine"
+        "ch08_large_mlp (25M parameters, batch %d per rank) on 1, 2 and 4 ranks of this %d-core machine"
         % (batch[configs[0][0]], cores), cmds,
         ["bwd_ms includes wait_ms (the exposed communication); 2 and 4 ranks get cores/ranks BLAS threads "
          "each (at least 1): with more ranks than cores they share cores"]) + "\n".join(rows) + "\n")

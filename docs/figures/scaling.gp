@@ -9,7 +9,7 @@ stats "data/scaling.dat" using 10 every ::0::0 nooutput
 rate1 = STATS_max                                    # 1 rank, 1 BLAS thread
 stats "data/scaling.dat" using 11 every ::0::0 nooutput
 cores = int(STATS_max)                               # of the machine that measured
-set multiplot layout 1,2 title sprintf("examples/05_large_mlp (25M parameters, batch 64 per rank) on 1, 2 and 4 CPU ranks of one %d-core machine\n", cores) . \
+set multiplot layout 1,2 title sprintf("examples/ch08_large_mlp (25M parameters, batch 64 per rank) on 1, 2 and 4 CPU ranks of one %d-core machine\n", cores) . \
     "threads: OpenBLAS threads per rank; the fastest of 3 runs of 8 timed steps each" font ",11"
 set style data histograms
 set style histogram rowstacked

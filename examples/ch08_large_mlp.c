@@ -14,11 +14,11 @@
    fraction of the step, and a machine-readable "result ..." line.
 
    Build and run (from the repository's top folder):
-       make build/examples/05_large_mlp
-       build/examples/05_large_mlp                          # 2 ranks, PyTorch's default buckets
-       OPENBLAS_NUM_THREADS=1 build/examples/05_large_mlp --nproc 1   # the 1-process baseline
-       build/examples/05_large_mlp --one-bucket             # all 96 MiB in one all-reduce
-       build/examples/05_large_mlp --view                   # gradient_as_bucket_view
+       make build/examples/ch08_large_mlp
+       build/examples/ch08_large_mlp                          # 2 ranks, PyTorch's default buckets
+       OPENBLAS_NUM_THREADS=1 build/examples/ch08_large_mlp --nproc 1   # the 1-process baseline
+       build/examples/ch08_large_mlp --one-bucket             # all 96 MiB in one all-reduce
+       build/examples/ch08_large_mlp --view                   # gradient_as_bucket_view
    Options: --nproc N (1: one process without ddp_init/ddp_wrap)  --steps N  --warmup N
             --bucket-cap-mb X (0: every parameter its own bucket)  --first-bucket-mb X
             --one-bucket  --view  --device cpu|cuda|cuda:N|auto */
@@ -42,7 +42,7 @@ static void usage(const char* prog) {
 }
 
 static options parse_args(int argc, char** argv) {
-    options o = {2, 20, 3, 0, 0, 25, 1, "cpu"};
+    options o = {.nproc = 2, .steps = 20, .warmup = 3, .bucket_cap_mb = 25, .first_bucket_mb = 1, .device = "cpu"};
     int i;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -139,8 +139,8 @@ static int run(int rank, void* arg) {
 
     /* 2. Model, wrapper, optimizer. */
     {
-        ddp_model_desc md = {{DDP_DEVICE_AUTO, 0}, 0};
-        ddp_optim_desc od = {DDP_SGD, 0, 0, 0, 0, 0, 0, 0, 0};
+        ddp_model_desc md = {.device = {.type = DDP_DEVICE_AUTO}};
+        ddp_optim_desc od = {.kind = DDP_SGD};
         md.device = device;
         md.seed = 1;
         od.lr = 0.01f;

@@ -1,19 +1,17 @@
-/* Chapter 3 of TUTORIAL.md: several devices on one machine.
+/* Chapters 4 and 5 of TUTORIAL.md: launching with ddprun, and several machines.
 
-   The chapter-1 program, trained by --nproc processes at once (default 4): each joins the job
-   (ddp_init), wraps the model (ddp_wrap), and takes its own share of every epoch from the
-   distributed sampler; the gradients are averaged during backward, so every rank keeps the
-   same weights. One GPU per rank when the machine has enough, else the CPU backend. Only rank 0
-   prints, checkpoints and evaluates. `diff examples/01_single_gpu.c examples/02_multi_gpu.c`
-   shows every change.
+   The chapter-3 program, but it does not start its own ranks: a launcher starts one process per
+   rank (build/ddprun, SLURM's srun, or mpirun) and ddp_init reads the rank, world size, local
+   rank and master address from the environment those set. The global rank is node rank x ranks
+   per node + local rank; the local rank picks the GPU. Nothing else changes.
 
-   Build and run (from the repository's top folder):
-       make
-       build/examples/02_multi_gpu                   # 4 ranks
-       build/examples/02_multi_gpu --nproc 2 --data digits
-   Options: --device cpu|cuda|cuda:N|auto  --data wine|digits|FILE.csv  --data-dir DIR
-            --epochs N  --batch-size N  --lr X  --hidden N  --seed N
-            --save-every N (epochs; 0 = never)  --snapshot FILE */
+   Run (from the repository's top folder):
+       build/ddprun --standalone --nproc-per-node 4 build/examples/ch04_multi_node
+       # two machines (or two shells on one), the same DDP_JOB_TOKEN on both:
+       build/ddprun --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr HOST0 --master-port 29500 build/examples/ch04_multi_node
+       build/ddprun --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr HOST0 --master-port 29500 build/examples/ch04_multi_node
+       sbatch examples/ch05_multi_node.sbatch          # SLURM
+       mpirun -np 4 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 build/examples/ch04_multi_node */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 
@@ -36,7 +34,8 @@ static void usage(const char* prog) {
 }
 
 static options parse_args(int argc, char** argv) {
-    options o = {"auto", "wine", NULL, "snapshot.safetensors", 100, 32, 0, 50, 4, 1e-3f, 1};
+    options o = {.device = "auto", .data = "wine", .snapshot = "snapshot.safetensors", .epochs = 100, .batch_size = 32,
+                 .save_every = 50, .nproc = 4, .lr = 1e-3f, .seed = 1};
     int i;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -113,8 +112,8 @@ static int train(int rank, void* arg) {
     {
         int hidden = opt->hidden ? opt->hidden : (data.nfeatures > 32 ? 256 : 64);
         int sizes[3];
-        ddp_model_desc md = {{DDP_DEVICE_AUTO, 0}, 0};
-        ddp_optim_desc od = {DDP_ADAM, 0, 0, 0, 0, 0, 0, 0, 0};
+        ddp_model_desc md = {.device = {.type = DDP_DEVICE_AUTO}};
+        ddp_optim_desc od = {.kind = DDP_ADAM};
         sizes[0] = data.nfeatures, sizes[1] = hidden, sizes[2] = all.nclasses;
         md.device = device;
         md.seed = opt->seed;
@@ -180,5 +179,5 @@ static int train(int rank, void* arg) {
 
 int main(int argc, char** argv) {
     options opt = parse_args(argc, argv);
-    return ddp_spawn(opt.nproc, train, &opt) == DDP_OK ? 0 : 1;
+    return train(0, &opt); /* the launcher started this process: ddp_init reads where it stands */
 }

@@ -4,9 +4,9 @@
    the epoch, every rank taking every world-size-th position of it, and the padding that makes the
    ranks' shares equal (marked with *). No process is started: a sampler only needs the world size
    and its rank, so one program can show every rank's view.
-       build/examples/sampler_demo                       # 10 samples, 4 ranks
-       build/examples/sampler_demo --n 10 --world 4 --drop-last
-       build/examples/sampler_demo --no-set-epoch        # forget set_epoch: every epoch the same */
+       build/examples/ch02_sampler_demo                       # 10 samples, 4 ranks
+       build/examples/ch02_sampler_demo --n 10 --world 4 --drop-last
+       build/examples/ch02_sampler_demo --no-set-epoch        # forget set_epoch: every epoch the same */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 

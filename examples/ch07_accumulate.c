@@ -9,14 +9,14 @@
    step's first micro-batch instead of its last: the ranks then step with gradients of their own,
    and their weights drift apart. At the end rank 0 prints the wrapper's counters, and every rank
    prints the sum of its weights: equal replicas agree to the last digit.
-   `diff examples/02_multi_gpu.c examples/07_accumulate.c` shows every change.
+   `diff examples/ch03_multi_gpu.c examples/ch07_accumulate.c` shows every change.
 
    Build and run (from the repository's top folder):
        make
-       build/examples/07_accumulate --nproc 2 --batch-size 8 --accumulate 4
-       build/examples/07_accumulate --nproc 2 --batch-size 8 --accumulate 4 --sync every
+       build/examples/ch07_accumulate --nproc 2 --batch-size 8 --accumulate 4
+       build/examples/ch07_accumulate --nproc 2 --batch-size 8 --accumulate 4 --sync every
    Options: --accumulate K (micro-batches per optimizer step, default 1)  --sync last|every|first
-            and those of examples/02_multi_gpu.c: --device cpu|cuda|cuda:N|auto
+            and those of examples/ch03_multi_gpu.c: --device cpu|cuda|cuda:N|auto
             --data wine|digits|FILE.csv  --data-dir DIR  --epochs N  --batch-size N (per micro-batch)
             --lr X  --hidden N  --seed N  --save-every N (epochs; 0 = never)  --snapshot FILE
             --nproc N */
@@ -44,7 +44,8 @@ static void usage(const char* prog) {
 }
 
 static options parse_args(int argc, char** argv) {
-    options o = {"auto", "wine", NULL, "snapshot.safetensors", 100, 32, 0, 50, 4, 1e-3f, 1, 1, "last"};
+    options o = {.device = "auto", .data = "wine", .snapshot = "snapshot.safetensors", .epochs = 100, .batch_size = 32,
+                 .save_every = 50, .nproc = 4, .lr = 1e-3f, .seed = 1, .accumulate = 1, .sync = "last"};
     int i;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -99,7 +100,7 @@ static void report(int epoch, int epochs, double loss) {
 
 /* The sum of this rank's weights: replicas that stay in step agree to the last digit. */
 static double weight_sum(ddp_model* m) {
-    ddp_device cpu = {DDP_DEVICE_CPU, 0};
+    ddp_device cpu = {.type = DDP_DEVICE_CPU};
     double sum = 0;
     int i;
     size_t j;
@@ -144,8 +145,8 @@ static int train(int rank, void* arg) {
     {
         int hidden = opt->hidden ? opt->hidden : (data.nfeatures > 32 ? 256 : 64);
         int sizes[3];
-        ddp_model_desc md = {{DDP_DEVICE_AUTO, 0}, 0};
-        ddp_optim_desc od = {DDP_ADAM, 0, 0, 0, 0, 0, 0, 0, 0};
+        ddp_model_desc md = {.device = {.type = DDP_DEVICE_AUTO}};
+        ddp_optim_desc od = {.kind = DDP_ADAM};
         sizes[0] = data.nfeatures, sizes[1] = hidden, sizes[2] = all.nclasses;
         md.device = device;
         md.seed = opt->seed;

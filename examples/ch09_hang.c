@@ -4,8 +4,8 @@
    loss over all ranks for its progress line, so it all-reduces the loss, inside `if (rank == 0)`.
    The other ranks never make that call. Rank 0 then waits for partners that are busy with the next
    step's gradients, and the job hangs until the deadline. Run it and read what each rank says:
-       DDP_TIMEOUT=5 build/examples/09_hang --nproc 2
-       DDP_TIMEOUT=5 DDP_DEBUG=DETAIL build/examples/09_hang --nproc 2
+       DDP_TIMEOUT=5 build/examples/ch09_hang --nproc 2
+       DDP_TIMEOUT=5 DDP_DEBUG=DETAIL build/examples/ch09_hang --nproc 2
    With --fixed every rank makes the call, and the job trains normally. */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
@@ -23,7 +23,7 @@ static int train(int rank, void* arg) {
     ddp_loader loader;
     ddp_desc dd = {0};
     ddp_sampler_desc sd = {0};
-    ddp_model_desc md = {{DDP_DEVICE_CPU, 0}, 1};
+    ddp_model_desc md = {.device = {.type = DDP_DEVICE_CPU}, .seed = 1};
     int sizes[3] = {13, 64, 3}, epoch;
 
     DDP_CHECK(ddp_dataset_load("wine", NULL, &all));
@@ -70,7 +70,7 @@ static int train(int rank, void* arg) {
 }
 
 int main(int argc, char** argv) {
-    options opt = {2, 0};
+    options opt = {.nproc = 2};
     int i;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--fixed")) opt.fixed = 1;

@@ -4,9 +4,9 @@
    then all-gather, each rank sending chunks of 1/N of the data), and with the whole-tensor relay
    that many courses teach, here built as "gather everyone's whole tensor, then add". The backend's
    byte counters say how much each rank sent; rank 0 prints them against the formulas.
-       build/examples/ring_bytes --nproc 4
-       build/examples/ring_bytes --nproc 8 --bytes 4M
-       DDP_DEBUG=DETAIL build/examples/ring_bytes --nproc 4 --bytes 16 --ring-only   # every step */
+       build/examples/ch02_ring_bytes --nproc 4
+       build/examples/ch02_ring_bytes --nproc 8 --bytes 4M
+       DDP_DEBUG=DETAIL build/examples/ch02_ring_bytes --nproc 4 --bytes 16 --ring-only   # every step */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 
@@ -78,7 +78,7 @@ static int run(int rank, void* arg) {
 }
 
 int main(int argc, char** argv) {
-    options o = {4, 0, 262144};
+    options o = {.nproc = 4, .count = 262144};
     int i;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--nproc") && i + 1 < argc) o.nproc = atoi(argv[++i]);

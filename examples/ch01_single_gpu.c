@@ -6,9 +6,9 @@
 
    Build and run (from the repository's top folder):
        make
-       build/examples/01_single_gpu                  # device chosen automatically
-       build/examples/01_single_gpu --device cpu --epochs 20
-       build/examples/01_single_gpu --data digits    # 8x8 digits with a wider MLP
+       build/examples/ch01_single_gpu                  # device chosen automatically
+       build/examples/ch01_single_gpu --device cpu --epochs 20
+       build/examples/ch01_single_gpu --data digits    # 8x8 digits with a wider MLP
    Options: --device cpu|cuda|cuda:N|auto  --data wine|digits|FILE.csv  --data-dir DIR
             --epochs N  --batch-size N  --lr X  --hidden N  --seed N
             --save-every N (epochs; 0 = never)  --snapshot FILE */
@@ -34,7 +34,8 @@ static void usage(const char* prog) {
 }
 
 static options parse_args(int argc, char** argv) {
-    options o = {"auto", "wine", NULL, "snapshot.safetensors", 100, 32, 0, 50, 4, 1e-3f, 1};
+    options o = {.device = "auto", .data = "wine", .snapshot = "snapshot.safetensors", .epochs = 100, .batch_size = 32,
+                 .save_every = 50, .nproc = 4, .lr = 1e-3f, .seed = 1};
     int i;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -107,8 +108,8 @@ static int train(int rank, void* arg) {
     {
         int hidden = opt->hidden ? opt->hidden : (data.nfeatures > 32 ? 256 : 64);
         int sizes[3];
-        ddp_model_desc md = {{DDP_DEVICE_AUTO, 0}, 0};
-        ddp_optim_desc od = {DDP_ADAM, 0, 0, 0, 0, 0, 0, 0, 0};
+        ddp_model_desc md = {.device = {.type = DDP_DEVICE_AUTO}};
+        ddp_optim_desc od = {.kind = DDP_ADAM};
         sizes[0] = data.nfeatures, sizes[1] = hidden, sizes[2] = all.nclasses;
         md.device = device;
         md.seed = opt->seed;

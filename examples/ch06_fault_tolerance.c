@@ -8,7 +8,7 @@
    ddprun --max-restarts N stops the surviving ranks and starts the whole job again.
 
    Run (from the repository's top folder), then kill a rank with kill -9 and watch it resume:
-       build/ddprun --standalone --nproc-per-node 2 --max-restarts 3 build/examples/04_fault_tolerance
+       build/ddprun --standalone --nproc-per-node 2 --max-restarts 3 build/examples/ch06_fault_tolerance
    Every rank reads the same snapshot file: on several machines, put it on a shared filesystem.
    Delete the snapshot to start over. */
 #define DDP_IMPLEMENTATION
@@ -33,7 +33,8 @@ static void usage(const char* prog) {
 }
 
 static options parse_args(int argc, char** argv) {
-    options o = {"auto", "wine", NULL, "snapshot.safetensors", 100, 32, 0, 10, 4, 1e-3f, 1};
+    options o = {.device = "auto", .data = "wine", .snapshot = "snapshot.safetensors", .epochs = 100, .batch_size = 32,
+                 .save_every = 10, .nproc = 4, .lr = 1e-3f, .seed = 1};
     int i;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -112,8 +113,8 @@ static int train(int rank, void* arg) {
     {
         int hidden = opt->hidden ? opt->hidden : (data.nfeatures > 32 ? 256 : 64);
         int sizes[3];
-        ddp_model_desc md = {{DDP_DEVICE_AUTO, 0}, 0};
-        ddp_optim_desc od = {DDP_ADAM, 0, 0, 0, 0, 0, 0, 0, 0};
+        ddp_model_desc md = {.device = {.type = DDP_DEVICE_AUTO}};
+        ddp_optim_desc od = {.kind = DDP_ADAM};
         sizes[0] = data.nfeatures, sizes[1] = hidden, sizes[2] = all.nclasses;
         md.device = device;
         md.seed = opt->seed;
