@@ -30,7 +30,7 @@
     QUICK START (the heart of TUTORIAL.md chapter 1)
     ===========
         ddp_dataset all, train, test;
-        DDP_CHECK(ddp_dataset_load_csv("examples/data/wine.csv", &all));
+        DDP_CHECK(ddp_dataset_load("wine", NULL, &all));   // examples/data/wine.csv
         DDP_CHECK(ddp_dataset_split(&all, 0.2, 42, &train, &test));
         ddp_dataset_standardize(&train, &test);
         ddp_model* m;  int sizes[] = {13, 64, 3};
@@ -151,8 +151,28 @@
     ERRORS
     ======
     Functions return ddp_status (DDP_OK is 0). ddp_error_string() gives the last message of the
-    calling thread: what failed, where, and what to do. ddp_status_name/_cause/_fix describe the
-    code itself. Examples stop on error through DDP_CHECK(call).
+    calling thread: what failed, where, and what to do; ddp_status_name names the code. Examples
+    stop on error through DDP_CHECK(call), which prints the message and the code's usual fix.
+
+    THE API'S RULES
+    ===============
+    - Objects the library makes are opaque pointers. The function that makes one hands it back
+      through its last argument (ddp_init, ddp_model_mlp, ddp_optim_create, ddp_wrap), and one
+      function ends it: ddp_destroy, ddp_model_destroy, ddp_optim_destroy, ddp_wrapper_destroy.
+      A destroy function ignores NULL.
+    - Structs you own (fields visible, usually on your stack: ddp_dataset, ddp_sampler,
+      ddp_loader) are filled by _load, _split or _init and emptied by _free, which frees what
+      the library put inside and never the struct itself (a sampler holds nothing to free).
+    - Options come in a _desc struct: zero it and set fields by name, {.lr = 1e-3f}. A field's
+      zero is its default, and where that default is not zero the field's comment says so.
+    - Accessors are ddp_OBJECT_PROPERTY(object): ddp_model_num_params, ddp_pg_backend;
+      ddp_rank and ddp_world_size keep torch.distributed's short names.
+    - Collectives are verbs on the group, ddp_all_reduce(pg, ...); the non-blocking ones hand back
+      a ddp_work to wait on.
+    - Every function that can fail returns ddp_status; getters, destroy and free functions, and
+      the number conversions cannot fail.
+    - Names with two underscores (ddp__, DDP__) belong to the implementation and may change; the
+      tests call some of them, a program should not.
 
     LIMITS, HONESTLY
     ================
@@ -161,7 +181,8 @@
     - The network layer is a sequential stack; there is no automatic differentiation.
     - The CPU backend uses shared memory only when every rank is on one host; a job across
       machines talks TCP between all its ranks, also between those that share a machine.
-    - The GPU path compiles and links but has not yet run on a GPU.
+    - The GPU path has run on one GPU (make gpu-check on an H200). NCCL with several ranks needs
+      a GPU for each and has run only on the GPU stand-in (tests/fakegpu).
 */
 
 /* The implementation uses POSIX (files, later sockets and processes). Strict C99 hides those
@@ -284,16 +305,8 @@ typedef enum ddp_status { DDP__STATUS_TABLE(DDP__STATUS_ENUM) DDP__STATUS_COUNT 
 
 /* The status's name, e.g. "DDP_ERR_IO"; "DDP_ERR_UNKNOWN" for a value outside the table. */
 DDP_API const char* ddp_status_name(ddp_status s);
-/* The usual cause of a status, one line. Never NULL. */
-DDP_API const char* ddp_status_cause(ddp_status s);
-/* What to do about a status, one line. Never NULL. */
-DDP_API const char* ddp_status_fix(ddp_status s);
 /* The calling thread's last error message (what failed, where, why); "" when none. Never NULL. */
 DDP_API const char* ddp_error_string(void);
-/* The status of the calling thread's last error, DDP_OK when none; ddp_clear_error() resets it. */
-DDP_API ddp_status ddp_last_status(void);
-/* Forget the calling thread's last error. */
-DDP_API void ddp_clear_error(void);
 
 /* Print the last error with its cause and fix to stderr and exit(1) when `call` fails. For
    examples and tests: a library function never exits (a rank that exits cannot tell its peers). */
@@ -314,12 +327,6 @@ typedef enum ddp_log_level {
 /* A log sink receives each line, already prefixed with "[rank R/W]", without a newline (before
    ddp_init, R and W come from the launcher's RANK and WORLD_SIZE when set). */
 typedef void (*ddp_log_fn)(ddp_log_level level, const char* line, void* user);
-/* Send log lines to `fn` instead of stderr (NULL restores stderr). Not thread-safe: call early. */
-DDP_API void ddp_set_log(ddp_log_fn fn, void* user);
-/* The level DDP_DEBUG asks for: DDP_LOG_WARN when unset, DDP_LOG_INFO or DDP_LOG_DETAIL. */
-DDP_API ddp_log_level ddp_log_level_enabled(void);
-/* Log one printf-style line at `level` with the rank prefix; dropped if the level is not enabled. */
-DDP_API void ddp_log(ddp_log_level level, const char* fmt, ...) DDP__PRINTF(2, 3);
 
 /* What this copy of the library was built with, one line (backends, BLAS, CUDA versions). */
 DDP_API const char* ddp_build_info(void);
@@ -329,8 +336,6 @@ DDP_API const char* ddp_build_info(void);
 typedef struct ddp_rng { uint64_t state; } ddp_rng;
 /* A generator seeded with `seed`. */
 DDP_API ddp_rng ddp_rng_seed(uint64_t seed);
-/* The next 64 random bits. */
-DDP_API uint64_t ddp_rng_next(ddp_rng* r);
 /* A uniform float in [0, 1). */
 DDP_API float ddp_rng_uniform(ddp_rng* r);
 /* An integer uniform in [0, n) for n >= 1. */
@@ -353,10 +358,6 @@ typedef struct ddp_device {
     int index; /* CUDA device number; with DDP_DEVICE_AUTO it is the local rank's GPU */
 } ddp_device;
 
-/* Number of usable CUDA devices; 0 with no GPU, no driver, or DDP_NO_CUDA. Never fails. */
-DDP_API int ddp_cuda_device_count(void);
-/* Why ddp_cuda_device_count() is 0, in plain words ("" when it is not). Never NULL. */
-DDP_API const char* ddp_cuda_unavailable_reason(void);
 /* Parse "cpu", "cuda", "cuda:N" or "auto" into *out. DDP_ERR_INVALID_ARGUMENT on anything else. */
 DDP_API ddp_status ddp_device_parse(const char* text, ddp_device* out);
 /* Turn DDP_DEVICE_AUTO into a concrete device and check that a CUDA device exists (a CPU device
@@ -365,8 +366,6 @@ DDP_API ddp_status ddp_device_parse(const char* text, ddp_device* out);
 DDP_API ddp_status ddp_device_resolve(ddp_device want, ddp_device* out);
 /* "cpu" or "cuda:N" into buf (at least 16 bytes); returns buf. */
 DDP_API const char* ddp_device_name(ddp_device d, char* buf, size_t bufsize);
-/* Make `d` the calling thread's current CUDA device (no-op for the CPU). DDP_ERR_CUDA on failure. */
-DDP_API ddp_status ddp_device_activate(ddp_device d);
 
 /* Allocate nbytes on `d`, zero-filled. *out is NULL for nbytes 0. DDP_ERR_OUT_OF_MEMORY or
    DDP_ERR_CUDA (a full GPU) on failure. */
@@ -382,34 +381,14 @@ DDP_API void ddp_free_pinned(void* p);
 typedef struct ddp_stream ddp_stream; /* an ordered queue of GPU work; immediate on the CPU */
 typedef struct ddp_event ddp_event;   /* a marker in a stream that other streams can wait for */
 
-/* Create a stream on `d`. DDP_ERR_CUDA on failure. */
-DDP_API ddp_status ddp_stream_create(ddp_device d, ddp_stream** out);
-/* Destroy a stream (waits for its work first). NULL is ignored. */
-DDP_API void ddp_stream_destroy(ddp_stream* s);
 /* Block until all work queued on `s` is done. Returns the first error the work raised. */
 DDP_API ddp_status ddp_stream_sync(ddp_stream* s);
-/* The cudaStream_t behind `s` as void* (NULL on the CPU): an escape hatch for your own kernels. */
-DDP_API void* ddp_stream_native(ddp_stream* s);
-/* Create an event on `d`. DDP_ERR_CUDA on failure. */
-DDP_API ddp_status ddp_event_create(ddp_device d, ddp_event** out);
-/* Destroy an event. NULL is ignored. */
-DDP_API void ddp_event_destroy(ddp_event* e);
-/* Mark the current end of stream `s` with `e`. DDP_ERR_CUDA on failure. */
-DDP_API ddp_status ddp_event_record(ddp_event* e, ddp_stream* s);
-/* Make later work on `s` wait until `e` has happened, without blocking the host. */
-DDP_API ddp_status ddp_stream_wait_event(ddp_stream* s, ddp_event* e);
-/* Block the host until `e` has happened. DDP_ERR_CUDA on failure. */
-DDP_API ddp_status ddp_event_sync(ddp_event* e);
-/* *done = 1 if `e` has happened, else 0, without blocking. DDP_ERR_CUDA on failure. */
-DDP_API ddp_status ddp_event_query(ddp_event* e, int* done);
 
 /* Copy nbytes from src on src_dev to dst on dst_dev, in order on `s`; with s NULL, now: after all
    work queued on the GPU, and landed when it returns. Any pair of CPU and CUDA devices.
    DDP_ERR_CUDA on failure. */
 DDP_API ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
                             size_t nbytes, ddp_stream* s);
-/* Set nbytes at p on `d` to zero, in order on `s` (NULL: now, as ddp_copy). DDP_ERR_CUDA on failure. */
-DDP_API ddp_status ddp_zero(ddp_device d, void* p, size_t nbytes, ddp_stream* s);
 
 typedef enum ddp_dtype {
     DDP_DTYPE_DEFAULT = 0, /* f32 */
@@ -420,8 +399,6 @@ typedef enum ddp_dtype {
 
 /* Bytes per element of `t` (4 or 2); 0 for an unknown dtype. */
 DDP_API size_t ddp_dtype_size(ddp_dtype t);
-/* "f32", "f16", "bf16" or "?". */
-DDP_API const char* ddp_dtype_name(ddp_dtype t);
 /* f32 -> f16, rounding to nearest even; overflow gives infinity, NaN stays NaN. */
 DDP_API uint16_t ddp_f32_to_f16(float f);
 /* f16 -> f32, exact (subnormals included). */
@@ -430,25 +407,11 @@ DDP_API float ddp_f16_to_f32(uint16_t h);
 DDP_API uint16_t ddp_f32_to_bf16(float f);
 /* bf16 -> f32, exact. */
 DDP_API float ddp_bf16_to_f32(uint16_t h);
-/* Convert `count` elements between dtypes on device `d` (both buffers there), in order on `s`.
-   DDP_ERR_INVALID_ARGUMENT for an unknown dtype; DDP_ERR_CUDA on a GPU failure. */
-DDP_API ddp_status ddp_convert(ddp_device d, ddp_dtype dst_type, void* dst, ddp_dtype src_type,
-                               const void* src, size_t count, ddp_stream* s);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* >>kernels: GPU kernels compiled at run time by NVRTC, and cuBLAS glue            (chapter 1)  */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Number of GPU kernels in this library (0 in a CPU-only build). */
-DDP_API int ddp_kernel_count(void);
-/* The name of kernel i, 0 <= i < ddp_kernel_count(); NULL outside that range. */
-DDP_API const char* ddp_kernel_name(int i);
-/* Compile every kernel with NVRTC for `arch` (e.g. "compute_80") into PTX text. Needs no GPU:
-   this is how a machine without one proves the kernels compile. *ptx is freed with ddp_free_host.
-   DDP_ERR_NVRTC with the compiler log on failure; DDP_ERR_NOT_BUILT in a CPU-only build. */
-DDP_API ddp_status ddp_kernels_compile_ptx(const char* arch, char** ptx, size_t* nbytes);
-/* Free host memory the library handed out (PTX text). NULL is ignored. */
-DDP_API void ddp_free_host(void* p);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* >>nn: parameters, layers, losses, optimizers, and the gradient-ready hook        (chapter 1)  */
@@ -477,8 +440,6 @@ struct ddp_param {
 /* Register `fn` to run each time p's gradient becomes final. DDP_ERR_INVALID_ARGUMENT when
    p already has DDP_MAX_HOOKS hooks. */
 DDP_API ddp_status ddp_param_add_hook(ddp_param* p, ddp_grad_hook_fn fn, void* user);
-/* Remove every hook of p. */
-DDP_API void ddp_param_clear_hooks(ddp_param* p);
 /* Announce that p->grad is final for this backward: runs p's hooks in registration order.
    ddp_model_backward calls it; a hand-written backward must call it for each parameter. */
 DDP_API void ddp_param_grad_ready(ddp_param* p);
@@ -497,43 +458,30 @@ typedef struct ddp_model_desc {
 
 typedef struct ddp_model ddp_model; /* a sequential stack of layers */
 
-/* An empty model on desc->device. DDP_ERR_NO_GPU / DDP_ERR_NOT_BUILT if that device is unusable. */
-DDP_API ddp_status ddp_model_create(const ddp_model_desc* desc, ddp_model** out);
-/* Append Linear(in, out) with PyTorch's default initialisation, U(-1/sqrt(in), 1/sqrt(in)) for
-   weight and bias, drawn from the model's seed. DDP_ERR_INVALID_ARGUMENT if `in` does not match
-   the previous layer's width or a size is not positive. */
-DDP_API ddp_status ddp_model_add_linear(ddp_model* m, int in, int out);
-/* Append an activation (DDP_LAYER_RELU or DDP_LAYER_GELU). DDP_ERR_INVALID_ARGUMENT otherwise. */
-DDP_API ddp_status ddp_model_add_activation(ddp_model* m, ddp_layer_kind kind);
 /* A multilayer perceptron sizes[0] -> sizes[1] -> ... -> sizes[n-1] with activation `act`
-   between the Linear layers (none after the last). Errors as ddp_model_create/_add_linear. */
+   between the Linear layers (none after the last), initialised as PyTorch's Linear does:
+   U(-1/sqrt(in), 1/sqrt(in)) for weight and bias, drawn from desc->seed. DDP_ERR_NO_GPU or
+   DDP_ERR_NOT_BUILT when desc->device is unusable, DDP_ERR_INVALID_ARGUMENT for a size < 1. */
 DDP_API ddp_status ddp_model_mlp(const ddp_model_desc* desc, const int* sizes, int n,
                                  ddp_layer_kind act, ddp_model** out);
 /* Free the model and everything on its device. NULL is ignored. */
 DDP_API void ddp_model_destroy(ddp_model* m);
 
-/* The model's device, number of parameters, parameter i (NULL outside 0..n-1), input and output
-   widths, and its compute stream (NULL on the CPU). */
-DDP_API ddp_device ddp_model_device(const ddp_model* m);
+/* The model's number of parameters, parameter i (NULL outside 0..n-1), and its compute stream
+   (NULL on the CPU). */
 DDP_API int ddp_model_num_params(const ddp_model* m);
 DDP_API ddp_param* ddp_model_param(ddp_model* m, int i);
-DDP_API int ddp_model_in_features(const ddp_model* m);
-DDP_API int ddp_model_out_features(const ddp_model* m);
 DDP_API ddp_stream* ddp_model_stream(ddp_model* m);
 /* Total number of parameter elements. */
 DDP_API size_t ddp_model_num_elements(const ddp_model* m);
 
 /* Run the layers on x, a host array [batch, in_features]. The output stays on the model's device
-   until read with ddp_model_output. DDP_ERR_INVALID_ARGUMENT for batch < 1 or an empty model. */
+   for the loss to read. DDP_ERR_INVALID_ARGUMENT for batch < 1 or an empty model. */
 DDP_API ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch);
-/* Copy the last forward's output [batch, out_features] to the host array `out`. */
-DDP_API ddp_status ddp_model_output(ddp_model* m, float* out);
 /* Mean softmax cross-entropy of the last forward's output against host labels[batch] (PyTorch's
    F.cross_entropy), written to *loss; also prepares the output gradient for backward.
    DDP_ERR_INVALID_ARGUMENT for a label outside 0..out_features-1; DDP_ERR_STATE before forward. */
 DDP_API ddp_status ddp_loss_cross_entropy(ddp_model* m, const int* labels, float* loss);
-/* Mean squared error against host targets[batch, out_features] (F.mse_loss); as above. */
-DDP_API ddp_status ddp_loss_mse(ddp_model* m, const float* targets, float* loss);
 /* Backpropagate the last loss, last layer first, ADDING each gradient into p->grad and calling
    ddp_param_grad_ready(p) as soon as p's gradient is final. DDP_ERR_STATE without a loss, or
    when backward already ran for this loss (one backward per loss, as in PyTorch). */
@@ -542,7 +490,6 @@ DDP_API ddp_status ddp_model_backward(ddp_model* m);
    backward's. The analogue of an autograd engine callback: the DDP wrapper waits for its
    all-reduces here. NULL removes it. */
 typedef ddp_status (*ddp_post_backward_fn)(ddp_model* m, void* user);
-DDP_API void ddp_model_set_post_backward(ddp_model* m, ddp_post_backward_fn fn, void* user);
 /* Set every p->grad to zero (call once per step, before backward, as optimizer.zero_grad()). */
 DDP_API ddp_status ddp_model_zero_grad(ddp_model* m);
 /* Accuracy (fraction of argmax == label) and mean cross-entropy over n samples, in batches.
@@ -609,27 +556,12 @@ typedef struct ddp_store_desc {
     const char* token; /* default DDP_JOB_TOKEN, else "" */
 } ddp_store_desc;
 
-/* Start a server (is_server) and connect a client to it, retrying with back-off until the
-   deadline. DDP_ERR_PORT_IN_USE when the port is taken, DDP_ERR_STORE_UNREACHABLE when no server
-   answers in time, DDP_ERR_STORE_REFUSED when the server rejects the token or version. */
-DDP_API ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out);
-/* Close the client and, if this process hosts it, stop the server. NULL is ignored. */
-DDP_API void ddp_store_destroy(ddp_store* s);
-/* The port the server listens on (useful after port -1). */
-DDP_API int ddp_store_port(const ddp_store* s);
 /* Set key to nbytes of value. DDP_ERR_INVALID_ARGUMENT for an oversized key or value;
    DDP_ERR_STORE_LOST when the server is gone. */
 DDP_API ddp_status ddp_store_set(ddp_store* s, const char* key, const void* value, size_t nbytes);
 /* Wait until key exists (at most the timeout), then copy up to `capacity` bytes of its value into
    buf; *nbytes gets the value's full size. DDP_ERR_TIMEOUT if it never appears. */
 DDP_API ddp_status ddp_store_get(ddp_store* s, const char* key, void* buf, size_t capacity, size_t* nbytes);
-/* Atomically add delta to the integer stored at key (missing = 0); *value gets the new value. */
-DDP_API ddp_status ddp_store_add(ddp_store* s, const char* key, int64_t delta, int64_t* value);
-/* Wait until every one of keys[0..n) exists, at most timeout_s (<= 0: the store's timeout).
-   DDP_ERR_TIMEOUT naming the first missing key. */
-DDP_API ddp_status ddp_store_wait(ddp_store* s, const char* const* keys, int n, double timeout_s);
-/* Block until `count` callers have reached the barrier called `name`. Each name is single-use. */
-DDP_API ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* >>pg: the process group, its backends and collectives                        (chapters 2-5)   */
@@ -663,7 +595,7 @@ typedef struct ddp_desc {
     void* log_user;
 } ddp_desc;
 
-/* Where this process sits in the job, as ddp_init resolves it (see ddp_env_resolve). */
+/* Where this process sits in the job, as ddp_init reads it from the launcher's variables (>>launch). */
 typedef struct ddp_env {
     int rank, world_size, local_rank, local_world_size, node_rank;
     char master_addr[256];
@@ -672,19 +604,6 @@ typedef struct ddp_env {
                                 (the mpi backend: MPI_COMM_WORLD itself) */
 } ddp_env;
 
-/* Resolve rank, world size, local rank and the master address from desc and the environment:
-   explicit beats torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK),
-   beats Open MPI's (OMPI_COMM_WORLD_*; MASTER_ADDR must be exported when there is more than one
-   process), beats SLURM's (counted when SLURM_PROCID and SLURM_NTASKS are set; the master is
-   the first host of SLURM_JOB_NODELIST and, without MASTER_PORT, the port is 15000 + the last
-   four digits of SLURM_JOB_ID); nothing set means a single process. Also sets the "[rank R/W]"
-   prefix of log lines. DDP_ERR_ENV naming the variable and what to set when one is missing,
-   non-numeric, out of range or inconsistent with the others; DDP_ERR_INVALID_ARGUMENT naming
-   the desc field for explicit values. */
-DDP_API ddp_status ddp_env_resolve(const ddp_desc* desc, ddp_env* out);
-/* The first host of a SLURM node list ("a,b", "node[1-4]", "gpu[01-02,07],cpu3") into out.
-   DDP_ERR_ENV for a malformed list. */
-DDP_API ddp_status ddp_slurm_first_host(const char* nodelist, char* out, size_t outsize);
 
 typedef struct ddp_pg ddp_pg;     /* a process group: every rank of the job */
 typedef struct ddp_work ddp_work; /* a collective in flight */
@@ -703,19 +622,14 @@ DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
    neighbour still inside a collective this rank never called is told at once (DDP_ERR_DESYNC:
    "rank R has left the job"). NULL is ignored. */
 DDP_API void ddp_destroy(ddp_pg* pg);
-/* This process's rank, the world size, the local rank and local world size, the backend in use,
-   and the device collective buffers live on. */
+/* This process's rank, the world size, the backend in use, and the device collective buffers
+   live on. */
 DDP_API int ddp_rank(const ddp_pg* pg);
 DDP_API int ddp_world_size(const ddp_pg* pg);
-DDP_API int ddp_local_rank(const ddp_pg* pg);
-DDP_API int ddp_local_world_size(const ddp_pg* pg);
 DDP_API ddp_backend ddp_pg_backend(const ddp_pg* pg);
 DDP_API ddp_device ddp_pg_device(const ddp_pg* pg);
 /* The store every rank shares (for your own keys; prefix them to avoid the library's "ddp/"). */
 DDP_API ddp_store* ddp_pg_store(ddp_pg* pg);
-/* Order later collectives after the work queued so far on `s` (e.g. the model's compute stream);
-   NULL: no ordering beyond the host's. */
-DDP_API void ddp_pg_set_stream(ddp_pg* pg, ddp_stream* s);
 /* Payload bytes this rank has sent and received through the backend since ddp_init (the CPU
    ring's 32-byte header per collective is not counted). */
 DDP_API void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received);
@@ -733,9 +647,6 @@ DDP_API uint64_t ddp_pg_collectives(const ddp_pg* pg);
 /* buf[0..count) = op over all ranks of their buf (sum, average or maximum). */
 DDP_API ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
                                   ddp_work** work);
-/* buf[0..count) = root's buf, on every rank. */
-DDP_API ddp_status ddp_broadcast(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, int root,
-                                 ddp_work** work);
 /* recv[r*count .. (r+1)*count) = rank r's send[0..count), for every r. */
 DDP_API ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
                                   ddp_work** work);
@@ -746,8 +657,6 @@ DDP_API ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv, 
 DDP_API ddp_status ddp_barrier(ddp_pg* pg);
 /* Wait for a collective (at most the group's timeout) and free the handle; returns its status. */
 DDP_API ddp_status ddp_work_wait(ddp_work* work);
-/* *done = 1 when the collective has finished (successfully or not), without blocking. */
-DDP_API ddp_status ddp_work_test(ddp_work* work, int* done);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* >>data: data files, split, standardisation; the distributed sampler; batches (chapters 1-2) */
@@ -761,13 +670,11 @@ typedef struct ddp_dataset {
     int* y;         /* [n], host memory */
 } ddp_dataset;
 
-/* Read a CSV file: one header row, then one row per sample whose last column is an integer label
-   >= 0. DDP_ERR_IO when it cannot be read, DDP_ERR_DATA_FORMAT (naming line and column) when a
-   row is malformed. *out is left empty on error. */
-DDP_API ddp_status ddp_dataset_load_csv(const char* path, ddp_dataset* out);
 /* Find a bundled data set by name ("wine", "digits"), looking in `dir` when not NULL, else in
    $DDP_DATA_DIR, else examples/data; or load `name` as a path when it ends in ".csv".
-   Errors as ddp_dataset_load_csv, with the places it looked in the message. */
+   A CSV file has one header row, then one row per sample whose last column is an integer label
+   >= 0. DDP_ERR_IO (naming the places it looked) when it cannot be read, DDP_ERR_DATA_FORMAT
+   (naming line and column) when a row is malformed; *out is left empty on error. */
 DDP_API ddp_status ddp_dataset_load(const char* name, const char* dir, ddp_dataset* out);
 /* Shuffle with `seed` and cut ceil(test_fraction * n) samples into *test, the rest into *train
    (scikit-learn's train_test_split rule; a double, as Python computes it: 0.2 of 100 is 20). DDP_ERR_INVALID_ARGUMENT unless 0 < fraction < 1 and
@@ -777,8 +684,6 @@ DDP_API ddp_status ddp_dataset_split(const ddp_dataset* all, double test_fractio
 /* Scale each feature to mean 0, variance 1 using the TRAINING set's statistics, applied to both
    (test may be NULL): the test set must not leak into training. Constant features become 0. */
 DDP_API void ddp_dataset_standardize(ddp_dataset* train, ddp_dataset* test);
-/* Copy the samples idx[0..count) into x [count, nfeatures] and y [count]. */
-DDP_API void ddp_dataset_gather(const ddp_dataset* d, const int* idx, int count, float* x, int* y);
 /* Free a data set's arrays and zero it. */
 DDP_API void ddp_dataset_free(ddp_dataset* d);
 
@@ -902,8 +807,6 @@ DDP_API void ddp_wrapper_destroy(ddp_wrapper* w);
 DDP_API void ddp_no_sync(ddp_wrapper* w, int on);
 /* Copy the counters into *out. */
 DDP_API void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out);
-/* Print the bucket map (which parameters in which bucket) through the log, at INFO level. */
-DDP_API void ddp_wrapper_log_buckets(const ddp_wrapper* w);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* >>snapshot: everything needed to resume training, in a safetensors file          (chapters 1, 6) */
@@ -1082,6 +985,13 @@ DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
 #define DDP__DEF
 #endif
 
+/* Internal functions that a section calls before the section that owns them defines them. */
+DDP__PRIVATE void ddp__store_destroy(ddp_store* s);
+DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out);
+DDP__PRIVATE ddp_status ddp__slurm_first_host(const char* nodelist, char* out, size_t outsize);
+DDP__PRIVATE void ddp__dataset_gather(const ddp_dataset* d, const int* idx, int count, float* x, int* y);
+DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w);
+
 #define DDP__MAX_GPUS 64
 
 /* Counters one thread adds to while another reads them (ddp_pg_bytes). */
@@ -1108,17 +1018,19 @@ static const char* const ddp__status_fixes[] = {DDP__STATUS_TABLE(DDP__STATUS_FI
 DDP__DEF const char* ddp_status_name(ddp_status s) {
     return ((unsigned)s < DDP__STATUS_COUNT) ? ddp__status_names[s] : "DDP_ERR_UNKNOWN";
 }
-DDP__DEF const char* ddp_status_cause(ddp_status s) {
+/* The usual cause of a status, one line. Never NULL. */
+DDP__PRIVATE const char* ddp__status_cause(ddp_status s) {
     return ((unsigned)s < DDP__STATUS_COUNT) ? ddp__status_causes[s] : "an unknown status code";
 }
-DDP__DEF const char* ddp_status_fix(ddp_status s) {
+/* What to do about a status, one line. Never NULL. */
+DDP__PRIVATE const char* ddp__status_fix(ddp_status s) {
     return ((unsigned)s < DDP__STATUS_COUNT) ? ddp__status_fixes[s] : "report this as a bug";
 }
 
 /* ---- logging ------------------------------------------------------------------------------------ */
 
 /* Process-wide facts every log line needs. rank/world are set when the placement is known
-   (ddp_env_resolve, or MPI); until then log lines take them from the launcher's variables. */
+   (ddp__env_resolve, or MPI); until then log lines take them from the launcher's variables. */
 static struct {
     int rank, world;
     ddp_log_fn log_fn;
@@ -1157,7 +1069,8 @@ DDP__PRIVATE int ddp__relayed(void) {
     return strncmp(label, want, strlen(want)) == 0;
 }
 
-DDP__DEF ddp_log_level ddp_log_level_enabled(void) {
+/* The level DDP_DEBUG asks for: DDP_LOG_WARN when unset, DDP_LOG_INFO or DDP_LOG_DETAIL. */
+DDP__PRIVATE ddp_log_level ddp__log_level_enabled(void) {
     if (ddp__g.level == 0) {
         const char* v = getenv("DDP_DEBUG");
         int level = DDP_LOG_WARN;
@@ -1173,7 +1086,8 @@ DDP__DEF ddp_log_level ddp_log_level_enabled(void) {
     return (ddp_log_level)ddp__g.level;
 }
 
-DDP__DEF void ddp_set_log(ddp_log_fn fn, void* user) {
+/* Send log lines to `fn` instead of stderr (NULL restores stderr). Not thread-safe: call early. */
+DDP__PRIVATE void ddp__set_log(ddp_log_fn fn, void* user) {
     ddp__g.log_fn = fn;
     ddp__g.log_user = user;
 }
@@ -1198,7 +1112,7 @@ DDP__PRIVATE void ddp__vlog(ddp_log_level level, const char* fmt, va_list ap) {
     char line[2048];
     size_t label;
     int n;
-    if ((int)level > (int)ddp_log_level_enabled()) return;
+    if ((int)level > (int)ddp__log_level_enabled()) return;
     ddp__label(line, sizeof line);
     label = strlen(line);
     n = snprintf(line + label, sizeof line - label, "%s",
@@ -1209,7 +1123,8 @@ DDP__PRIVATE void ddp__vlog(ddp_log_level level, const char* fmt, va_list ap) {
     else ddp__eprint_line("%s", ddp__relayed() ? line + label : line);
 }
 
-DDP__DEF void ddp_log(ddp_log_level level, const char* fmt, ...) {
+/* Log one printf-style line at `level` with the rank prefix; dropped if the level is not enabled. */
+DDP__PRIVATE void ddp__log(ddp_log_level level, const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     ddp__vlog(level, fmt, ap);
@@ -1241,7 +1156,7 @@ DDP__PRIVATE double ddp__env_tuning(const char* name, double def, double min, in
     errno = 0;
     x = whole ? (strspn(v, "0123456789") == strlen(v) ? (double)strtoull(v, &end, 10) : -1) : strtod(v, &end);
     if (errno == 0 && end && *end == 0 && x >= min && x < 1e15) return x;
-    ddp_log(DDP_LOG_WARN, "%s=%s is not a %snumber of %s (at least %.15g); using %.15g", name, v, whole ? "whole " : "",
+    ddp__log(DDP_LOG_WARN, "%s=%s is not a %snumber of %s (at least %.15g); using %.15g", name, v, whole ? "whole " : "",
             unit, min, def);
     return def;
 }
@@ -1265,13 +1180,15 @@ DDP__PRIVATE ddp_status ddp__fail(ddp_status s, const char* fmt, ...) {
     va_end(ap);
     ddp__err_status = s;
     ddp__err_fix = NULL;
-    ddp_log(DDP_LOG_INFO, "%s: %s", ddp_status_name(s), ddp__err_msg);
+    ddp__log(DDP_LOG_INFO, "%s: %s", ddp_status_name(s), ddp__err_msg);
     return s;
 }
 
 DDP__DEF const char* ddp_error_string(void) { return ddp__err_msg; }
-DDP__DEF ddp_status ddp_last_status(void) { return ddp__err_status; }
-DDP__DEF void ddp_clear_error(void) {
+/* The status of the calling thread's last error, DDP_OK when none; ddp__clear_error() resets it. */
+DDP__PRIVATE ddp_status ddp__last_status(void) { return ddp__err_status; }
+/* Forget the calling thread's last error. */
+DDP__PRIVATE void ddp__clear_error(void) {
     ddp__err_msg[0] = 0;
     ddp__err_status = DDP_OK;
     ddp__err_fix = NULL;
@@ -1282,8 +1199,8 @@ DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* 
     if (!ddp__relayed()) ddp__label(label, sizeof label);
     ddp__eprint_line("%serror: %s failed (%s:%d)", label, call_text, file, line);
     ddp__eprint_line("%s  %s: %s", label, ddp_status_name(s),
-                     ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp_status_cause(s));
-    ddp__eprint_line("%s  fix: %s", label, ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp_status_fix(s));
+                     ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp__status_cause(s));
+    ddp__eprint_line("%s  fix: %s", label, ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp__status_fix(s));
     exit(1);
 }
 
@@ -1400,15 +1317,16 @@ DDP__PRIVATE uint64_t ddp__mix64(uint64_t z) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
-DDP__DEF uint64_t ddp_rng_next(ddp_rng* r) {
+/* The next 64 random bits. */
+DDP__PRIVATE uint64_t ddp__rng_next(ddp_rng* r) {
     return ddp__mix64(r->state += 0x9E3779B97F4A7C15ull); /* splitmix64 (Steele, Lea, Flood 2014) */
 }
 DDP__DEF float ddp_rng_uniform(ddp_rng* r) {
-    return (float)(ddp_rng_next(r) >> 40) * (1.0f / 16777216.0f); /* 24 random mantissa bits */
+    return (float)(ddp__rng_next(r) >> 40) * (1.0f / 16777216.0f); /* 24 random mantissa bits */
 }
 DDP__DEF uint32_t ddp_rng_below(ddp_rng* r, uint32_t n) {
     /* multiply-shift maps 32 random bits onto [0, n) without a division */
-    return (uint32_t)(((ddp_rng_next(r) >> 32) * (uint64_t)n) >> 32);
+    return (uint32_t)(((ddp__rng_next(r) >> 32) * (uint64_t)n) >> 32);
 }
 DDP__DEF void ddp_permutation(int n, uint64_t seed, int* out) {
     ddp_rng r = ddp_rng_seed(seed);
@@ -1539,9 +1457,9 @@ DDP__PRIVATE void ddp__trace_write(void) {
         }
         fprintf(f, "\n]}\n");
         fclose(f);
-        ddp_log(DDP_LOG_INFO, "trace: wrote %zu events to %s (open it in ui.perfetto.dev)", ddp__tr.n, path);
+        ddp__log(DDP_LOG_INFO, "trace: wrote %zu events to %s (open it in ui.perfetto.dev)", ddp__tr.n, path);
     } else {
-        ddp_log(DDP_LOG_WARN, "trace: cannot write %s: %s", path, strerror(errno));
+        ddp__log(DDP_LOG_WARN, "trace: cannot write %s: %s", path, strerror(errno));
     }
     ddp__tr.n = 0;
     pthread_mutex_unlock(&ddp__tr.lock);
@@ -1604,12 +1522,14 @@ static void ddp__cuda_probe(void) {
 #endif
 }
 
-DDP__DEF int ddp_cuda_device_count(void) {
+/* Number of usable CUDA devices; 0 with no GPU, no driver, or DDP_NO_CUDA. Never fails. */
+DDP__PRIVATE int ddp__cuda_device_count(void) {
     pthread_once(&ddp__cuda_probe_state.once, ddp__cuda_probe);
     return ddp__cuda_probe_state.count;
 }
-DDP__DEF const char* ddp_cuda_unavailable_reason(void) {
-    return ddp_cuda_device_count() > 0 ? "" : ddp__cuda_probe_state.reason;
+/* Why ddp__cuda_device_count() is 0, in plain words ("" when it is not). Never NULL. */
+DDP__PRIVATE const char* ddp__cuda_unavailable_reason(void) {
+    return ddp__cuda_device_count() > 0 ? "" : ddp__cuda_probe_state.reason;
 }
 
 DDP__DEF ddp_status ddp_device_parse(const char* text, ddp_device* out) {
@@ -1649,7 +1569,7 @@ DDP__DEF ddp_status ddp_device_resolve(ddp_device want, ddp_device* out) {
     *out = want;
     /* asking CUDA starts it, and a process that forks after that cannot give its children a GPU */
     if (want.type == DDP_DEVICE_CPU) { out->index = 0; return DDP_OK; }
-    n = ddp_cuda_device_count();
+    n = ddp__cuda_device_count();
     if (want.type == DDP_DEVICE_AUTO) {
         if (n > 0) {
             out->type = DDP_DEVICE_CUDA;
@@ -1658,18 +1578,18 @@ DDP__DEF ddp_status ddp_device_resolve(ddp_device want, ddp_device* out) {
             out->type = DDP_DEVICE_CPU;
             out->index = 0;
             /* a laptop without a GPU is normal; a GPU machine whose driver is too old is a surprise */
-            ddp_log(ddp__cuda_probe_state.driver_too_old ? DDP_LOG_WARN : DDP_LOG_INFO, "no GPU: using the CPU (%s)",
-                    ddp_cuda_unavailable_reason());
+            ddp__log(ddp__cuda_probe_state.driver_too_old ? DDP_LOG_WARN : DDP_LOG_INFO, "no GPU: using the CPU (%s)",
+                    ddp__cuda_unavailable_reason());
         }
         return DDP_OK;
     }
 #if !DDP__CUDA
     return ddp__fail(DDP_ERR_NOT_BUILT, "device cuda:%d was asked for, but %s", want.index,
-                     ddp_cuda_unavailable_reason());
+                     ddp__cuda_unavailable_reason());
 #else
     if (n == 0)
         return ddp__fail(DDP_ERR_NO_GPU, "device cuda:%d was asked for, but %s", want.index,
-                         ddp_cuda_unavailable_reason());
+                         ddp__cuda_unavailable_reason());
     if (want.index < 0 || want.index >= n) return ddp__fail_gpu_index(want.index, n);
     return DDP_OK;
 #endif
@@ -1681,7 +1601,8 @@ DDP__DEF const char* ddp_device_name(ddp_device d, char* buf, size_t bufsize) {
     return buf;
 }
 
-DDP__DEF ddp_status ddp_device_activate(ddp_device d) {
+/* Make `d` the calling thread's current CUDA device (no-op for the CPU). DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__device_activate(ddp_device d) {
 #if DDP__CUDA
     if (d.type == DDP_DEVICE_CUDA) DDP__CU(cudaSetDevice(d.index));
 #else
@@ -1696,7 +1617,7 @@ DDP__DEF ddp_status ddp_alloc(ddp_device d, size_t nbytes, void** out) {
     if (d.type == DDP_DEVICE_CUDA) {
 #if DDP__CUDA
         cudaError_t e;
-        DDP__TRY(ddp_device_activate(d));
+        DDP__TRY(ddp__device_activate(d));
         DDP__CU(cudaMalloc(out, nbytes));
         /* cudaMemset returns before it is done, on the legacy stream, which the library's own
            streams do not wait for: the zeros must have landed before anyone uses the buffer */
@@ -1710,7 +1631,7 @@ DDP__DEF ddp_status ddp_alloc(ddp_device d, size_t nbytes, void** out) {
         return DDP_OK;
 #else
         return ddp__fail(DDP_ERR_NOT_BUILT, "cannot allocate on a GPU: %s",
-                         ddp_cuda_unavailable_reason());
+                         ddp__cuda_unavailable_reason());
 #endif
     }
     *out = ddp__calloc(nbytes);
@@ -1737,7 +1658,7 @@ DDP__DEF ddp_status ddp_alloc_pinned(size_t nbytes, void** out) {
     *out = NULL;
     if (nbytes == 0) return DDP_OK;
 #if DDP__CUDA
-    if (ddp_cuda_device_count() > 0) {
+    if (ddp__cuda_device_count() > 0) {
         DDP__CU(cudaMallocHost(out, nbytes));
         memset(*out, 0, nbytes);
         return DDP_OK;
@@ -1749,7 +1670,7 @@ DDP__DEF ddp_status ddp_alloc_pinned(size_t nbytes, void** out) {
 DDP__DEF void ddp_free_pinned(void* p) {
     if (!p) return;
 #if DDP__CUDA
-    if (ddp_cuda_device_count() > 0) {
+    if (ddp__cuda_device_count() > 0) {
         cudaFreeHost(p);
         return;
     }
@@ -1757,7 +1678,8 @@ DDP__DEF void ddp_free_pinned(void* p) {
     DDP_FREE(p);
 }
 
-DDP__DEF void ddp_free_host(void* p) {
+/* Free host memory the library handed out (PTX text). NULL is ignored. */
+DDP__PRIVATE void ddp__free_host(void* p) {
     if (p) DDP_FREE(p);
 }
 
@@ -1775,7 +1697,8 @@ struct ddp_event {
 #endif
 };
 
-DDP__DEF ddp_status ddp_stream_create(ddp_device d, ddp_stream** out) {
+/* Create a stream on `d`. DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__stream_create(ddp_device d, ddp_stream** out) {
     ddp_stream* s = (ddp_stream*)ddp__calloc(sizeof *s);
     *out = NULL;
     if (!s) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a stream failed");
@@ -1794,7 +1717,8 @@ DDP__DEF ddp_status ddp_stream_create(ddp_device d, ddp_stream** out) {
     return DDP_OK;
 }
 
-DDP__DEF void ddp_stream_destroy(ddp_stream* s) {
+/* Destroy a stream (waits for its work first). NULL is ignored. */
+DDP__PRIVATE void ddp__stream_destroy(ddp_stream* s) {
     if (!s) return;
 #if DDP__CUDA
     if (s->dev.type == DDP_DEVICE_CUDA) {
@@ -1815,7 +1739,8 @@ DDP__DEF ddp_status ddp_stream_sync(ddp_stream* s) {
     return DDP_OK;
 }
 
-DDP__DEF void* ddp_stream_native(ddp_stream* s) {
+/* The cudaStream_t behind `s` as void* (NULL on the CPU): an escape hatch for your own kernels. */
+DDP__PRIVATE void* ddp__stream_native(ddp_stream* s) {
 #if DDP__CUDA
     if (s && s->dev.type == DDP_DEVICE_CUDA) return (void*)s->s;
 #else
@@ -1824,7 +1749,8 @@ DDP__DEF void* ddp_stream_native(ddp_stream* s) {
     return NULL;
 }
 
-DDP__DEF ddp_status ddp_event_create(ddp_device d, ddp_event** out) {
+/* Create an event on `d`. DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__event_create(ddp_device d, ddp_event** out) {
     ddp_event* e = (ddp_event*)ddp__calloc(sizeof *e);
     *out = NULL;
     if (!e) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating an event failed");
@@ -1844,7 +1770,8 @@ DDP__DEF ddp_status ddp_event_create(ddp_device d, ddp_event** out) {
     return DDP_OK;
 }
 
-DDP__DEF void ddp_event_destroy(ddp_event* e) {
+/* Destroy an event. NULL is ignored. */
+DDP__PRIVATE void ddp__event_destroy(ddp_event* e) {
     if (!e) return;
 #if DDP__CUDA
     if (e->dev.type == DDP_DEVICE_CUDA) cudaEventDestroy(e->e);
@@ -1852,7 +1779,8 @@ DDP__DEF void ddp_event_destroy(ddp_event* e) {
     DDP_FREE(e);
 }
 
-DDP__DEF ddp_status ddp_event_record(ddp_event* e, ddp_stream* s) {
+/* Mark the current end of stream `s` with `e`. DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__event_record(ddp_event* e, ddp_stream* s) {
 #if DDP__CUDA
     if (e->dev.type == DDP_DEVICE_CUDA) DDP__CU(cudaEventRecord(e->e, s ? s->s : 0));
 #else
@@ -1862,7 +1790,8 @@ DDP__DEF ddp_status ddp_event_record(ddp_event* e, ddp_stream* s) {
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_stream_wait_event(ddp_stream* s, ddp_event* e) {
+/* Make later work on `s` wait until `e` has happened, without blocking the host. */
+DDP__PRIVATE ddp_status ddp__stream_wait_event(ddp_stream* s, ddp_event* e) {
 #if DDP__CUDA
     if (e->dev.type == DDP_DEVICE_CUDA && s && s->dev.type == DDP_DEVICE_CUDA)
         DDP__CU(cudaStreamWaitEvent(s->s, e->e, 0));
@@ -1873,7 +1802,8 @@ DDP__DEF ddp_status ddp_stream_wait_event(ddp_stream* s, ddp_event* e) {
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_event_sync(ddp_event* e) {
+/* Block the host until `e` has happened. DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__event_sync(ddp_event* e) {
 #if DDP__CUDA
     if (e->dev.type == DDP_DEVICE_CUDA) DDP__CU(cudaEventSynchronize(e->e));
 #else
@@ -1882,7 +1812,8 @@ DDP__DEF ddp_status ddp_event_sync(ddp_event* e) {
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_event_query(ddp_event* e, int* done) {
+/* *done = 1 if `e` has happened, else 0, without blocking. DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__event_query(ddp_event* e, int* done) {
     *done = 1;
 #if DDP__CUDA
     if (e->dev.type == DDP_DEVICE_CUDA) {
@@ -1912,12 +1843,12 @@ DDP__PRIVATE ddp_status ddp__copy_now(ddp_device dst_dev, void* dst, ddp_device 
     }
 #if DDP__CUDA
     /* cudaMemcpyDefault: unified addressing tells the runtime which side each pointer is on */
-    DDP__TRY(ddp_device_activate(dst_dev.type == DDP_DEVICE_CUDA ? dst_dev : src_dev));
+    DDP__TRY(ddp__device_activate(dst_dev.type == DDP_DEVICE_CUDA ? dst_dev : src_dev));
     DDP__CU(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
     DDP__CU(cudaStreamSynchronize(cudaStreamLegacy));
     return DDP_OK;
 #else
-    return ddp__fail(DDP_ERR_NOT_BUILT, "cannot copy to or from a GPU: %s", ddp_cuda_unavailable_reason());
+    return ddp__fail(DDP_ERR_NOT_BUILT, "cannot copy to or from a GPU: %s", ddp__cuda_unavailable_reason());
 #endif
 }
 
@@ -1930,30 +1861,31 @@ DDP__DEF ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, 
     }
 #if DDP__CUDA
     if (s && s->dev.type == DDP_DEVICE_CUDA) {
-        DDP__TRY(ddp_device_activate(s->dev));
+        DDP__TRY(ddp__device_activate(s->dev));
         DDP__CU(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, s->s));
         return DDP_OK;
     }
     /* "now": after everything queued on the GPU (the model's own stream included: the legacy
        stream that cudaMemcpy uses does not wait for the library's non-blocking streams) */
-    DDP__TRY(ddp_device_activate(dst_dev.type == DDP_DEVICE_CUDA ? dst_dev : src_dev));
+    DDP__TRY(ddp__device_activate(dst_dev.type == DDP_DEVICE_CUDA ? dst_dev : src_dev));
     DDP__CU(cudaDeviceSynchronize());
     return ddp__copy_now(dst_dev, dst, src_dev, src, nbytes);
 #else
     (void)s;
     return ddp__fail(DDP_ERR_NOT_BUILT, "cannot copy to or from a GPU: %s",
-                     ddp_cuda_unavailable_reason());
+                     ddp__cuda_unavailable_reason());
 #endif
 }
 
-DDP__DEF ddp_status ddp_zero(ddp_device d, void* p, size_t nbytes, ddp_stream* s) {
+/* Set nbytes at p on `d` to zero, in order on `s` (NULL: now, as ddp_copy). DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__zero(ddp_device d, void* p, size_t nbytes, ddp_stream* s) {
     if (nbytes == 0) return DDP_OK;
     if (d.type != DDP_DEVICE_CUDA) {
         memset(p, 0, nbytes);
         return DDP_OK;
     }
 #if DDP__CUDA
-    DDP__TRY(ddp_device_activate(d));
+    DDP__TRY(ddp__device_activate(d));
     if (s && s->dev.type == DDP_DEVICE_CUDA) {
         DDP__CU(cudaMemsetAsync(p, 0, nbytes, s->s));
         return DDP_OK;
@@ -1965,7 +1897,7 @@ DDP__DEF ddp_status ddp_zero(ddp_device d, void* p, size_t nbytes, ddp_stream* s
     return DDP_OK;
 #else
     (void)s;
-    return ddp__fail(DDP_ERR_NOT_BUILT, "cannot clear GPU memory: %s", ddp_cuda_unavailable_reason());
+    return ddp__fail(DDP_ERR_NOT_BUILT, "cannot clear GPU memory: %s", ddp__cuda_unavailable_reason());
 #endif
 }
 
@@ -1980,7 +1912,8 @@ DDP__DEF size_t ddp_dtype_size(ddp_dtype t) {
     }
     return 0;
 }
-DDP__DEF const char* ddp_dtype_name(ddp_dtype t) {
+/* "f32", "f16", "bf16" or "?". */
+DDP__PRIVATE const char* ddp__dtype_name(ddp_dtype t) {
     switch (t) {
     case DDP_DTYPE_DEFAULT:
     case DDP_F32: return "f32";
@@ -1990,59 +1923,54 @@ DDP__DEF const char* ddp_dtype_name(ddp_dtype t) {
     return "?";
 }
 
-/* The conversions work on the bit patterns; the GPU kernels (>>kernels) repeat the same steps
-   so that a value converts identically on either side. */
-DDP__DEF uint16_t ddp_f32_to_f16(float f) {
-    uint32_t x, a, sign;
-    memcpy(&x, &f, 4);
-    sign = (x >> 16) & 0x8000u;
-    a = x & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN */
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to infinity */
-    if (a < 0x38800000u) {
-        /* Below 2^-14 the result is an f16 subnormal, a multiple of 2^-24. Adding 0.5 puts the
-           value's multiples of 2^-24 into the low mantissa bits of a float whose exponent is
-           fixed, and the FPU's own round-to-nearest-even does the rounding. */
-        float g;
-        uint32_t r;
-        memcpy(&g, &a, 4);
-        g += 0.5f;
-        memcpy(&r, &g, 4);
-        return (uint16_t)(sign | (r - 0x3f000000u));
-    }
-    /* Normal: re-bias the exponent (127 -> 15, i.e. subtract 112 << 23) and round the 13 bits
-       that fall off to nearest, ties to the even result (the +odd term). */
-    a += 0xc8000fffu + ((a >> 13) & 1u);
-    return (uint16_t)(sign | (a >> 13));
-}
+/* The f16 and bf16 conversions work on bit patterns. Their steps are written once, here, as
+   functions of a 32-bit pattern: the CPU compiles them just below, and >>kernels pastes the same
+   text into the GPU source (DDP__XSTR), so that a value converts identically on either side.
+   ddp__bits and ddp__flt are the bit casts, ddp__add_half(a) is a + 0.5f rounded to nearest even;
+   each side defines its own. f32 -> f16: NaN stays NaN, >= 65520 rounds to infinity; below 2^-14
+   the result is an f16 subnormal, a multiple of 2^-24, and adding 0.5 puts those multiples into
+   the low mantissa bits of a float whose exponent is fixed, so the hardware's own rounding does
+   the work; a normal value has its exponent re-biased (127 -> 15: subtract 112 << 23) and the 13
+   bits that fall off rounded to nearest, ties to the even result (the + odd term). */
+#define DDP__CONVERSIONS(QUAL)                                                                     \
+    QUAL unsigned short ddp__cv_f32_to_f16(unsigned x) {                                           \
+        unsigned sg = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;                                    \
+        if (a > 0x7f800000u) return (unsigned short)(sg | 0x7e00u | ((a >> 13) & 0x3ffu));        \
+        if (a >= 0x477ff000u) return (unsigned short)(sg | 0x7c00u);                               \
+        if (a < 0x38800000u) return (unsigned short)(sg | (ddp__bits(ddp__add_half(ddp__flt(a))) - 0x3f000000u)); \
+        return (unsigned short)(sg | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13));                \
+    }                                                                                              \
+    QUAL float ddp__cv_f16_to_f32(unsigned h) {                                                    \
+        unsigned sg = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;                  \
+        if (e == 0) return sg ? -((float)m * 5.9604644775390625e-8f) : (float)m * 5.9604644775390625e-8f; \
+        return ddp__flt(e == 31 ? (sg | 0x7f800000u | (m << 13)) : (sg | ((e + 112u) << 23) | (m << 13))); \
+    }                                                                                              \
+    QUAL unsigned short ddp__cv_f32_to_bf16(unsigned x) {                                          \
+        if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);          \
+        return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);                          \
+    }                                                                                              \
+    QUAL float ddp__cv_bf16_to_f32(unsigned h) { return ddp__flt(h << 16); }
+#define DDP__STR_(...) #__VA_ARGS__
+#define DDP__XSTR(...) DDP__STR_(__VA_ARGS__) /* the text of a macro's expansion */
 
-DDP__DEF float ddp_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    float f;
-    if (e == 0) {
-        f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
-        return sign ? -f : f;
-    }
-    if (e == 31) x = sign | 0x7f800000u | (m << 13);
-    else x = sign | ((e + 112u) << 23) | (m << 13);
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-DDP__DEF uint16_t ddp_f32_to_bf16(float f) {
+DDP__PRIVATE unsigned ddp__bits(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
-    x += 0x7fffu + ((x >> 16) & 1u); /* round to nearest, ties to even */
-    return (uint16_t)(x >> 16);
+    return (unsigned)x;
 }
-
-DDP__DEF float ddp_bf16_to_f32(uint16_t h) {
-    uint32_t x = (uint32_t)h << 16;
+DDP__PRIVATE float ddp__flt(unsigned u) {
+    uint32_t x = (uint32_t)u;
     float f;
     memcpy(&f, &x, 4);
     return f;
 }
+DDP__PRIVATE float ddp__add_half(float a) { return a + 0.5f; }
+DDP__CONVERSIONS(DDP__PRIVATE)
+
+DDP__DEF uint16_t ddp_f32_to_f16(float f) { return ddp__cv_f32_to_f16(ddp__bits(f)); }
+DDP__DEF float ddp_f16_to_f32(uint16_t h) { return ddp__cv_f16_to_f32(h); }
+DDP__DEF uint16_t ddp_f32_to_bf16(float f) { return ddp__cv_f32_to_bf16(ddp__bits(f)); }
+DDP__DEF float ddp_bf16_to_f32(uint16_t h) { return ddp__cv_bf16_to_f32(h); }
 
 /* ============================================================================================== */
 /* >>kernels: GPU kernels compiled at run time by NVRTC; cuBLAS and CPU matrix products (ch. 1)  */
@@ -2052,7 +1980,7 @@ DDP__DEF float ddp_bf16_to_f32(uint16_t h) {
    uses a GPU. A student's file therefore stays plain C built by `cc` (no nvcc, no second
    compilation unit, no build-system knowledge), and because NVRTC compiles to PTX without a GPU
    or driver, `make test` proves on any machine that every kernel compiles
-   (ddp_kernels_compile_ptx). The cost is a compile of a few hundred milliseconds at the first
+   (ddp__kernels_compile_ptx). The cost is a compile of a few hundred milliseconds at the first
    GPU use, paid once per process and device. Kernels are launched through the runtime API
    (cudaLibraryLoadData + cudaLaunchKernel), so a program links against cudart and never against
    libcuda directly: the same binary starts, and runs on the CPU, on a machine without a driver.
@@ -2129,45 +2057,29 @@ static const char* const ddp__kernel_source[] = {
     "    m[i] += (1.f - b1) * (d - m[i]);\n"
     "    v[i] = b2 * v[i] + (1.f - b2) * d * d;\n"
     "    p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps); } }\n",
-    /* dtype conversions: the same bit steps as ddp_f32_to_f16 and friends on the CPU */
+    /* dtype conversions: the text of DDP__CONVERSIONS (>>device), the CPU's own code */
+    "#define DDP__ON_GPU __device__\n"
+    "__device__ unsigned ddp__bits(float f) { return __float_as_uint(f); }\n"
+    "__device__ float ddp__flt(unsigned u) { return __uint_as_float(u); }\n"
+    "__device__ float ddp__add_half(float a) { return __fadd_rn(a, 0.5f); }\n",
+    DDP__XSTR(DDP__CONVERSIONS(DDP__ON_GPU)) "\n", /* DDP__ON_GPU: a name no host header defines */
     "extern \"C\" __global__ void ddp_k_f32_to_f16(const float* s, unsigned short* d, long long n) {\n"
-    "  GRID_LOOP(i, n) { unsigned x = __float_as_uint(s[i]); unsigned sg = (x >> 16) & 0x8000u;"
-    " unsigned a = x & 0x7fffffffu; unsigned short h;\n"
-    "    if (a > 0x7f800000u) h = sg | 0x7e00u | ((a >> 13) & 0x3ffu);\n"
-    "    else if (a >= 0x477ff000u) h = sg | 0x7c00u;\n"
-    "    else if (a < 0x38800000u) h = sg | (__float_as_uint(__fadd_rn(__uint_as_float(a), 0.5f)) - 0x3f000000u);\n"
-    "    else h = sg | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13);\n"
-    "    d[i] = h; } }\n",
+    "  GRID_LOOP(i, n) d[i] = ddp__cv_f32_to_f16(__float_as_uint(s[i])); }\n",
     "extern \"C\" __global__ void ddp_k_f16_to_f32(const unsigned short* s, float* d, long long n) {\n"
-    "  GRID_LOOP(i, n) { unsigned h = s[i]; unsigned sg = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu,"
-    " m = h & 0x3ffu;\n"
-    "    if (e == 0) { float f = (float)m * 5.9604644775390625e-8f; d[i] = sg ? -f : f; }\n"
-    "    else d[i] = __uint_as_float(e == 31 ? (sg | 0x7f800000u | (m << 13)) : (sg | ((e + 112u) << 23) | (m << 13))); } }\n",
+    "  GRID_LOOP(i, n) d[i] = ddp__cv_f16_to_f32(s[i]); }\n",
     "extern \"C\" __global__ void ddp_k_f32_to_bf16(const float* s, unsigned short* d, long long n) {\n"
-    "  GRID_LOOP(i, n) { unsigned x = __float_as_uint(s[i]);\n"
-    "    d[i] = (x & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((x >> 16) | 0x40u)"
-    " : (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16); } }\n",
+    "  GRID_LOOP(i, n) d[i] = ddp__cv_f32_to_bf16(__float_as_uint(s[i])); }\n",
     "extern \"C\" __global__ void ddp_k_bf16_to_f32(const unsigned short* s, float* d, long long n) {\n"
-    "  GRID_LOOP(i, n) d[i] = __uint_as_float((unsigned)s[i] << 16); }\n",
+    "  GRID_LOOP(i, n) d[i] = ddp__cv_bf16_to_f32(s[i]); }\n",
     /* dst = (dst op src) / divisor for the NCCL ring: dtype 1 f32, 2 f16, 3 bf16; op 0 sum, 1 max.
        Values are widened to f32, combined, and rounded back, as the CPU ring does. */
     "__device__ float ddp_ld(const void* p, long long i, int t) {\n"
-    "  if (t == 2) { unsigned h = ((const unsigned short*)p)[i]; unsigned sg = (h & 0x8000u) << 16,"
-    " e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
-    "    if (e == 0) { float f = (float)m * 5.9604644775390625e-8f; return sg ? -f : f; }\n"
-    "    return __uint_as_float(e == 31 ? (sg | 0x7f800000u | (m << 13)) : (sg | ((e + 112u) << 23) | (m << 13))); }\n"
-    "  if (t == 3) return __uint_as_float((unsigned)((const unsigned short*)p)[i] << 16);\n"
+    "  if (t == 2) return ddp__cv_f16_to_f32(((const unsigned short*)p)[i]);\n"
+    "  if (t == 3) return ddp__cv_bf16_to_f32(((const unsigned short*)p)[i]);\n"
     "  return ((const float*)p)[i]; }\n"
     "__device__ void ddp_st(void* p, long long i, int t, float v) {\n"
-    "  unsigned x = __float_as_uint(v);\n"
-    "  if (t == 2) { unsigned sg = (x >> 16) & 0x8000u, a = x & 0x7fffffffu; unsigned short h;\n"
-    "    if (a > 0x7f800000u) h = sg | 0x7e00u | ((a >> 13) & 0x3ffu);\n"
-    "    else if (a >= 0x477ff000u) h = sg | 0x7c00u;\n"
-    "    else if (a < 0x38800000u) h = sg | (__float_as_uint(__fadd_rn(__uint_as_float(a), 0.5f)) - 0x3f000000u);\n"
-    "    else h = sg | ((a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13);\n"
-    "    ((unsigned short*)p)[i] = h; }\n"
-    "  else if (t == 3) ((unsigned short*)p)[i] = (x & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((x >> 16) | 0x40u)"
-    " : (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);\n"
+    "  if (t == 2) ((unsigned short*)p)[i] = ddp__cv_f32_to_f16(__float_as_uint(v));\n"
+    "  else if (t == 3) ((unsigned short*)p)[i] = ddp__cv_f32_to_bf16(__float_as_uint(v));\n"
     "  else ((float*)p)[i] = v; }\n"
     "extern \"C\" __global__ void ddp_k_reduce(void* dst, const void* src, long long n, int t, int op, float divisor) {\n"
     "  GRID_LOOP(i, n) { float a = ddp_ld(dst, i, t), b = ddp_ld(src, i, t);\n"
@@ -2179,9 +2091,11 @@ static const char* const ddp__kernel_source[] = {
 };
 #endif
 
-DDP__DEF int ddp_kernel_count(void) { return DDP__CUDA ? (int)DDP__K_COUNT : 0; }
-DDP__DEF const char* ddp_kernel_name(int i) {
-    return (i >= 0 && i < ddp_kernel_count()) ? ddp__kernel_names[i] : NULL;
+/* Number of GPU kernels in this library (0 in a CPU-only build). */
+DDP__PRIVATE int ddp__kernel_count(void) { return DDP__CUDA ? (int)DDP__K_COUNT : 0; }
+/* The name of kernel i, 0 <= i < ddp__kernel_count(); NULL outside that range. */
+DDP__PRIVATE const char* ddp__kernel_name(int i) {
+    return (i >= 0 && i < ddp__kernel_count()) ? ddp__kernel_names[i] : NULL;
 }
 
 #if DDP__CUDA
@@ -2248,7 +2162,10 @@ DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, int cubin, char** i
 }
 #endif
 
-DDP__DEF ddp_status ddp_kernels_compile_ptx(const char* arch, char** ptx, size_t* nbytes) {
+/* Compile every kernel with NVRTC for `arch` (e.g. "compute_80") into PTX text. Needs no GPU:
+   this is how a machine without one proves the kernels compile. *ptx is freed with ddp__free_host.
+   DDP_ERR_NVRTC with the compiler log on failure; DDP_ERR_NOT_BUILT in a CPU-only build. */
+DDP__PRIVATE ddp_status ddp__kernels_compile_ptx(const char* arch, char** ptx, size_t* nbytes) {
 #if DDP__CUDA
     return ddp__nvrtc_compile(arch ? arch : "compute_80", 0, ptx, nbytes);
 #else
@@ -2317,7 +2234,7 @@ DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
     for (i = 0; i < DDP__K_COUNT; i++)
         DDP__CU(cudaLibraryGetKernel(&ddp__kern.k[dev][i], ddp__kern.lib[dev], ddp__kernel_names[i]));
     ddp__kern.loaded[dev] = 1;
-    ddp_log(DDP_LOG_INFO, "compiled %d GPU kernels for cuda:%d (%s)", (int)DDP__K_COUNT, dev, arch);
+    ddp__log(DDP_LOG_INFO, "compiled %d GPU kernels for cuda:%d (%s)", (int)DDP__K_COUNT, dev, arch);
     return DDP_OK;
 }
 
@@ -2348,7 +2265,7 @@ DDP__PRIVATE ddp_status ddp__launch(ddp_device d, ddp_stream* s, int k, long lon
         return ddp__fail_cuda(e, what, __LINE__);
     }
     /* DETAIL mode waits for each kernel so an error points at the kernel that caused it. */
-    if (ddp_log_level_enabled() >= DDP_LOG_DETAIL) {
+    if (ddp__log_level_enabled() >= DDP_LOG_DETAIL) {
         e = cudaStreamSynchronize(s ? s->s : 0);
         if (e != cudaSuccess) {
             char what[96];
@@ -2360,7 +2277,9 @@ DDP__PRIVATE ddp_status ddp__launch(ddp_device d, ddp_stream* s, int k, long lon
 }
 #endif
 
-DDP__DEF ddp_status ddp_convert(ddp_device d, ddp_dtype dst_type, void* dst, ddp_dtype src_type,
+/* Convert `count` elements between dtypes on device `d` (both buffers there), in order on `s`.
+   DDP_ERR_INVALID_ARGUMENT for an unknown dtype; DDP_ERR_CUDA on a GPU failure. */
+DDP__PRIVATE ddp_status ddp__convert(ddp_device d, ddp_dtype dst_type, void* dst, ddp_dtype src_type,
                                 const void* src, size_t count, ddp_stream* s) {
     size_t i;
     if (dst_type == DDP_DTYPE_DEFAULT) dst_type = DDP_F32;
@@ -2368,8 +2287,8 @@ DDP__DEF ddp_status ddp_convert(ddp_device d, ddp_dtype dst_type, void* dst, ddp
     if (ddp_dtype_size(dst_type) == 0 || ddp_dtype_size(src_type) == 0 ||
         (dst_type != DDP_F32 && src_type != DDP_F32))
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
-                         "ddp_convert supports f32 <-> f16 and f32 <-> bf16, not %s -> %s",
-                         ddp_dtype_name(src_type), ddp_dtype_name(dst_type));
+                         "ddp__convert supports f32 <-> f16 and f32 <-> bf16, not %s -> %s",
+                         ddp__dtype_name(src_type), ddp__dtype_name(dst_type));
     if (dst_type == src_type) return ddp_copy(d, dst, d, src, count * ddp_dtype_size(dst_type), s);
     if (d.type == DDP_DEVICE_CUDA) {
 #if DDP__CUDA
@@ -2383,7 +2302,7 @@ DDP__DEF ddp_status ddp_convert(ddp_device d, ddp_dtype dst_type, void* dst, ddp
         if (count == 0) return DDP_OK;
         return ddp__launch(d, s, k, n, args);
 #else
-        return ddp__fail(DDP_ERR_NOT_BUILT, "cannot convert on a GPU: %s", ddp_cuda_unavailable_reason());
+        return ddp__fail(DDP_ERR_NOT_BUILT, "cannot convert on a GPU: %s", ddp__cuda_unavailable_reason());
 #endif
     }
     for (i = 0; i < count; i++) {
@@ -2494,14 +2413,16 @@ DDP__DEF ddp_status ddp_param_add_hook(ddp_param* p, ddp_grad_hook_fn fn, void* 
     return DDP_OK;
 }
 
-DDP__DEF void ddp_param_clear_hooks(ddp_param* p) { p->nhooks = 0; }
+/* Remove every hook of p. */
+DDP__PRIVATE void ddp__param_clear_hooks(ddp_param* p) { p->nhooks = 0; }
 
 DDP__DEF void ddp_param_grad_ready(ddp_param* p) {
     int i;
     for (i = 0; i < p->nhooks; i++) p->hooks[i](p, p->hook_user[i]);
 }
 
-DDP__DEF ddp_status ddp_model_create(const ddp_model_desc* desc, ddp_model** out) {
+/* An empty model on desc->device. DDP_ERR_NO_GPU / DDP_ERR_NOT_BUILT if that device is unusable. */
+DDP__PRIVATE ddp_status ddp__model_create(const ddp_model_desc* desc, ddp_model** out) {
     ddp_model* m;
     ddp_device dev, want;
     *out = NULL;
@@ -2512,16 +2433,16 @@ DDP__DEF ddp_status ddp_model_create(const ddp_model_desc* desc, ddp_model** out
     if (!m) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a model failed");
     m->device = dev;
     m->seed = desc ? desc->seed : 0;
-    if (ddp_stream_create(dev, &m->stream) != DDP_OK) {
+    if (ddp__stream_create(dev, &m->stream) != DDP_OK) {
         DDP_FREE(m);
-        return ddp_last_status();
+        return ddp__last_status();
     }
 #if DDP__CUDA
     if (dev.type == DDP_DEVICE_CUDA) {
         cublasStatus_t b = cublasCreate(&m->blas);
         if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetStream(m->blas, m->stream->s);
         if (b != CUBLAS_STATUS_SUCCESS) {
-            ddp_stream_destroy(m->stream);
+            ddp__stream_destroy(m->stream);
             DDP_FREE(m);
             return ddp__fail_cublas(b, "cublasCreate/cublasSetStream", __LINE__);
         }
@@ -2573,7 +2494,10 @@ DDP__PRIVATE ddp_status ddp__param_new(ddp_model* m, const char* name, int ndim,
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_model_add_linear(ddp_model* m, int in, int out) {
+/* Append Linear(in, out) with PyTorch's default initialisation, U(-1/sqrt(in), 1/sqrt(in)) for
+   weight and bias, drawn from the model's seed. DDP_ERR_INVALID_ARGUMENT if `in` does not match
+   the previous layer's width or a size is not positive. */
+DDP__PRIVATE ddp_status ddp__model_add_linear(ddp_model* m, int in, int out) {
     ddp__layer* L;
     char name[32];
     float bound;
@@ -2602,14 +2526,15 @@ DDP__DEF ddp_status ddp_model_add_linear(ddp_model* m, int in, int out) {
         ddp_free(m->device, w->data);
         ddp_free(m->device, w->grad);
         DDP_FREE(w);
-        return ddp_last_status();
+        return ddp__last_status();
     }
     m->nlinear++;
     m->nlayers++;
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_model_add_activation(ddp_model* m, ddp_layer_kind kind) {
+/* Append an activation (DDP_LAYER_RELU or DDP_LAYER_GELU). DDP_ERR_INVALID_ARGUMENT otherwise. */
+DDP__PRIVATE ddp_status ddp__model_add_activation(ddp_model* m, ddp_layer_kind kind) {
     ddp__layer* L;
     if (kind != DDP_LAYER_RELU && kind != DDP_LAYER_GELU)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "activation must be DDP_LAYER_RELU or DDP_LAYER_GELU");
@@ -2632,10 +2557,10 @@ DDP__DEF ddp_status ddp_model_mlp(const ddp_model_desc* desc, const int* sizes, 
     ddp_status s = DDP_OK;
     *out = NULL;
     if (n < 2) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "an MLP needs at least 2 sizes, got %d", n);
-    DDP__TRY(ddp_model_create(desc, &m));
+    DDP__TRY(ddp__model_create(desc, &m));
     for (i = 0; i + 1 < n && s == DDP_OK; i++) {
-        s = ddp_model_add_linear(m, sizes[i], sizes[i + 1]);
-        if (s == DDP_OK && i + 2 < n) s = ddp_model_add_activation(m, act);
+        s = ddp__model_add_linear(m, sizes[i], sizes[i + 1]);
+        if (s == DDP_OK && i + 2 < n) s = ddp__model_add_activation(m, act);
     }
     if (s != DDP_OK) {
         ddp_model_destroy(m);
@@ -2675,17 +2600,17 @@ DDP__DEF void ddp_model_destroy(ddp_model* m) {
 #if DDP__CUDA
     if (m->device.type == DDP_DEVICE_CUDA) cublasDestroy(m->blas);
 #endif
-    ddp_stream_destroy(m->stream);
+    ddp__stream_destroy(m->stream);
     DDP_FREE(m);
 }
 
-DDP__DEF ddp_device ddp_model_device(const ddp_model* m) { return m->device; }
+DDP__PRIVATE ddp_device ddp__model_device(const ddp_model* m) { return m->device; }
 DDP__DEF int ddp_model_num_params(const ddp_model* m) { return m->nparams; }
 DDP__DEF ddp_param* ddp_model_param(ddp_model* m, int i) {
     return (i >= 0 && i < m->nparams) ? m->params[i] : NULL;
 }
-DDP__DEF int ddp_model_in_features(const ddp_model* m) { return m->nlayers ? m->layers[0].in : 0; }
-DDP__DEF int ddp_model_out_features(const ddp_model* m) {
+DDP__PRIVATE int ddp__model_in_features(const ddp_model* m) { return m->nlayers ? m->layers[0].in : 0; }
+DDP__PRIVATE int ddp__model_out_features(const ddp_model* m) {
     return m->nlayers ? m->layers[m->nlayers - 1].out : 0;
 }
 DDP__DEF ddp_stream* ddp_model_stream(ddp_model* m) {
@@ -2717,7 +2642,7 @@ DDP__PRIVATE ddp_status ddp__model_reserve(ddp_model* m, int batch) {
     if (s == DDP_OK) s = ddp_alloc(m->device, (size_t)batch * sizeof(float), (void**)&m->row_loss);
     if (s == DDP_OK) s = ddp_alloc(m->device, (size_t)batch * sizeof(int), (void**)&m->labels);
     if (s == DDP_OK)
-        s = ddp_alloc(m->device, (size_t)batch * ddp_model_out_features(m) * sizeof(float), (void**)&m->targets);
+        s = ddp_alloc(m->device, (size_t)batch * ddp__model_out_features(m) * sizeof(float), (void**)&m->targets);
     if (s == DDP_OK) s = ddp_alloc(ddp__cpu(), (size_t)batch * sizeof(float), (void**)&m->host_rows);
     if (s != DDP_OK) {
         ddp__model_free_buffers(m);
@@ -2739,7 +2664,7 @@ DDP__PRIVATE ddp_status ddp__gemm(ddp_model* m, int ta, int tb, int M, int N, in
                               N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
         /* DETAIL mode waits for each product, as for each kernel (ddp__launch), so that an error
            is reported at the call that caused it */
-        if (ddp_log_level_enabled() >= DDP_LOG_DETAIL) {
+        if (ddp__log_level_enabled() >= DDP_LOG_DETAIL) {
             cudaError_t e = cudaStreamSynchronize(m->stream->s);
             if (e != cudaSuccess) return ddp__fail_cuda(e, "cublasSgemm (synchronised under DDP_DEBUG=DETAIL)", __LINE__);
         }
@@ -2813,10 +2738,11 @@ DDP__DEF ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch) {
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_model_output(ddp_model* m, float* out) {
-    if (!m->have_output) return ddp__fail(DDP_ERR_STATE, "ddp_model_output before ddp_model_forward");
+/* Copy the last forward's output [batch, out_features] to the host array `out`. */
+DDP__PRIVATE ddp_status ddp__model_output(ddp_model* m, float* out) {
+    if (!m->have_output) return ddp__fail(DDP_ERR_STATE, "ddp__model_output before ddp_model_forward");
     DDP__TRY(ddp_copy(ddp__cpu(), out, m->device, m->act[m->nlayers],
-                      (size_t)m->batch * ddp_model_out_features(m) * sizeof(float), m->stream));
+                      (size_t)m->batch * ddp__model_out_features(m) * sizeof(float), m->stream));
     return ddp_stream_sync(m->stream);
 }
 
@@ -2833,7 +2759,7 @@ DDP__PRIVATE ddp_status ddp__sum_rows(ddp_model* m, double denominator, float* l
 }
 
 DDP__DEF ddp_status ddp_loss_cross_entropy(ddp_model* m, const int* labels, float* loss) {
-    int B = m->batch, C = ddp_model_out_features(m), r, c;
+    int B = m->batch, C = ddp__model_out_features(m), r, c;
     const float* z = m->act[m->nlayers];
     float* dz = m->grad_a;
     if (!m->have_output) return ddp__fail(DDP_ERR_STATE, "the loss needs a ddp_model_forward first");
@@ -2873,8 +2799,9 @@ DDP__DEF ddp_status ddp_loss_cross_entropy(ddp_model* m, const int* labels, floa
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_loss_mse(ddp_model* m, const float* targets, float* loss) {
-    int B = m->batch, C = ddp_model_out_features(m), r, c;
+/* Mean squared error against host targets[batch, out_features] (F.mse_loss); as above. */
+DDP__PRIVATE ddp_status ddp__loss_mse(ddp_model* m, const float* targets, float* loss) {
+    int B = m->batch, C = ddp__model_out_features(m), r, c;
     const float* p = m->act[m->nlayers];
     float* dp = m->grad_a;
     if (!m->have_output) return ddp__fail(DDP_ERR_STATE, "the loss needs a ddp_model_forward first");
@@ -2995,7 +2922,7 @@ DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
     return m->post_backward ? m->post_backward(m, m->post_backward_user) : DDP_OK;
 }
 
-DDP__DEF void ddp_model_set_post_backward(ddp_model* m, ddp_post_backward_fn fn, void* user) {
+DDP__PRIVATE void ddp__model_set_post_backward(ddp_model* m, ddp_post_backward_fn fn, void* user) {
     m->post_backward = fn;
     m->post_backward_user = user;
 }
@@ -3004,13 +2931,13 @@ DDP__DEF ddp_status ddp_model_zero_grad(ddp_model* m) {
     int i;
     m->local_backwards = 0;
     for (i = 0; i < m->nparams; i++)
-        DDP__TRY(ddp_zero(m->device, m->params[i]->grad, m->params[i]->count * sizeof(float), m->stream));
+        DDP__TRY(ddp__zero(m->device, m->params[i]->grad, m->params[i]->count * sizeof(float), m->stream));
     return DDP_OK;
 }
 
 DDP__DEF ddp_status ddp_model_evaluate(ddp_model* m, const float* x, const int* labels, int n,
                                        float* accuracy, float* mean_loss) {
-    int start, C = ddp_model_out_features(m), in = ddp_model_in_features(m), correct = 0;
+    int start, C = ddp__model_out_features(m), in = ddp__model_in_features(m), correct = 0;
     double loss_sum = 0;
     float* out;
     const int chunk = 256;
@@ -3025,7 +2952,7 @@ DDP__DEF ddp_status ddp_model_evaluate(ddp_model* m, const float* x, const int* 
     for (start = 0; start < n; start += chunk) {
         int b = n - start < chunk ? n - start : chunk, r, c;
         ddp_status s = ddp_model_forward(m, x + (size_t)start * in, b);
-        if (s == DDP_OK) s = ddp_model_output(m, out);
+        if (s == DDP_OK) s = ddp__model_output(m, out);
         if (s != DDP_OK) {
             DDP_FREE(out);
             return s;
@@ -3095,9 +3022,9 @@ DDP__DEF ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, d
         size_t nb = m->params[i]->count * sizeof(float);
         /* zeroed, so a snapshot taken before the first step holds no stray bytes */
         if (d.kind != DDP_SGD || d.momentum != 0.f) s = ddp_alloc(m->device, nb, (void**)&o->state1[i]);
-        if (s == DDP_OK && o->state1[i]) s = ddp_zero(m->device, o->state1[i], nb, m->stream);
+        if (s == DDP_OK && o->state1[i]) s = ddp__zero(m->device, o->state1[i], nb, m->stream);
         if (s == DDP_OK && d.kind != DDP_SGD) s = ddp_alloc(m->device, nb, (void**)&o->state2[i]);
-        if (s == DDP_OK && o->state2[i]) s = ddp_zero(m->device, o->state2[i], nb, m->stream);
+        if (s == DDP_OK && o->state2[i]) s = ddp__zero(m->device, o->state2[i], nb, m->stream);
     }
     if (s != DDP_OK) {
         ddp_optim_destroy(o);
@@ -3116,7 +3043,7 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
     /* An accumulation loop that turned no_sync off too early (the first micro-batch synchronised,
        the others not) steps on gradients the other ranks never saw: the replicas drift apart. */
     if (m->local_backwards > 0 && ddp__first_time(&ddp__warned_no_sync))
-        ddp_log(DDP_LOG_WARN, "ddp_optim_step: the last %d backward pass%s ran under ddp_no_sync after the last "
+        ddp__log(DDP_LOG_WARN, "ddp_optim_step: the last %d backward pass%s ran under ddp_no_sync after the last "
                 "all-reduce, so %s gradients were never averaged across the ranks and the replicas now drift apart. "
                 "Keep no_sync on for the first K-1 micro-batches and off for the last one: ddp_no_sync(w, k < K - 1) "
                 "before each backward. Printed once per process", m->local_backwards,
@@ -3527,7 +3454,7 @@ DDP__PRIVATE int ddp__kv_set(ddp__server* s, const char* key, size_t klen, const
 
 DDP__PRIVATE void ddp__sconn_close(ddp__server* s, int i, const char* why) {
     ddp__sconn* c = &s->conns[i];
-    if (why) ddp_log(DDP_LOG_WARN, "store: dropped the connection from %s: %s", c->peer, why);
+    if (why) ddp__log(DDP_LOG_WARN, "store: dropped the connection from %s: %s", c->peer, why);
     close(c->fd);
     if (c->body) DDP_FREE(c->body);
     s->conns[i] = s->conns[--s->nconns];
@@ -3585,12 +3512,12 @@ DDP__PRIVATE int ddp__serve(ddp__server* s, ddp__sconn* c) {
     const unsigned char* val = c->body + c->klen;
     if (!c->hello) {
         if (c->op != DDP__OP_HELLO) {
-            ddp_log(DDP_LOG_WARN, "store: %s sent a request before HELLO; dropped", c->peer);
+            ddp__log(DDP_LOG_WARN, "store: %s sent a request before HELLO; dropped", c->peer);
             return -1;
         }
         if (c->vlen != strlen(s->token) || memcmp(val, s->token, c->vlen) != 0) {
             ddp__sreply(c, DDP__ST_REFUSED, "wrong job token", 15);
-            ddp_log(DDP_LOG_WARN, "store: refused %s: wrong job token (another job, or DDP_JOB_TOKEN "
+            ddp__log(DDP_LOG_WARN, "store: refused %s: wrong job token (another job, or DDP_JOB_TOKEN "
                     "differs between ranks)", c->peer);
             return -1;
         }
@@ -3598,7 +3525,7 @@ DDP__PRIVATE int ddp__serve(ddp__server* s, ddp__sconn* c) {
         return ddp__sreply(c, DDP__ST_OK, NULL, 0);
     }
     if (c->klen && memchr(key, 0, c->klen)) { /* keys are C strings: a NUL would alias another key */
-        ddp_log(DDP_LOG_WARN, "store: %s sent a key with a NUL byte; dropped", c->peer);
+        ddp__log(DDP_LOG_WARN, "store: %s sent a key with a NUL byte; dropped", c->peer);
         return -1;
     }
     switch (c->op) {
@@ -3642,7 +3569,7 @@ DDP__PRIVATE int ddp__serve(ddp__server* s, ddp__sconn* c) {
         return 0;
     }
     default:
-        ddp_log(DDP_LOG_WARN, "store: %s sent unknown operation %u; dropped", c->peer, c->op);
+        ddp__log(DDP_LOG_WARN, "store: %s sent unknown operation %u; dropped", c->peer, c->op);
         return -1;
     }
 }
@@ -3660,7 +3587,7 @@ DDP__PRIVATE int ddp__server_read(ddp__server* s, int i) {
             k = recv(c->fd, &b, 1, MSG_PEEK);
             if (k == 0) return -1;
             if (k > 0) {
-                ddp_log(DDP_LOG_WARN, "store: %s sent data while waiting for a reply; dropped", c->peer);
+                ddp__log(DDP_LOG_WARN, "store: %s sent data while waiting for a reply; dropped", c->peer);
                 return -1;
             }
             return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
@@ -3680,12 +3607,12 @@ DDP__PRIVATE int ddp__server_read(ddp__server* s, int i) {
         if (c->got == 20 && !c->body) {
             /* the header is complete: check it before accepting a byte of the body */
             if (ddp__le32(c->head) != DDP__STORE_MAGIC) {
-                ddp_log(DDP_LOG_WARN, "store: %s is not speaking this protocol (bad magic); dropped", c->peer);
+                ddp__log(DDP_LOG_WARN, "store: %s is not speaking this protocol (bad magic); dropped", c->peer);
                 return -1;
             }
             if ((c->head[4] | c->head[5] << 8) != DDP__STORE_VERSION) {
                 ddp__sreply(c, DDP__ST_REFUSED, "protocol version mismatch", 25);
-                ddp_log(DDP_LOG_WARN, "store: %s speaks protocol version %d, this server %d: every rank must "
+                ddp__log(DDP_LOG_WARN, "store: %s speaks protocol version %d, this server %d: every rank must "
                         "use the same ddp.h; dropped", c->peer, c->head[4] | c->head[5] << 8, DDP__STORE_VERSION);
                 return -1;
             }
@@ -3695,7 +3622,7 @@ DDP__PRIVATE int ddp__server_read(ddp__server* s, int i) {
             c->timeout_ms = ddp__le32(c->head + 16);
             if (c->klen > DDP_STORE_MAX_KEY || c->vlen > DDP_STORE_MAX_VALUE ||
                 (!c->hello && c->vlen > sizeof s->token)) {
-                ddp_log(DDP_LOG_WARN, "store: %s announced a %u-byte key and %u-byte value, over the limits "
+                ddp__log(DDP_LOG_WARN, "store: %s announced a %u-byte key and %u-byte value, over the limits "
                         "(%d, %d); dropped", c->peer, c->klen, c->vlen, DDP_STORE_MAX_KEY, DDP_STORE_MAX_VALUE);
                 return -1;
             }
@@ -3804,7 +3731,7 @@ static void* ddp__server_main(void* arg) {
                         struct rlimit rl;
                         long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : -1;
                         s->accept_failing_since = ddp__now();
-                        ddp_log(s->accept_episodes++ ? DDP_LOG_INFO : DDP_LOG_WARN,
+                        ddp__log(s->accept_episodes++ ? DDP_LOG_INFO : DDP_LOG_WARN,
                                 "store: cannot accept a connection: %s (this process may have %ld open "
                                 "files: ulimit -n). Serving the %d connections it has and retrying every 0.1 s; "
                                 "many connections that never say HELLO come from another program or an attack "
@@ -3815,7 +3742,7 @@ static void* ddp__server_main(void* arg) {
                 }
                 if (fd < 0) break;
                 if (s->accept_fails) {
-                    ddp_log(s->accept_episodes > 1 ? DDP_LOG_INFO : DDP_LOG_WARN, "store: accepting connections again (accept failed %ld times over %.1f s "
+                    ddp__log(s->accept_episodes > 1 ? DDP_LOG_INFO : DDP_LOG_WARN, "store: accepting connections again (accept failed %ld times over %.1f s "
                             "for want of file descriptors)", s->accept_fails, ddp__now() - s->accept_failing_since);
                     s->accept_fails = 0;
                 }
@@ -3998,7 +3925,10 @@ DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s) {
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out) {
+/* Start a server (is_server) and connect a client to it, retrying with back-off until the
+   deadline. DDP_ERR_PORT_IN_USE when the port is taken, DDP_ERR_STORE_UNREACHABLE when no server
+   answers in time, DDP_ERR_STORE_REFUSED when the server rejects the token or version. */
+DDP__PRIVATE ddp_status ddp__store_create(const ddp_store_desc* desc, ddp_store** out) {
     ddp_store* s;
     ddp_store_desc d;
     const char* env;
@@ -4026,7 +3956,7 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     if (d.is_server) {
         st = ddp__server_start(s->port, ddp__loopback_only(s->host), s->token, s->timeout, &s->server);
         if (st != DDP_OK) {
-            ddp_store_destroy(s);
+            ddp__store_destroy(s);
             return st;
         }
         s->port = s->server->port;
@@ -4043,7 +3973,7 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
         /* A name that does not resolve is said at once: the retries only help when the name is about
            to appear (a cluster's DNS catching up), and a typo would otherwise wait out DDP_TIMEOUT. */
         if (ddp__gai_err && !warned_name++)
-            ddp_log(DDP_LOG_WARN, "the rendezvous host \"%s\" (MASTER_ADDR) does not resolve to an address: %s. "
+            ddp__log(DDP_LOG_WARN, "the rendezvous host \"%s\" (MASTER_ADDR) does not resolve to an address: %s. "
                     "Retrying until DDP_TIMEOUT (%.0f s); set MASTER_ADDR to rank 0's IP address, or to a name every "
                     "machine resolves (127.0.0.1 when all ranks run here)", s->host, gai_strerror(ddp__gai_err),
                     s->timeout);
@@ -4061,7 +3991,7 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
                                "running, and do all ranks use the same MASTER_ADDR and MASTER_PORT?",
                                s->host, s->port, s->timeout,
                                last_err == EHOSTUNREACH ? "the address is unreachable" : strerror(last_err));
-            ddp_store_destroy(s); /* after the message: it quotes s */
+            ddp__store_destroy(s); /* after the message: it quotes s */
             return st;
         }
         ddp__sleep(deadline - ddp__now() < backoff ? deadline - ddp__now() : backoff);
@@ -4069,7 +3999,7 @@ DDP__DEF ddp_status ddp_store_create(const ddp_store_desc* desc, ddp_store** out
     }
     st = ddp__store_hello(s);
     if (st != DDP_OK) {
-        ddp_store_destroy(s);
+        ddp__store_destroy(s);
         return st;
     }
     *out = s;
@@ -4093,7 +4023,8 @@ DDP__PRIVATE int ddp__store_wait_closed(ddp_store* s, double deadline) {
     }
 }
 
-DDP__DEF void ddp_store_destroy(ddp_store* s) {
+/* Close the client and, if this process hosts it, stop the server. NULL is ignored. */
+DDP__PRIVATE void ddp__store_destroy(ddp_store* s) {
     if (!s) return;
     if (s->fd >= 0) close(s->fd);
     ddp__server_stop(s->server);
@@ -4101,7 +4032,8 @@ DDP__DEF void ddp_store_destroy(ddp_store* s) {
     DDP_FREE(s);
 }
 
-DDP__DEF int ddp_store_port(const ddp_store* s) { return s->port; }
+/* The port the server listens on (useful after port -1). */
+DDP__PRIVATE int ddp__store_port(const ddp_store* s) { return s->port; }
 
 DDP__DEF ddp_status ddp_store_set(ddp_store* s, const char* key, const void* value, size_t nbytes) {
     int st;
@@ -4123,7 +4055,8 @@ DDP__DEF ddp_status ddp_store_get(ddp_store* s, const char* key, void* buf, size
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_store_add(ddp_store* s, const char* key, int64_t delta, int64_t* value) {
+/* Atomically add delta to the integer stored at key (missing = 0); *value gets the new value. */
+DDP__PRIVATE ddp_status ddp__store_add(ddp_store* s, const char* key, int64_t delta, int64_t* value) {
     int st;
     unsigned char d[8], *v = NULL;
     uint32_t n = 0;
@@ -4171,7 +4104,9 @@ DDP__PRIVATE ddp_status ddp__store_check(ddp_store* s, const char* const* keys, 
     return r;
 }
 
-DDP__DEF ddp_status ddp_store_wait(ddp_store* s, const char* const* keys, int n, double timeout_s) {
+/* Wait until every one of keys[0..n) exists, at most timeout_s (<= 0: the store's timeout).
+   DDP_ERR_TIMEOUT naming the first missing key. */
+DDP__PRIVATE ddp_status ddp__store_wait(ddp_store* s, const char* const* keys, int n, double timeout_s) {
     unsigned char* list;
     size_t len;
     int st;
@@ -4191,19 +4126,20 @@ DDP__DEF ddp_status ddp_store_wait(ddp_store* s, const char* const* keys, int n,
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_store_barrier(ddp_store* s, const char* name, int count) {
+/* Block until `count` callers have reached the barrier called `name`. Each name is single-use. */
+DDP__PRIVATE ddp_status ddp__store_barrier(ddp_store* s, const char* name, int count) {
     char key[DDP_STORE_MAX_KEY], done[DDP_STORE_MAX_KEY];
     const char* keys[1];
     int64_t arrived = 0;
     snprintf(key, sizeof key, "ddp/barrier/%s", name);
     snprintf(done, sizeof done, "ddp/barrier/%s/done", name);
-    DDP__TRY(ddp_store_add(s, key, 1, &arrived));
+    DDP__TRY(ddp__store_add(s, key, 1, &arrived));
     if (arrived == count) DDP__TRY(ddp_store_set(s, done, "1", 1));
     keys[0] = done;
-    if (ddp_store_wait(s, keys, 1, 0) != DDP_OK) {
+    if (ddp__store_wait(s, keys, 1, 0) != DDP_OK) {
         int64_t now = arrived;
-        if (ddp_last_status() != DDP_ERR_TIMEOUT) return ddp_last_status(); /* e.g. the store is gone */
-        ddp_store_add(s, key, 0, &now);
+        if (ddp__last_status() != DDP_ERR_TIMEOUT) return ddp__last_status(); /* e.g. the store is gone */
+        ddp__store_add(s, key, 0, &now);
         return ddp__fail(DDP_ERR_TIMEOUT, "barrier \"%s\": only %lld of %d processes arrived within %.0f s",
                          name, (long long)now, count, s->timeout);
     }
@@ -4318,12 +4254,14 @@ struct ddp_pg {
 
 DDP__DEF int ddp_rank(const ddp_pg* pg) { return pg->rank; }
 DDP__DEF int ddp_world_size(const ddp_pg* pg) { return pg->world; }
-DDP__DEF int ddp_local_rank(const ddp_pg* pg) { return pg->env.local_rank; }
-DDP__DEF int ddp_local_world_size(const ddp_pg* pg) { return pg->env.local_world_size; }
+DDP__PRIVATE int ddp__local_rank(const ddp_pg* pg) { return pg->env.local_rank; }
+DDP__PRIVATE int ddp__local_world_size(const ddp_pg* pg) { return pg->env.local_world_size; }
 DDP__DEF ddp_backend ddp_pg_backend(const ddp_pg* pg) { return pg->backend; }
 DDP__DEF ddp_device ddp_pg_device(const ddp_pg* pg) { return pg->device; }
 DDP__DEF ddp_store* ddp_pg_store(ddp_pg* pg) { return pg->store; }
-DDP__DEF void ddp_pg_set_stream(ddp_pg* pg, ddp_stream* s) { pg->user_stream = s; }
+/* Order later collectives after the work queued so far on `s` (e.g. the model's compute stream);
+   NULL: no ordering beyond the host's. */
+DDP__PRIVATE void ddp__pg_set_stream(ddp_pg* pg, ddp_stream* s) { pg->user_stream = s; }
 DDP__DEF void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received) {
     if (sent) *sent = DDP__READ_COUNT(pg->bytes_sent);
     if (received) *received = DDP__READ_COUNT(pg->bytes_received);
@@ -4345,10 +4283,10 @@ DDP__PRIVATE const char* ddp__coll_name(int kind) {
 DDP__PRIVATE void ddp__fingerprint(const ddp_work* w, char* out, size_t n) {
     if (w->kind == DDP__BROADCAST)
         snprintf(out, n, "%s #%llu (%zu x %s, root %d)", ddp__coll_name(w->kind), (unsigned long long)w->seq,
-                 w->count, ddp_dtype_name(w->dtype), w->root);
+                 w->count, ddp__dtype_name(w->dtype), w->root);
     else
         snprintf(out, n, "%s #%llu (%zu x %s, %s)", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
-                 ddp_dtype_name(w->dtype), w->op == DDP_SUM ? "sum" : w->op == DDP_AVG ? "avg" : "max");
+                 ddp__dtype_name(w->dtype), w->op == DDP_SUM ? "sum" : w->op == DDP_AVG ? "avg" : "max");
 }
 
 /* A failed or timed-out collective breaks the group: later calls fail at once with its message
@@ -4391,7 +4329,7 @@ DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* 
     pthread_mutex_unlock(&pg->lock);
     for (i = 0; i < DDP__FLIGHT_N; i++)
         if (copy[i].seq > newest) newest = copy[i].seq;
-    ddp_log(level, "the last collectives of rank %d (%s), oldest first:", pg->rank, why);
+    ddp__log(level, "the last collectives of rank %d (%s), oldest first:", pg->rank, why);
     for (i = 0; i < DDP__FLIGHT_N; i++) {
         const ddp__flight* f = &copy[(newest + 1 + (uint64_t)i) % DDP__FLIGHT_N];
         char when[64];
@@ -4401,10 +4339,10 @@ DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* 
         else if (f->state == DDP__FL_RUNNING) snprintf(when, sizeof when, "RUNNING for %.3f s", now - f->t_start);
         else snprintf(when, sizeof when, "%s in %.3f ms, %.3f s ago", f->state == DDP__FL_DONE ? "done" : "FAILED",
                       (f->t_end - f->t_start) * 1e3, now - f->t_end);
-        ddp_log(level, "  #%llu %s (%zu x %s): %s", (unsigned long long)f->seq, ddp__coll_name(f->kind), f->count,
-                ddp_dtype_name(f->dtype), when);
+        ddp__log(level, "  #%llu %s (%zu x %s): %s", (unsigned long long)f->seq, ddp__coll_name(f->kind), f->count,
+                ddp__dtype_name(f->dtype), when);
     }
-    if (!n) ddp_log(level, "  (none yet)");
+    if (!n) ddp__log(level, "  (none yet)");
 }
 
 /* SIGUSR1 prints the record of the newest group. The handler only writes a byte to a pipe (all a
@@ -4427,7 +4365,7 @@ static void* ddp__usr1_main(void* arg) {
     while (read(ddp__usr1_pipe[0], &c, 1) >= 0 || errno == EINTR) {
         pthread_mutex_lock(&ddp__usr1_lock);
         if (ddp__usr1_pg) ddp__flight_dump(ddp__usr1_pg, DDP_LOG_WARN, "SIGUSR1");
-        else ddp_log(DDP_LOG_WARN, "SIGUSR1: no process group is open");
+        else ddp__log(DDP_LOG_WARN, "SIGUSR1: no process group is open");
         pthread_mutex_unlock(&ddp__usr1_lock);
     }
     return NULL;
@@ -4622,7 +4560,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
                                   int shift) {
     const int W = pg->world, r = pg->rank, left = ddp__mod(r - 1, W), right = ddp__mod(r + 1, W);
     const size_t es = ddp_dtype_size(w->dtype), piece = pg->piece_elems;
-    const int detail = ddp_log_level_enabled() >= DDP_LOG_DETAIL;
+    const int detail = ddp__log_level_enabled() >= DDP_LOG_DETAIL;
     ddp__ring_cursor snd, rcv;
     size_t snd_sent = 0, rcv_got = 0; /* bytes of the current piece */
     size_t *prefix;                   /* prefix[t - t0] = pieces received before step t */
@@ -4654,7 +4592,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
         if (snd.t < t1 && slen == 0 && can_send) { snd.t++; continue; }
         if (rcv.t < t1 && rlen == 0) { rcv.t++; continue; }
         if (detail && snd.t < t1 && snd.off == 0 && snd_sent == 0 && can_send)
-            ddp_log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): send segment %d [%zu, %zu) to rank %d",
+            ddp__log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): send segment %d [%zu, %zu) to rank %d",
                     ddp__coll_name(w->kind), (unsigned long long)w->seq, snd.t + 1, 2 * W - 2,
                     snd.t < W - 1 ? "reduce-scatter" : "all-gather", sseg, s0, s0 + slen, right);
         if (can_send) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
@@ -4667,7 +4605,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
                              "(it sends to this rank): that rank is stuck, stopped, or calling a different "
                              "collective (every rank must issue the same collectives in the same order)",
                              ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
-                             ddp_dtype_name(w->dtype), pg->timeout, rcv.t + 1, left);
+                             ddp__dtype_name(w->dtype), pg->timeout, rcv.t + 1, left);
         }
         if (si >= 0 && (pf[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
             ssize_t k = send(pg->right_fd, buf + (s0 + snd.off) * es + snd_sent, sn * es - snd_sent, DDP__SEND_FLAGS);
@@ -4711,7 +4649,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
                         if (rcv.t == W - 2 && w->op == DDP_AVG) ddp__divide(mine, rn, w->dtype, W);
                     }
                     if (detail && rcv.off == 0)
-                        ddp_log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): received segment %d [%zu, %zu) from "
+                        ddp__log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): received segment %d [%zu, %zu) from "
                                 "rank %d and %s it", ddp__coll_name(w->kind), (unsigned long long)w->seq,
                                 rcv.t + 1, 2 * W - 2, reducing ? "reduce-scatter" : "all-gather", rseg, r0,
                                 r0 + rlen, left, reducing ? (w->op == DDP_MAX ? "took the maximum with" : "added") : "copied");
@@ -4874,7 +4812,7 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
                    ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d to "
                                "start it: that rank is stuck, stopped, or not calling this collective (every rank "
                                "must issue the same collectives in the same order)", ddp__coll_name(w->kind),
-                               (unsigned long long)w->seq, w->count, ddp_dtype_name(w->dtype), pg->timeout, left)
+                               (unsigned long long)w->seq, w->count, ddp__dtype_name(w->dtype), pg->timeout, left)
                    : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (%s): that rank has "
                                "probably died; look at its output", ddp__coll_name(w->kind), (unsigned long long)w->seq,
                                left, errno == ECONNRESET ? "end of stream" : strerror(errno));
@@ -5134,7 +5072,7 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
             return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d (shared "
                              "memory): that rank is stuck, stopped, or calling a different collective (every rank "
                              "must issue the same collectives in the same order)", ddp__coll_name(w->kind),
-                             (unsigned long long)w->seq, w->count, ddp_dtype_name(w->dtype), pg->timeout, q);
+                             (unsigned long long)w->seq, w->count, ddp__dtype_name(w->dtype), pg->timeout, q);
         ddp__shm_sleep(o, target, deadline - t < 0.01 ? deadline - t + 1e-4 : 0.01);
     }
     return DDP_OK;
@@ -5271,8 +5209,8 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
     const int slot_stream = n * es < pg->shm_slot_stream;
     unsigned char empty[64];
     if (!host) host = empty; /* an empty collective on a rank with no buffer: still checked, nothing copied */
-    if (ddp_log_level_enabled() >= DDP_LOG_DETAIL)
-        ddp_log(DDP_LOG_DETAIL, "%s #%llu through shared memory: %zu chunk(s) of up to %zu elements",
+    if (ddp__log_level_enabled() >= DDP_LOG_DETAIL)
+        ddp__log(DDP_LOG_DETAIL, "%s #%llu through shared memory: %zu chunk(s) of up to %zu elements",
                 ddp__coll_name(kind), (unsigned long long)w->seq, n ? (n + per - 1) / per : 1, per);
     ddp__ring_header(w, ddp__shm_rank_of(pg, r)->hdr[w->seq & 1]);
     do {
@@ -5559,7 +5497,7 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
     char why[400] = "";
     if (env && *env && strcmp(env, "auto") != 0) {
         if (!strcmp(env, "tcp")) {
-            ddp_log(DDP_LOG_INFO, "transport: tcp ring (DDP_TRANSPORT=tcp)");
+            ddp__log(DDP_LOG_INFO, "transport: tcp ring (DDP_TRANSPORT=tcp)");
             return DDP_OK;
         }
         if (strcmp(env, "shm") != 0) return ddp__fail(DDP_ERR_ENV, "DDP_TRANSPORT=%s is not tcp, shm or auto", env);
@@ -5616,10 +5554,10 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
             snprintf(told, sizeof told, "rank %d: %.280s", pg->rank, why);
             DDP__TRY(ddp_store_set(pg->store, "ddp/shm/why", told, strlen(told)));
         }
-        if (ddp_store_add(pg->store, "ddp/shm/yes", ok, &yes) != DDP_OK ||
-            ddp_store_barrier(pg->store, "shm", W) != DDP_OK || ddp_store_add(pg->store, "ddp/shm/yes", 0, &yes) != DDP_OK) {
+        if (ddp__store_add(pg->store, "ddp/shm/yes", ok, &yes) != DDP_OK ||
+            ddp__store_barrier(pg->store, "shm", W) != DDP_OK || ddp__store_add(pg->store, "ddp/shm/yes", 0, &yes) != DDP_OK) {
             if (pg->rank == 0 && name[0] == '/') ddp__shm_unlink(name);
-            return ddp_last_status();
+            return ddp__last_status();
         }
         if (pg->rank == 0 && p) ddp__shm_unlink(name); /* everyone has mapped it or given up */
         if (yes == W) {
@@ -5628,7 +5566,7 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
             pg->shm_spin_s = ddp__env_tuning("DDP_SHM_SPIN_US", cores >= W ? 20 : 0, 0, 0, "microseconds") * 1e-6;
             pg->shm_stream_bytes = (size_t)ddp__env_tuning("DDP_SHM_STREAM_BYTES", 32 << 20, 1, 1, "bytes");
             pg->shm_slot_stream = (size_t)ddp__env_tuning("DDP_SHM_SLOT_STREAM_BELOW", 512 << 10, 0, 1, "bytes");
-            ddp_log(DDP_LOG_INFO, "transport: shared memory (%d ranks on this host, %zu KiB chunks, %.1f MiB segment)",
+            ddp__log(DDP_LOG_INFO, "transport: shared memory (%d ranks on this host, %zu KiB chunks, %.1f MiB segment)",
                     W, chunk >> 10, (double)bytes / (1 << 20));
             return DDP_OK;
         }
@@ -5638,7 +5576,7 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
             const char* key = "ddp/shm/why";
             char told[300];
             memset(told, 0, sizeof told);
-            if (ddp_store_wait(pg->store, &key, 1, 5.0) != DDP_OK ||
+            if (ddp__store_wait(pg->store, &key, 1, 5.0) != DDP_OK ||
                 ddp_store_get(pg->store, key, told, sizeof told - 1, &n) != DDP_OK)
                 snprintf(told, sizeof told, "see their logs");
             snprintf(why, sizeof why, "%lld of %d ranks could not map the segment (%s)", (long long)(W - yes), W, told);
@@ -5650,7 +5588,7 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
     if (want_shm)
         return ddp__fail(DDP_ERR_ENV, "DDP_TRANSPORT=shm, but rank %d cannot use shared memory: %s. Unset "
                          "DDP_TRANSPORT to fall back to TCP", pg->rank, why);
-    ddp_log(DDP_LOG_INFO, "transport: tcp ring (%s)", why);
+    ddp__log(DDP_LOG_INFO, "transport: tcp ring (%s)", why);
     return DDP_OK;
 }
 
@@ -5720,7 +5658,7 @@ DDP__PRIVATE ddp_status ddp__tcp_exchange(ddp_pg* pg, ddp_work* w, unsigned char
                 return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d: that "
                                  "rank is stuck, stopped, or calling a different collective (every rank must issue "
                                  "the same collectives in the same order)", ddp__coll_name(w->kind),
-                                 (unsigned long long)w->seq, w->count, ddp_dtype_name(w->dtype), pg->timeout, (int)other);
+                                 (unsigned long long)w->seq, w->count, ddp__dtype_name(w->dtype), pg->timeout, (int)other);
             if (sent < 32 + nbytes) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, n++;
             if (got < 32 + nbytes) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, n++;
             poll(pf, (nfds_t)n, ddp__ms_left(deadline));
@@ -5730,8 +5668,8 @@ DDP__PRIVATE ddp_status ddp__tcp_exchange(ddp_pg* pg, ddp_work* w, unsigned char
     DDP__COUNT(pg->bytes_received, (uint64_t)nbytes);
     ddp__reduce(buf, pg->piece, w->count, w->dtype, w->op);
     if (w->op == DDP_AVG) ddp__divide(buf, w->count, w->dtype, 2);
-    if (ddp_log_level_enabled() >= DDP_LOG_DETAIL)
-        ddp_log(DDP_LOG_DETAIL, "%s #%llu (2 ranks, %zu bytes): exchanged the whole buffer with rank %d and %s it",
+    if (ddp__log_level_enabled() >= DDP_LOG_DETAIL)
+        ddp__log(DDP_LOG_DETAIL, "%s #%llu (2 ranks, %zu bytes): exchanged the whole buffer with rank %d and %s it",
                 ddp__coll_name(w->kind), (unsigned long long)w->seq, nbytes, (int)other,
                 w->op == DDP_MAX ? "took the maximum with" : "added");
     return DDP_OK;
@@ -5754,7 +5692,7 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
     size_t total = (w->kind == DDP__ALL_GATHER || w->kind == DDP__REDUCE_SCATTER) ? w->count * (size_t)W : w->count;
     unsigned char* host;
     ddp_status s = DDP_OK;
-    if (w->ready) DDP__TRY(ddp_event_sync(w->ready));
+    if (w->ready) DDP__TRY(ddp__event_sync(w->ready));
     /* The buffer the ring works on: the user's own (host, in-place collectives), else scratch. */
     if (!on_gpu && (w->kind == DDP__ALL_REDUCE || w->kind == DDP__BROADCAST)) {
         host = (unsigned char*)w->buf;
@@ -5791,10 +5729,10 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
         if (sim > 0) ddp__sleep(sim);
     }
 #if DDP__SHM
-    if (W > 1 && pg->shm) return ddp__shm_run(pg, w, host) != DDP_OK ? ddp_last_status() : ddp__cpu_copy_out(pg, w, host);
+    if (W > 1 && pg->shm) return ddp__shm_run(pg, w, host) != DDP_OK ? ddp__last_status() : ddp__cpu_copy_out(pg, w, host);
 #endif
     if (W == 2 && w->kind == DDP__ALL_REDUCE && total * es <= DDP__EXCHANGE_MAX && total * es <= pg->piece_elems * 4)
-        return ddp__tcp_exchange(pg, w, host) != DDP_OK ? ddp_last_status() : ddp__cpu_copy_out(pg, w, host);
+        return ddp__tcp_exchange(pg, w, host) != DDP_OK ? ddp__last_status() : ddp__cpu_copy_out(pg, w, host);
     if (W > 1) DDP__TRY(ddp__ring_check(pg, w));
     if (W > 1) {
         if (w->kind == DDP__ALL_REDUCE) s = ddp__ring(pg, w, host, w->count, 0, 2 * W - 2, 0);
@@ -5820,7 +5758,7 @@ DDP__PRIVATE void ddp__work_finish(ddp_pg* pg, ddp_work* w, ddp_status s) {
     }
     w->done = 1;
     if (w->abandoned) {
-        ddp_event_destroy(w->ready);
+        ddp__event_destroy(w->ready);
         DDP_FREE(w);
     }
     pthread_cond_broadcast(&pg->done_cond);
@@ -5831,7 +5769,7 @@ static void* ddp__comm_main(void* arg) {
     ddp_pg* pg = (ddp_pg*)arg;
     ddp__comm_thread = 1;
 #if DDP__CUDA
-    if (pg->device.type == DDP_DEVICE_CUDA) ddp_device_activate(pg->device);
+    if (pg->device.type == DDP_DEVICE_CUDA) ddp__device_activate(pg->device);
 #endif
     for (;;) {
         ddp_work* w;
@@ -5909,7 +5847,7 @@ DDP__PRIVATE ddp_status ddp__cpu_wait(ddp_pg* pg, ddp_work* w) {
     pthread_mutex_unlock(&pg->lock);
     s = w->status;
     if (s != DDP_OK) ddp__fail(s, "%s", w->msg);
-    ddp_event_destroy(w->ready);
+    ddp__event_destroy(w->ready);
     DDP_FREE(w);
     return s;
 }
@@ -5947,10 +5885,10 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     if (lfd < 0) return ddp__fail(DDP_ERR_IO, "rank %d cannot listen for its ring neighbour: %s", r, strerror(errno));
     snprintf(addr, sizeof addr, "%s %d", host, lport);
     snprintf(key, sizeof key, "ddp/ring/%d", r);
-    if (ddp_store_set(pg->store, key, addr, strlen(addr)) != DDP_OK) { close(lfd); return ddp_last_status(); }
+    if (ddp_store_set(pg->store, key, addr, strlen(addr)) != DDP_OK) { close(lfd); return ddp__last_status(); }
     snprintf(key, sizeof key, "ddp/ring/%d", right);
     memset(addr, 0, sizeof addr);
-    if (ddp_store_get(pg->store, key, addr, sizeof addr - 1, &n) != DDP_OK) { close(lfd); return ddp_last_status(); }
+    if (ddp_store_get(pg->store, key, addr, sizeof addr - 1, &n) != DDP_OK) { close(lfd); return ddp__last_status(); }
     {
         char rhost[256];
         int rport = 0;
@@ -5991,7 +5929,7 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
             pg->left_fd = fd;
         } else {
             char peer[64];
-            ddp_log(DDP_LOG_WARN, "ring: refused a connection from %s that is not rank %d of this job",
+            ddp__log(DDP_LOG_WARN, "ring: refused a connection from %s that is not rank %d of this job",
                     ddp__peer_name(fd, peer, sizeof peer), left);
             close(fd);
         }
@@ -6053,7 +5991,7 @@ DDP__PRIVATE void ddp__cpu_destroy(ddp_pg* pg) {
     pg->staging = pg->piece = NULL;
 }
 
-/* ddp_work_test: the communication thread marks a collective done under the group's lock. */
+/* ddp__work_test: the communication thread marks a collective done under the group's lock. */
 DDP__PRIVATE ddp_status ddp__cpu_test(ddp_pg* pg, ddp_work* w, int* done) {
     pthread_mutex_lock(&pg->lock);
     *done = w->done;
@@ -6162,7 +6100,7 @@ DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
     if (!n) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the NCCL state failed");
     pg->nccl = n;
     n->own_ring = ring && *ring == '1';
-    DDP__TRY(ddp_device_activate(pg->device));
+    DDP__TRY(ddp__device_activate(pg->device));
     if (pg->rank == 0) {
         ncclResult_t r = ncclGetUniqueId(&id);
         if (r != ncclSuccess) return ddp__fail_nccl(pg, r, "ncclGetUniqueId", __LINE__);
@@ -6183,8 +6121,8 @@ DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
         }
     }
     DDP__TRY(ddp__nccl_settle(pg, ddp__now() + pg->timeout, "ncclCommInitRankConfig"));
-    DDP__TRY(ddp_stream_create(pg->device, &n->stream));
-    return ddp_event_create(pg->device, &n->produced);
+    DDP__TRY(ddp__stream_create(pg->device, &n->stream));
+    return ddp__event_create(pg->device, &n->produced);
 }
 
 DDP__PRIVATE ncclDataType_t ddp__nccl_type(ddp_dtype t) {
@@ -6245,10 +6183,10 @@ DDP__PRIVATE ddp_status ddp__nccl_submit(ddp_pg* pg, ddp_work* w) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
     ncclDataType_t t = ddp__nccl_type(w->dtype);
     ncclRedOp_t op = w->op == DDP_MAX ? ncclMax : w->op == DDP_AVG ? ncclAvg : ncclSum;
-    DDP__TRY(ddp_device_activate(pg->device));
+    DDP__TRY(ddp__device_activate(pg->device));
     /* order after the producer's stream without blocking the host */
-    DDP__TRY(ddp_event_record(n->produced, pg->user_stream));
-    DDP__TRY(ddp_stream_wait_event(n->stream, n->produced));
+    DDP__TRY(ddp__event_record(n->produced, pg->user_stream));
+    DDP__TRY(ddp__stream_wait_event(n->stream, n->produced));
     switch (w->kind) {
     case DDP__ALL_REDUCE:
         if (n->own_ring && pg->world > 1) DDP__TRY(ddp__nccl_ring(pg, w));
@@ -6266,8 +6204,8 @@ DDP__PRIVATE ddp_status ddp__nccl_submit(ddp_pg* pg, ddp_work* w) {
     }
     /* w->ready marks the collective's end on the group's stream (NCCL has put it there: settled) */
     if (n->nspare > 0) w->ready = n->spare[--n->nspare];
-    else DDP__TRY(ddp_event_create(pg->device, &w->ready));
-    DDP__TRY(ddp_event_record(w->ready, n->stream));
+    else DDP__TRY(ddp__event_create(pg->device, &w->ready));
+    DDP__TRY(ddp__event_record(w->ready, n->stream));
     ddp__flight_note(pg, w, DDP__FL_RUNNING);
     return DDP_OK;
 }
@@ -6280,7 +6218,7 @@ DDP__PRIVATE ddp_status ddp__nccl_poll(ddp_pg* pg, ddp_event* e, double deadline
     for (;;) {
         int done = 0;
         ncclResult_t st = ncclSuccess, r;
-        DDP__TRY(ddp_event_query(e, &done));
+        DDP__TRY(ddp__event_query(e, &done));
         if (done) return DDP_OK;
         if (!n->comm) return ddp__fail(DDP_ERR_STATE, "%s: the NCCL communicator was aborted", what);
         r = ncclCommGetAsyncError(n->comm, &st);
@@ -6314,18 +6252,18 @@ DDP__PRIVATE ddp_status ddp__nccl_wait(ddp_pg* pg, ddp_work* w) {
         return s;
     }
     /* later work on the producer's stream waits for the result, as PyTorch's Work.wait() does */
-    if (pg->user_stream) DDP__TRY(ddp_stream_wait_event(pg->user_stream, w->ready));
+    if (pg->user_stream) DDP__TRY(ddp__stream_wait_event(pg->user_stream, w->ready));
     ddp__flight_note(pg, w, DDP__FL_DONE);
     ddp__nccl_recycle(n, w);
     return DDP_OK;
 }
 
-/* ddp_work_test: the end event, without blocking. A failure reports *done = 1 (ddp_work_wait
+/* ddp__work_test: the end event, without blocking. A failure reports *done = 1 (ddp_work_wait
    then returns the error). */
 DDP__PRIVATE ddp_status ddp__nccl_test(ddp_pg* pg, ddp_work* w, int* done) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
     ncclResult_t st = ncclSuccess;
-    DDP__TRY(ddp_event_query(w->ready, done));
+    DDP__TRY(ddp__event_query(w->ready, done));
     if (!*done && (!n->comm || ncclCommGetAsyncError(n->comm, &st) != ncclSuccess ||
                    (st != ncclSuccess && st != ncclInProgress)))
         *done = 1;
@@ -6341,10 +6279,10 @@ DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
            one with an error, or whose work never ends, is aborted: ncclCommDestroy would wait for
            a collective that cannot finish. */
         ddp_event* end = NULL;
-        ddp_status s = pg->broken ? pg->broken : ddp_event_create(pg->device, &end);
-        if (s == DDP_OK) s = ddp_event_record(end, n->stream);
+        ddp_status s = pg->broken ? pg->broken : ddp__event_create(pg->device, &end);
+        if (s == DDP_OK) s = ddp__event_record(end, n->stream);
         if (s == DDP_OK) s = ddp__nccl_poll(pg, end, ddp__now() + pg->timeout, "the collectives still queued at ddp_destroy");
-        ddp_event_destroy(end);
+        ddp__event_destroy(end);
         if (s == DDP_OK && n->comm) {
             ncclResult_t st = ncclSuccess;
             if (ncclCommGetAsyncError(n->comm, &st) == ncclSuccess && st == ncclSuccess) ncclCommDestroy(n->comm);
@@ -6354,9 +6292,9 @@ DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
         }
         n->comm = NULL;
     }
-    ddp_stream_destroy(n->stream);
-    ddp_event_destroy(n->produced);
-    for (i = 0; i < n->nspare; i++) ddp_event_destroy(n->spare[i]);
+    ddp__stream_destroy(n->stream);
+    ddp__event_destroy(n->produced);
+    for (i = 0; i < n->nspare; i++) ddp__event_destroy(n->spare[i]);
     ddp_free(pg->device, n->scratch);
     DDP_FREE(n);
     pg->nccl = NULL;
@@ -6372,7 +6310,7 @@ static const ddp__backend_vt ddp__nccl_backend = {"nccl",          ddp__nccl_con
    it finds mpicc). The library's collectives become MPI's own non-blocking ones, MPI_Iallreduce,
    MPI_Ibcast, MPI_Iallgather and MPI_Ireduce_scatter_block, on a duplicate of MPI_COMM_WORLD so
    that the program's own MPI traffic never matches ours. submit starts one and returns; wait and
-   ddp_work_test poll it with MPI_Test. Polling instead of MPI_Wait keeps the deadline: MPI_Wait
+   ddp__work_test poll it with MPI_Test. Polling instead of MPI_Wait keeps the deadline: MPI_Wait
    would block for ever on a rank that never calls. But MPI cannot cancel a collective, so after a
    timeout the request stays pending inside MPI: the group is broken and the process should exit
    (mpirun then stops the others).
@@ -6549,9 +6487,9 @@ DDP__PRIVATE ddp_status ddp__mpi_store(const ddp_desc* d, ddp_pg* pg, const char
             sd.is_server = 1;
             sd.host = "127.0.0.1";
             sd.port = port_given ? e->master_port : -1; /* -1: any free port */
-            s = ddp_store_create(&sd, &pg->store);
+            s = ddp__store_create(&sd, &pg->store);
         }
-        snprintf(msg, sizeof msg, "%d %d %s", s == DDP_OK, s == DDP_OK ? ddp_store_port(pg->store) : 0, me);
+        snprintf(msg, sizeof msg, "%d %d %s", s == DDP_OK, s == DDP_OK ? ddp__store_port(pg->store) : 0, me);
     }
     err = MPI_Ibcast(msg, (int)sizeof msg, MPI_CHAR, 0, m->comm, &req);
     if (err != MPI_SUCCESS) return ddp__fail_mpi(err, "MPI_Ibcast(store address)", __LINE__);
@@ -6569,10 +6507,10 @@ DDP__PRIVATE ddp_status ddp__mpi_store(const ddp_desc* d, ddp_pg* pg, const char
     if (e->rank == 0) return DDP_OK;
     sd.host = e->master_addr;
     sd.port = port;
-    return ddp_store_create(&sd, &pg->store);
+    return ddp__store_create(&sd, &pg->store);
 }
 
-/* ddp_init's first step on the mpi backend, in place of ddp_env_resolve: start MPI unless the
+/* ddp_init's first step on the mpi backend, in place of ddp__env_resolve: start MPI unless the
    program did, place this rank from MPI_COMM_WORLD, and reach the store. */
 DDP__PRIVATE ddp_status ddp__mpi_join(const ddp_desc* d, ddp_pg* pg) {
     ddp__mpi* m;
@@ -6624,7 +6562,7 @@ DDP__PRIVATE ddp_status ddp__mpi_join(const ddp_desc* d, ddp_pg* pg) {
     gethostname(me, sizeof me - 1);
     DDP__TRY(ddp__mpi_placement(pg, me, deadline, timeout));
     DDP__TRY(ddp__mpi_store(d, pg, me, deadline, timeout));
-    ddp_log(DDP_LOG_INFO, "placement from mpi: rank %d of %d, local rank %d of %d, node %d, store %s:%d", e->rank,
+    ddp__log(DDP_LOG_INFO, "placement from mpi: rank %d of %d, local rank %d of %d, node %d, store %s:%d", e->rank,
             e->world_size, e->local_rank, e->local_world_size, e->node_rank, e->master_addr, e->master_port);
     return DDP_OK;
 }
@@ -6661,10 +6599,10 @@ DDP__PRIVATE ddp_status ddp__mpi_connect(ddp_pg* pg) {
 DDP__PRIVATE ddp_status ddp__mpi_stage_in(ddp_pg* pg, ddp__mpi_op* o, const void* src, size_t in_bytes,
                                           size_t out_bytes, int in_place) {
     ddp_event* ready = NULL;
-    ddp_status s = ddp_event_create(pg->device, &ready);
-    if (s == DDP_OK) s = ddp_event_record(ready, pg->user_stream);
-    if (s == DDP_OK) s = ddp_event_sync(ready);
-    ddp_event_destroy(ready);
+    ddp_status s = ddp__event_create(pg->device, &ready);
+    if (s == DDP_OK) s = ddp__event_record(ready, pg->user_stream);
+    if (s == DDP_OK) s = ddp__event_sync(ready);
+    ddp__event_destroy(ready);
     DDP__TRY(s);
     o->out_offset = in_place ? 0 : in_bytes;
     o->host = (unsigned char*)ddp__malloc(o->out_offset + out_bytes + 1);
@@ -6800,7 +6738,7 @@ DDP__PRIVATE ddp_status ddp__mpi_wait(ddp_pg* pg, ddp_work* w) {
     return DDP_OK;
 }
 
-/* ddp_work_test on the mpi backend: MPI_Test the collectives in flight, in issue order. A
+/* ddp__work_test on the mpi backend: MPI_Test the collectives in flight, in issue order. A
    failure reports *done = 1; ddp_work_wait then returns the error. */
 DDP__PRIVATE ddp_status ddp__mpi_test(ddp_pg* pg, ddp_work* w, int* done) {
     ddp__mpi* m = (ddp__mpi*)pg->mpi;
@@ -6823,7 +6761,7 @@ DDP__PRIVATE void ddp__mpi_destroy(ddp_pg* pg) {
     if (m->stuck) {
         /* MPI may still write into the pending collective's buffers, so they are not freed; and
            MPI_Finalize could wait for it for ever */
-        ddp_log(DDP_LOG_WARN, "ddp_destroy: a collective is still pending inside MPI, which cannot cancel it: MPI is "
+        ddp__log(DDP_LOG_WARN, "ddp_destroy: a collective is still pending inside MPI, which cannot cancel it: MPI is "
                 "left as it is (not finalized), and this process should exit now");
         ddp__mpi_started = 0;
         return;
@@ -6859,7 +6797,7 @@ DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* valu
     int64_t claims = 0;
     size_t got = 0;
     snprintf(count, sizeof count, "%s/claims", key);
-    DDP__TRY(ddp_store_add(pg->store, count, 1, &claims));
+    DDP__TRY(ddp__store_add(pg->store, count, 1, &claims));
     *taken = claims > 1;
     if (!*taken) return ddp_store_set(pg->store, key, value, strlen(value));
     memset(first, 0, n);
@@ -6911,7 +6849,7 @@ DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say) {
         ddp__wait_note("waiting for rank%s %s to join the job: %d of %d (WORLD_SIZE) had joined after %.0f s (rank%s %s)",
                        nm == 1 ? "" : "s", missing, nj, pg->world, ddp__now() - started, nj == 1 ? "" : "s", have);
         if (say)
-            ddp_log(DDP_LOG_WARN, "waiting for rank%s %s to join the job: %d of %d ranks (WORLD_SIZE=%d) have joined "
+            ddp__log(DDP_LOG_WARN, "waiting for rank%s %s to join the job: %d of %d ranks (WORLD_SIZE=%d) have joined "
                     "after %.0f s (rank%s %s). Start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
                     "or fix WORLD_SIZE if fewer processes belong to the job; DDP_TIMEOUT ends the wait after %.0f s",
                     nm == 1 ? "" : "s", missing, nj, pg->world, pg->world, ddp__now() - started, nj == 1 ? "" : "s",
@@ -7076,7 +7014,7 @@ DDP__PRIVATE int ddp__gpu_near(int dev, unsigned char* flags) {
 DDP__PRIVATE const char* ddp__bind_env(void) {
     const char* env = getenv("DDP_BIND");
     if (env && *env && strcmp(env, "core") && strcmp(env, "none") && strcmp(env, "0")) {
-        ddp_log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
+        ddp__log(DDP_LOG_WARN, "DDP_BIND=%s is not core or none; using core", env);
         return NULL;
     }
     return env;
@@ -7117,8 +7055,8 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
     if (n < lws) return; /* fewer cores than local ranks (or mpirun bound us already): share them */
     /* On a GPU whose neighbours are known, and when this rank can tell every local rank's GPU (each
        sees them all), the group is the local ranks whose GPUs have the same neighbours. */
-    if (pg->device.type == DDP_DEVICE_CUDA && ddp_cuda_device_count() >= lws && ddp__gpu_near(pg->device.index, near) > 0) {
-        int r, gpus = ddp_cuda_device_count();
+    if (pg->device.type == DDP_DEVICE_CUDA && ddp__cuda_device_count() >= lws && ddp__gpu_near(pg->device.index, near) > 0) {
+        int r, gpus = ddp__cuda_device_count();
         use_near = 1, index = 0, group = 0;
         for (r = 0; r < lws; r++) {
             if (r == lr || (ddp__gpu_near(r % gpus, other) > 0 && !memcmp(other, near, sizeof near))) {
@@ -7143,7 +7081,7 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
         closedir(dir);
     }
     syscall(SYS_sched_setaffinity, 0, sizeof mine, mine);
-    ddp_log(DDP_LOG_INFO, "bound to CPU%s %s%s (DDP_BIND=none leaves placement to the system)", m == 1 ? "" : "s", list,
+    ddp__log(DDP_LOG_INFO, "bound to CPU%s %s%s (DDP_BIND=none leaves placement to the system)", m == 1 ? "" : "s", list,
             use_near ? ", next to this rank's GPU" : "");
 #else
     (void)pg;
@@ -7200,12 +7138,12 @@ DDP__PRIVATE ddp_status ddp__own_gpu(ddp_pg* pg, ddp_device want, ddp_device* ou
     want.type = DDP_DEVICE_CUDA;
     DDP__TRY(ddp__gpu_sharer(pg, want.index, mine, pair));
     if (pair[0] != -1) {
-        ddp_log(DDP_LOG_INFO, "%d GPU%s for %d local ranks, shared: every rank uses the CPU (NCCL needs a GPU of its "
-                "own for each rank)", ddp_cuda_device_count(), ddp_cuda_device_count() == 1 ? "" : "s",
+        ddp__log(DDP_LOG_INFO, "%d GPU%s for %d local ranks, shared: every rank uses the CPU (NCCL needs a GPU of its "
+                "own for each rank)", ddp__cuda_device_count(), ddp__cuda_device_count() == 1 ? "" : "s",
                 pg->env.local_world_size);
         want.type = DDP_DEVICE_CPU, want.index = 0;
     } else {
-        ddp_log(DDP_LOG_INFO, "each local rank sees a GPU of its own (this one: %s, cuda:%d here)", mine, want.index);
+        ddp__log(DDP_LOG_INFO, "each local rank sees a GPU of its own (this one: %s, cuda:%d here)", mine, want.index);
     }
     return ddp_device_resolve(want, out);
 }
@@ -7215,7 +7153,7 @@ DDP__PRIVATE ddp_status ddp__own_gpu(ddp_pg* pg, ddp_device want, ddp_device* ou
    Every rank of this machine sees the same pairs, so every one of them stops with the same words. */
 DDP__PRIVATE ddp_status ddp__nccl_gpu_own(ddp_pg* pg) {
     char mine[64];
-    int pair[2], gpus = ddp_cuda_device_count();
+    int pair[2], gpus = ddp__cuda_device_count();
     if (pg->env.local_world_size < 2) return DDP_OK;
     DDP__TRY(ddp__gpu_sharer(pg, pg->device.index, mine, pair));
     if (pair[0] == -1) return DDP_OK;
@@ -7252,7 +7190,7 @@ DDP__PRIVATE ddp_status ddp__pick_backend(const ddp_desc* d, ddp_device dev, ddp
     if (*out == DDP_BACKEND_DEFAULT) *out = dev.type == DDP_DEVICE_CUDA ? DDP_BACKEND_NCCL : DDP_BACKEND_CPU;
     if (*out == DDP_BACKEND_NCCL && dev.type != DDP_DEVICE_CUDA)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "the nccl backend needs GPU buffers, but this rank's device is "
-                         "the CPU (%s): use the cpu backend", ddp_cuda_unavailable_reason());
+                         "the CPU (%s): use the cpu backend", ddp__cuda_unavailable_reason());
     return DDP_OK;
 }
 
@@ -7266,7 +7204,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     *out = NULL;
     if (desc) d = *desc;
     else memset(&d, 0, sizeof d);
-    if (d.log) ddp_set_log(d.log, d.log_user);
+    if (d.log) ddp__set_log(d.log, d.log_user);
     pg = (ddp_pg*)ddp__calloc(sizeof *pg);
     if (!pg) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a process group failed");
     ddp__wait_watch(1); /* a SIGTERM or SIGINT from here to the end says what init waited for */
@@ -7281,7 +7219,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
         s = ddp__mpi_join(&d, pg);  /* placement from MPI_COMM_WORLD; also creates the store */
     } else
 #endif
-    if (s == DDP_OK) s = ddp_env_resolve(&d, &pg->env);
+    if (s == DDP_OK) s = ddp__env_resolve(&d, &pg->env);
     if (s != DDP_OK) goto fail;
     pg->rank = pg->env.rank;
     pg->world = pg->env.world_size;
@@ -7293,16 +7231,16 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
            GPU), else the CPU for every rank. Fewer GPUs than local ranks may still be one each:
            CUDA_VISIBLE_DEVICES set per rank (SLURM's --gpus-per-task) shows each rank only its
            own. That is settled with the other ranks, once the store is up. */
-        int gpus = ddp_cuda_device_count();
+        int gpus = ddp__cuda_device_count();
         want.type = gpus >= pg->env.local_world_size ? DDP_DEVICE_CUDA : gpus > 0 ? DDP_DEVICE_AUTO : DDP_DEVICE_CPU;
         want.index = gpus > 0 ? pg->env.local_rank % gpus : 0;
-    } else if (want.type == DDP_DEVICE_CUDA && ddp_cuda_device_count() > 0) {
-        int gpus = ddp_cuda_device_count();
+    } else if (want.type == DDP_DEVICE_CUDA && ddp__cuda_device_count() > 0) {
+        int gpus = ddp__cuda_device_count();
         if (d.device.index == 0) /* "cuda" means this rank's GPU: LOCAL_RANK picks it */
             want.index = pg->env.local_rank % gpus;
         else if (gpus == 1 && d.device.index == pg->env.local_rank) {
             /* cuda:LOCAL_RANK where each rank is shown only its own GPU */
-            ddp_log(DDP_LOG_INFO, "device cuda:%d is this rank's LOCAL_RANK, and this process sees one GPU "
+            ddp__log(DDP_LOG_INFO, "device cuda:%d is this rank's LOCAL_RANK, and this process sees one GPU "
                     "(CUDA_VISIBLE_DEVICES=%s): using it", d.device.index,
                     getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
             want.index = 0;
@@ -7313,7 +7251,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
        without that GPU (or without any) shows the cause next to the error. */
     if (d.device.type == DDP_DEVICE_CUDA && d.device.index > 0 && d.device.index == pg->env.rank &&
         pg->env.rank != pg->env.local_rank)
-        ddp_log(DDP_LOG_WARN, "device cuda:%d is this process's RANK, but a GPU is picked by LOCAL_RANK (%d here): "
+        ddp__log(DDP_LOG_WARN, "device cuda:%d is this process's RANK, but a GPU is picked by LOCAL_RANK (%d here): "
                 "RANK counts the ranks of every machine, so from the second machine on it points past this "
                 "machine's GPUs. Use cuda:LOCAL_RANK, or \"cuda\", which picks this rank's GPU",
                 d.device.index, pg->env.local_rank);
@@ -7327,7 +7265,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     sd.token = d.token;
     if (pg->rank == 0) ddp__wait_note("starting the rendezvous store on port %d", sd.port);
     else ddp__wait_note("connecting to the rendezvous store at %s:%d, which rank 0 hosts", sd.host, sd.port);
-    s = pg->store ? DDP_OK : ddp_store_create(&sd, &pg->store); /* the mpi backend made it already */
+    s = pg->store ? DDP_OK : ddp__store_create(&sd, &pg->store); /* the mpi backend made it already */
     if (s == DDP_OK) s = ddp__agree(pg);
     if (s == DDP_OK && want.type == DDP_DEVICE_AUTO) s = ddp__own_gpu(pg, want, &pg->device);
     if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
@@ -7364,7 +7302,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
 #endif
     /* Nobody leaves init before everyone has read what it needs from the store. */
     ddp__wait_note("waiting for every rank to finish ddp_init");
-    s = ddp_store_barrier(pg->store, "init", pg->world);
+    s = ddp__store_barrier(pg->store, "init", pg->world);
     if (s != DDP_OK) goto fail;
     pg->joined = 1;
     pthread_once(&ddp__usr1_once, ddp__usr1_setup);
@@ -7374,7 +7312,7 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     {
         char host[256] = "?";
         gethostname(host, sizeof host - 1);
-        ddp_log(DDP_LOG_INFO, "joined the job on host %s: backend %s, device %s, store %s:%d (placement from %s)",
+        ddp__log(DDP_LOG_INFO, "joined the job on host %s: backend %s, device %s, store %s:%d (placement from %s)",
                 host, pg->vt->name, ddp_device_name(pg->device, devname, sizeof devname), pg->env.master_addr,
                 pg->env.master_port, pg->env.source);
     }
@@ -7407,13 +7345,13 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
         int64_t left = 0;
         if (pg->vt == &ddp__cpu_backend) ddp__cpu_leave(pg);
         deadline = ddp__now() + pg->timeout;
-        if (ddp_store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
+        if (ddp__store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
             if (pg->rank != 0) wait_store = 1;
             while (pg->rank == 0 && left < pg->world && ddp__now() < deadline &&
-                   ddp_store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
+                   ddp__store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
                 ddp__sleep(0.002);
             if (left < pg->world && pg->rank == 0)
-                ddp_log(DDP_LOG_WARN, "ddp_destroy: only %lld of %d ranks reached ddp_destroy within %.0f s; the others "
+                ddp__log(DDP_LOG_WARN, "ddp_destroy: only %lld of %d ranks reached ddp_destroy within %.0f s; the others "
                         "are still inside a collective or have failed (see their output)", (long long)left, pg->world,
                         pg->timeout);
         }
@@ -7423,12 +7361,12 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
        after its listening socket): a program that calls ddp_init again at once then reaches the
        next job's store, never this one on its way out, where its rank would already be taken. */
     if (wait_store && !ddp__store_wait_closed(pg->store, deadline))
-        ddp_log(DDP_LOG_WARN, "ddp_destroy: rank 0 has not closed the store within %.0f s of this rank leaving (it is "
+        ddp__log(DDP_LOG_WARN, "ddp_destroy: rank 0 has not closed the store within %.0f s of this rank leaving (it is "
                 "still busy, or waiting for a rank that never called ddp_destroy); a ddp_init now on the same port could "
                 "meet that store", pg->timeout);
     ddp__trace_write(); /* DDP_TRACE: this rank's file, while its rank is still known */
     ddp_free(pg->device, pg->one);
-    ddp_store_destroy(pg->store);
+    ddp__store_destroy(pg->store);
     pthread_mutex_destroy(&pg->lock);
     pthread_cond_destroy(&pg->cond);
     pthread_cond_destroy(&pg->done_cond);
@@ -7518,17 +7456,17 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
     w->pg = pg, w->kind = kind, w->buf = buf, w->send = send, w->count = count;
     w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq, w->lazy = lazy;
     ddp__flight_note(pg, w, DDP__FL_QUEUED);
-    if (ddp_log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
+    if (ddp__log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
         ddp__flight_note(pg, w, DDP__FL_FAILED);
         DDP_FREE(w);
         return ddp__pg_break(pg, s);
     }
     if (pg->device.type == DDP_DEVICE_CUDA && pg->vt == &ddp__cpu_backend) {
         /* the host thread must not read GPU memory before the kernels writing it are done */
-        s = ddp_event_create(pg->device, &w->ready);
-        if (s == DDP_OK) s = ddp_event_record(w->ready, pg->user_stream);
+        s = ddp__event_create(pg->device, &w->ready);
+        if (s == DDP_OK) s = ddp__event_record(w->ready, pg->user_stream);
         if (s != DDP_OK) {
-            ddp_event_destroy(w->ready);
+            ddp__event_destroy(w->ready);
             DDP_FREE(w);
             return s;
         }
@@ -7551,14 +7489,14 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
             }
             if (pg->head) pthread_cond_signal(&pg->cond); /* queued by another thread meanwhile */
             pthread_mutex_unlock(&pg->lock);
-            ddp_event_destroy(w->ready);
+            ddp__event_destroy(w->ready);
             DDP_FREE(w);
             return s;
         }
     }
     s = pg->vt->submit(pg, w);
     if (s != DDP_OK) {
-        ddp_event_destroy(w->ready);
+        ddp__event_destroy(w->ready);
         DDP_FREE(w);
         return s;
     }
@@ -7577,14 +7515,15 @@ DDP__DEF ddp_status ddp_work_wait(ddp_work* w) {
     s = pg->vt->wait(pg, w);
     /* the CPU backend's wait frees w, or (abandoned) leaves it to the communication thread */
     if (pg->vt != &ddp__cpu_backend) {
-        ddp_event_destroy(w->ready);
+        ddp__event_destroy(w->ready);
         DDP_FREE(w);
     }
     return s;
 }
 
-DDP__DEF ddp_status ddp_work_test(ddp_work* w, int* done) {
-    if (!w) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_work_test: work is NULL");
+/* *done = 1 when the collective has finished (successfully or not), without blocking. */
+DDP__PRIVATE ddp_status ddp__work_test(ddp_work* w, int* done) {
+    if (!w) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp__work_test: work is NULL");
     return w->pg->vt->test(w->pg, w, done);
 }
 
@@ -7592,7 +7531,8 @@ DDP__DEF ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtyp
                                    ddp_work** work) {
     return ddp__collective(pg, DDP__ALL_REDUCE, buf, NULL, count, dtype, op, 0, 0, work);
 }
-DDP__DEF ddp_status ddp_broadcast(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, int root, ddp_work** work) {
+/* buf[0..count) = root's buf, on every rank. */
+DDP__PRIVATE ddp_status ddp__broadcast(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, int root, ddp_work** work) {
     return ddp__collective(pg, DDP__BROADCAST, buf, NULL, count, dtype, DDP_SUM, root, 0, work);
 }
 DDP__DEF ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
@@ -7680,7 +7620,10 @@ DDP__PRIVATE ddp_status ddp__read_file(const char* path, size_t limit, char** ou
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_dataset_load_csv(const char* path, ddp_dataset* out) {
+/* Read a CSV file: one header row, then one row per sample whose last column is an integer label
+   >= 0. DDP_ERR_IO when it cannot be read, DDP_ERR_DATA_FORMAT (naming line and column) when a
+   row is malformed. *out is left empty on error. */
+DDP__PRIVATE ddp_status ddp__dataset_load_csv(const char* path, ddp_dataset* out) {
     char *text, *p, *line, *next;
     size_t size;
     int ncols = 1, rows = 0, r, lineno = 1, maxlabel = -1;
@@ -7772,7 +7715,7 @@ DDP__DEF ddp_status ddp_dataset_load_csv(const char* path, ddp_dataset* out) {
     DDP_FREE(text);
     d.nclasses = maxlabel + 1;
     *out = d;
-    ddp_log(DDP_LOG_INFO, "loaded %s: %d samples, %d features, %d classes", path, d.n, d.nfeatures, d.nclasses);
+    ddp__log(DDP_LOG_INFO, "loaded %s: %d samples, %d features, %d classes", path, d.n, d.nfeatures, d.nclasses);
     return DDP_OK;
 }
 
@@ -7781,15 +7724,15 @@ DDP__DEF ddp_status ddp_dataset_load(const char* name, const char* dir, ddp_data
     size_t len = name ? strlen(name) : 0;
     const char* env = getenv("DDP_DATA_DIR");
     ddp_status s;
-    memset(out, 0, sizeof *out); /* empty on every error, as ddp_dataset_load_csv */
+    memset(out, 0, sizeof *out); /* empty on every error, as ddp__dataset_load_csv */
     if (!name) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_dataset_load: name is NULL");
-    if (len > 4 && !strcmp(name + len - 4, ".csv")) return ddp_dataset_load_csv(name, out);
+    if (len > 4 && !strcmp(name + len - 4, ".csv")) return ddp__dataset_load_csv(name, out);
     if (strchr(name, '/') || len == 0 || len > 64)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
                          "data set \"%s\" is neither a bundled name (wine, digits) nor a .csv path", name);
     if (!dir) dir = (env && *env) ? env : "examples/data";
     snprintf(path, sizeof path, "%s/%s.csv", dir, name);
-    s = ddp_dataset_load_csv(path, out);
+    s = ddp__dataset_load_csv(path, out);
     if (s == DDP_ERR_IO) {
         char first[sizeof ddp__err_msg];
         memcpy(first, ddp__err_msg, sizeof first);
@@ -7833,7 +7776,7 @@ DDP__DEF ddp_status ddp_dataset_split(const ddp_dataset* all, double test_fracti
             DDP_FREE(perm);
             return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the split failed");
         }
-        ddp_dataset_gather(all, perm + (k == 0 ? 0 : ntest), d->n, d->x, d->y);
+        ddp__dataset_gather(all, perm + (k == 0 ? 0 : ntest), d->n, d->x, d->y);
     }
     DDP_FREE(perm);
     *test = parts[0];
@@ -7861,7 +7804,8 @@ DDP__DEF void ddp_dataset_standardize(ddp_dataset* train, ddp_dataset* test) {
     }
 }
 
-DDP__DEF void ddp_dataset_gather(const ddp_dataset* d, const int* idx, int count, float* x, int* y) {
+/* Copy the samples idx[0..count) into x [count, nfeatures] and y [count]. */
+DDP__PRIVATE void ddp__dataset_gather(const ddp_dataset* d, const int* idx, int count, float* x, int* y) {
     int i;
     for (i = 0; i < count; i++) {
         memcpy(x + (size_t)i * d->nfeatures, d->x + (size_t)idx[i] * d->nfeatures,
@@ -7940,7 +7884,7 @@ DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
         int lazy = w->next_launch == w->nbuckets - 1;
         ddp_status s;
         if (w->d.compress == DDP_F16 || w->d.compress == DDP_BF16) {
-            s = ddp_convert(w->m->device, w->d.compress, b->wire, DDP_F32, b->buf, b->count, w->m->stream);
+            s = ddp__convert(w->m->device, w->d.compress, b->wire, DDP_F32, b->buf, b->count, w->m->stream);
             if (s == DDP_OK)
                 s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->wire, NULL, b->count, w->d.compress, DDP_SUM, 0, lazy,
                                     &b->work);
@@ -7951,7 +7895,7 @@ DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
         }
         if (s != DDP_OK) return s;
         w->st.all_reduces++;
-        ddp_log(DDP_LOG_DETAIL, "reducer: bucket %d ready (%d parameters, %zu bytes): all-reduce launched",
+        ddp__log(DDP_LOG_DETAIL, "reducer: bucket %d ready (%d parameters, %zu bytes): all-reduce launched",
                 w->next_launch, b->nparams, b->count * 4);
         w->next_launch++;
     }
@@ -8011,7 +7955,7 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
         w->ready[i] = 1;
         {
             ddp__bucket* b = &w->buckets[w->bucket_of[i]];
-            s = ddp_zero(m->device, b->buf + w->offset_of[i], p->count * sizeof(float), m->stream);
+            s = ddp__zero(m->device, b->buf + w->offset_of[i], p->count * sizeof(float), m->stream);
             if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
             if (s != DDP_OK) return s;
         }
@@ -8019,16 +7963,16 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
     /* On a GPU the host reaches this point while backward's kernels still run: the wait that
        communication adds starts only when they are done. */
     if (m->device.type == DDP_DEVICE_CUDA) {
-        if (!w->backward_done) s = ddp_event_create(m->device, &w->backward_done);
-        if (s == DDP_OK) s = ddp_event_record(w->backward_done, m->stream);
-        if (s == DDP_OK) s = ddp_event_sync(w->backward_done);
+        if (!w->backward_done) s = ddp__event_create(m->device, &w->backward_done);
+        if (s == DDP_OK) s = ddp__event_record(w->backward_done, m->stream);
+        if (s == DDP_OK) s = ddp__event_sync(w->backward_done);
     }
     t0 = ddp__now();
     for (k = 0; k < w->nbuckets && s == DDP_OK; k++) {
         ddp__bucket* b = &w->buckets[k];
         s = ddp_work_wait(b->work);
         b->work = NULL;
-        if (s == DDP_OK && b->wire) s = ddp_convert(m->device, DDP_F32, b->buf, w->d.compress, b->wire, b->count, m->stream);
+        if (s == DDP_OK && b->wire) s = ddp__convert(m->device, DDP_F32, b->buf, w->d.compress, b->wire, b->count, m->stream);
     }
     w->st.wait_s += ddp__now() - t0;
     ddp__trace("wait for buckets", DDP__TRACE_COMPUTE, t0, ddp__now());
@@ -8151,8 +8095,8 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
     {
         int64_t told = 0;
         double deadline = ddp__now() + w->pg->timeout;
-        if (ddp_store_add(st, key, 1, &told) == DDP_OK)
-            while (me == 0 && told < W && ddp__now() < deadline && ddp_store_add(st, key, 0, &told) == DDP_OK)
+        if (ddp__store_add(st, key, 1, &told) == DDP_OK)
+            while (me == 0 && told < W && ddp__now() < deadline && ddp__store_add(st, key, 0, &told) == DDP_OK)
                 ddp__sleep(0.002);
     }
     return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the same "
@@ -8179,7 +8123,7 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
     s = ddp__verify_model(w);
     /* every rank starts from rank 0's weights, whatever its own seed was */
     for (i = 0; i < m->nparams && s == DDP_OK; i++)
-        s = ddp_broadcast(pg, m->params[i]->data, m->params[i]->count, DDP_F32, 0, NULL);
+        s = ddp__broadcast(pg, m->params[i]->data, m->params[i]->count, DDP_F32, 0, NULL);
     if (s == DDP_OK) s = ddp__assign_buckets(w);
     if (s == DDP_OK && w->d.gradient_as_bucket_view) {
         w->old_grad = (float**)ddp__calloc((size_t)m->nparams * sizeof(float*));
@@ -8199,10 +8143,10 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
         ddp_wrapper_destroy(w);
         return ddp__fail(s, "%s", msg);
     }
-    ddp_model_set_post_backward(m, ddp__reducer_finish, w);
-    ddp_pg_set_stream(pg, m->device.type == DDP_DEVICE_CUDA ? m->stream : NULL);
+    ddp__model_set_post_backward(m, ddp__reducer_finish, w);
+    ddp__pg_set_stream(pg, m->device.type == DDP_DEVICE_CUDA ? m->stream : NULL);
     *out = w;
-    if (ddp_log_level_enabled() >= DDP_LOG_INFO && ddp_rank(pg) == 0) ddp_wrapper_log_buckets(w);
+    if (ddp__log_level_enabled() >= DDP_LOG_INFO && ddp_rank(pg) == 0) ddp__wrapper_log_buckets(w);
     return DDP_OK;
 }
 
@@ -8221,9 +8165,9 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
             p->grad = w->old_grad[i];
         }
     }
-    if (w->m->post_backward == ddp__reducer_finish) ddp_model_set_post_backward(w->m, NULL, NULL);
+    if (w->m->post_backward == ddp__reducer_finish) ddp__model_set_post_backward(w->m, NULL, NULL);
     ddp_stream_sync(w->m->stream);
-    ddp_event_destroy(w->backward_done);
+    ddp__event_destroy(w->backward_done);
     for (i = 0; i < w->nbuckets; i++) {
         if (w->buckets[i].work) ddp_work_wait(w->buckets[i].work);
         ddp_free(w->m->device, w->buckets[i].buf);
@@ -8245,9 +8189,10 @@ DDP__DEF void ddp_no_sync(ddp_wrapper* w, int on) { w->sync = !on; }
 
 DDP__DEF void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out) { *out = w->st; }
 
-DDP__DEF void ddp_wrapper_log_buckets(const ddp_wrapper* w) {
+/* Print the bucket map (which parameters in which bucket) through the log, at INFO level. */
+DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w) {
     int k, i;
-    ddp_log(DDP_LOG_INFO, "reducer: %d bucket%s (cap %zu bytes, first %zu bytes), reduced in this order:", w->nbuckets,
+    ddp__log(DDP_LOG_INFO, "reducer: %d bucket%s (cap %zu bytes, first %zu bytes), reduced in this order:", w->nbuckets,
             w->nbuckets == 1 ? "" : "s", w->d.bucket_cap_bytes, w->d.first_bucket_bytes);
     for (k = 0; k < w->nbuckets; k++) {
         char names[512];
@@ -8256,7 +8201,7 @@ DDP__DEF void ddp_wrapper_log_buckets(const ddp_wrapper* w) {
         for (i = 0; i < w->buckets[k].nparams && pos < sizeof names - 40; i++)
             pos += (size_t)snprintf(names + pos, sizeof names - pos, "%s%s", i ? ", " : "",
                                     w->m->params[w->buckets[k].params[i]]->name);
-        ddp_log(DDP_LOG_INFO, "  bucket %d: %zu bytes: %s", k, w->buckets[k].count * sizeof(float), names);
+        ddp__log(DDP_LOG_INFO, "  bucket %d: %zu bytes: %s", k, w->buckets[k].count * sizeof(float), names);
     }
 }
 
@@ -8409,7 +8354,7 @@ DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
     if (l->resume == 1 && s->epoch != l->resume_epoch) {
         if (l->resume_pos > 0 && l->resume_pos < l->count &&
             !(l->drop_last && l->count - l->resume_pos < l->batch_size))
-            ddp_log(DDP_LOG_WARN, "ddp_loader_start: the snapshot was taken %d samples into epoch %d (of %d on this "
+            ddp__log(DDP_LOG_WARN, "ddp_loader_start: the snapshot was taken %d samples into epoch %d (of %d on this "
                     "rank), but the sampler is at epoch %d: epoch %d starts at its first batch, and the last %d samples "
                     "of epoch %d are skipped. A snapshot taken inside the batch loop names the epoch it is in "
                     "(snap.epoch = epoch); one taken after the loop names the next", l->resume_pos, l->resume_epoch,
@@ -8424,7 +8369,7 @@ DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
        afresh. */
     if (s->shuffle && s->num_samples > 0) {
         if (s->epoch + 1 == l->last_epoch && ddp__first_time(&ddp__warned_set_epoch))
-            ddp_log(DDP_LOG_WARN, "ddp_loader_start: the sampler's epoch is %d again, as at this loader's previous "
+            ddp__log(DDP_LOG_WARN, "ddp_loader_start: the sampler's epoch is %d again, as at this loader's previous "
                     "start, so this epoch visits the samples in the same order as the last one. Call "
                     "ddp_sampler_set_epoch(&sampler, epoch) before each ddp_loader_start (PyTorch: "
                     "sampler.set_epoch(epoch)). Printed once per process", s->epoch);
@@ -8442,7 +8387,7 @@ DDP__DEF int ddp_loader_next(ddp_loader* l, const float** x, const int** y) {
         l->pos = l->count;
         return 0;
     }
-    ddp_dataset_gather(l->data, l->order + l->pos, b, l->x, l->y);
+    ddp__dataset_gather(l->data, l->order + l->pos, b, l->x, l->y);
     l->pos += b;
     if (x) *x = l->x;
     if (y) *y = l->y;
@@ -9074,7 +9019,7 @@ done:
 /* ============================================================================================== */
 /*
    Three jobs live here, in the order a process meets them:
-     1. ddp_env_resolve: "who am I in this job?" A launcher (ddprun, torchrun, mpirun, srun) puts
+     1. ddp__env_resolve: "who am I in this job?" A launcher (ddprun, torchrun, mpirun, srun) puts
         the answer in environment variables, each launcher under its own names.
      2. ddp_spawn: start N copies of a C function on this machine (torch.multiprocessing.spawn).
      3. the supervision of child processes that ddp_spawn and the ddprun program share: reap
@@ -9197,7 +9142,7 @@ DDP__PRIVATE ddp_status ddp__env_torchrun(ddp_env* e) {
     if (!has_lr && !has_lw) {
         e->local_rank = e->rank;
         e->local_world_size = e->world_size;
-        ddp_log(DDP_LOG_INFO, "LOCAL_RANK and LOCAL_WORLD_SIZE are not set: assuming all %d ranks run on "
+        ddp__log(DDP_LOG_INFO, "LOCAL_RANK and LOCAL_WORLD_SIZE are not set: assuming all %d ranks run on "
                 "this machine (local rank = rank)", e->world_size);
     } else {
         DDP__TRY(ddp__env_read(&s, "LOCAL_RANK", has_lr ? "RANK" : "LOCAL_WORLD_SIZE",
@@ -9279,7 +9224,7 @@ DDP__PRIVATE ddp_status ddp__env_master_addr(const ddp_desc* d, ddp_env* e) {
         return DDP_OK;
     }
     if (!strcmp(e->source, "slurm") && list)
-        return ddp_slurm_first_host(list, e->master_addr, sizeof e->master_addr);
+        return ddp__slurm_first_host(list, e->master_addr, sizeof e->master_addr);
     if (e->world_size > 1 && !strcmp(e->source, "openmpi"))
         return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is not set: Open MPI exports no master address, so "
                          "MASTER_ADDR and MASTER_PORT must be set and passed on, e.g. "
@@ -9321,10 +9266,19 @@ DDP__PRIVATE ddp_status ddp__env_master_port(const ddp_desc* d, ddp_env* e) {
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_env_resolve(const ddp_desc* desc, ddp_env* out) {
+/* Resolve rank, world size, local rank and the master address from desc and the environment:
+   explicit beats torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK),
+   beats Open MPI's (OMPI_COMM_WORLD_*; MASTER_ADDR must be exported when there is more than one
+   process), beats SLURM's (counted when SLURM_PROCID and SLURM_NTASKS are set; the master is
+   the first host of SLURM_JOB_NODELIST and, without MASTER_PORT, the port is 15000 + the last
+   four digits of SLURM_JOB_ID); nothing set means a single process. Also sets the "[rank R/W]"
+   prefix of log lines. DDP_ERR_ENV naming the variable and what to set when one is missing,
+   non-numeric, out of range or inconsistent with the others; DDP_ERR_INVALID_ARGUMENT naming
+   the desc field for explicit values. */
+DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out) {
     ddp_env e;
     ddp_status s;
-    if (!out) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_env_resolve: out is NULL");
+    if (!out) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp__env_resolve: out is NULL");
     memset(&e, 0, sizeof e);
     if (desc && desc->explicit_rank) s = ddp__env_explicit(desc, &e);
     else if (getenv("RANK")) s = ddp__env_torchrun(&e);
@@ -9346,7 +9300,7 @@ DDP__DEF ddp_status ddp_env_resolve(const ddp_desc* desc, ddp_env* out) {
     ddp__g.rank = e.rank; /* from now on log lines read "[rank R/W]" */
     ddp__g.world = e.world_size;
     ddp__g.placed = 1;
-    ddp_log(DDP_LOG_INFO, "placement from %s: rank %d of %d, local rank %d of %d, node %d, master %s:%d",
+    ddp__log(DDP_LOG_INFO, "placement from %s: rank %d of %d, local rank %d of %d, node %d, master %s:%d",
             e.source, e.rank, e.world_size, e.local_rank, e.local_world_size, e.node_rank, e.master_addr,
             e.master_port);
     return DDP_OK;
@@ -9387,11 +9341,13 @@ DDP__PRIVATE const char* ddp__slurm_bracket(const char* p, const char** first, s
     }
 }
 
-DDP__DEF ddp_status ddp_slurm_first_host(const char* nodelist, char* out, size_t outsize) {
+/* The first host of a SLURM node list ("a,b", "node[1-4]", "gpu[01-02,07],cpu3") into out.
+   DDP_ERR_ENV for a malformed list. */
+DDP__PRIVATE ddp_status ddp__slurm_first_host(const char* nodelist, char* out, size_t outsize) {
     const char* p = nodelist ? nodelist : "";
     size_t n = 0;
     if (!out || outsize == 0)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_slurm_first_host: out is NULL or outsize is 0");
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp__slurm_first_host: out is NULL or outsize is 0");
     out[0] = 0;
     while (*p == ' ') p++;
     /* The first host ends at a ',' or ' ' outside brackets (inside, ',' separates numbers). */
@@ -9429,7 +9385,7 @@ DDP__PRIVATE double ddp__ln_grace(void) {
     if (!v || !*v) return 5.0;
     g = strtod(v, &end);
     if (*end != 0 || !(g >= 0) || g > 86400) {
-        ddp_log(DDP_LOG_WARN, "DDP_KILL_GRACE_S=%s is not a number of seconds; using 5", v);
+        ddp__log(DDP_LOG_WARN, "DDP_KILL_GRACE_S=%s is not a number of seconds; using 5", v);
         return 5.0;
     }
     return g;
@@ -9608,7 +9564,7 @@ DDP__PRIVATE void ddp__ln_guard_start(ddp__ln_job* j) {
     int sv[2];
     j->guard_fd = -1;
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0 || (j->guard_pid = fork()) < 0) {
-        ddp_log(DDP_LOG_WARN, "launcher: cannot start the guardian that stops the ranks if this launcher is killed "
+        ddp__log(DDP_LOG_WARN, "launcher: cannot start the guardian that stops the ranks if this launcher is killed "
                 "(%s); a stopped rank could then outlive it", strerror(errno));
         return;
     }
@@ -9732,7 +9688,7 @@ DDP__PRIVATE void ddp__ln_token(char out[17]) {
     if (fd < 0 || read(fd, &v, sizeof v) != (ssize_t)sizeof v) {
         ddp_rng r = ddp_rng_seed((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^
                                  (uint64_t)(ddp__now() * 1e9));
-        v = ddp_rng_next(&r);
+        v = ddp__rng_next(&r);
     }
     if (fd >= 0) close(fd);
     snprintf(out, 17, "%016llx", (unsigned long long)v);

@@ -54,7 +54,7 @@ static void h_failf(const char* file, int line, const char* fmt, ...) {
     do {                                                                                           \
         ddp_status h_s_;                                                                           \
         const char* h_n_ = (needle);                                                               \
-        ddp_clear_error();                                                                         \
+        ddp__clear_error();                                                                        \
         h_s_ = (call);                                                                             \
         if (h_s_ != (want))                                                                        \
             h_failf(__FILE__, __LINE__, "%s returned %s, expected %s (message: %s)", #call,       \
@@ -100,7 +100,7 @@ static inline void h_remove_tree(const char* dir) {
 #if defined(DDP_H_INCLUDED)
 static inline int h_gpus_in_child(char* why, size_t whylen) {
     int p[2], st, gpus = 0;
-    char msg[300] = "";
+    char msg[400] = "";
     ssize_t k;
     pid_t pid;
     if (why && whylen) why[0] = 0;
@@ -108,7 +108,7 @@ static inline int h_gpus_in_child(char* why, size_t whylen) {
     fflush(stdout);
     pid = fork();
     if (pid == 0) {
-        snprintf(msg, sizeof msg, "%d %s", ddp_cuda_device_count(), ddp_cuda_unavailable_reason());
+        snprintf(msg, sizeof msg, "%d %s", ddp__cuda_device_count(), ddp__cuda_unavailable_reason());
         if (write(p[1], msg, strlen(msg) + 1) < 0) _exit(1);
         _exit(0);
     }

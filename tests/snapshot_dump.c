@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     ddp_loader_next(&loader, NULL, NULL);
     ddp_loader_next(&loader, NULL, NULL);
     gen = ddp_rng_seed(99);
-    ddp_rng_next(&gen);
+    ddp__rng_next(&gen);
 
     memset(&snap, 0, sizeof snap);
     snap.model = m, snap.optim = o, snap.sampler = &sampler, snap.loader = &loader, snap.rng = &gen;

@@ -56,10 +56,10 @@ static void* error_thread(void* arg) {
     thread_result* r = (thread_result*)arg;
     ddp_dataset d;
     /* a fresh thread starts with no error, whatever the main thread did */
-    r->before = ddp_last_status();
+    r->before = ddp__last_status();
     snprintf(r->before_msg, sizeof r->before_msg, "%.63s", ddp_error_string());
-    r->call = ddp_dataset_load_csv("/nonexistent-ddp-dir/thread-file.csv", &d);
-    r->after = ddp_last_status();
+    r->call = ddp__dataset_load_csv("/nonexistent-ddp-dir/thread-file.csv", &d);
+    r->after = ddp__last_status();
     snprintf(r->msg, sizeof r->msg, "%s", ddp_error_string());
     return NULL;
 }
@@ -73,8 +73,8 @@ static void test_status_and_errors(void) {
 
     for (s = DDP_OK; s < DDP__STATUS_COUNT; s++) {
         const char* name = ddp_status_name((ddp_status)s);
-        const char* cause = ddp_status_cause((ddp_status)s);
-        const char* fix = ddp_status_fix((ddp_status)s);
+        const char* cause = ddp__status_cause((ddp_status)s);
+        const char* fix = ddp__status_fix((ddp_status)s);
         CHECKF(name && !strncmp(name, "DDP_", 4), "status %d has name \"%s\"", s, name ? name : "(null)");
         CHECKF(name && !streq(name, "DDP_ERR_UNKNOWN"), "status %d is named DDP_ERR_UNKNOWN", s);
         CHECKF(cause && cause[0], "status %d (%s) has an empty cause", s, name);
@@ -92,23 +92,23 @@ static void test_status_and_errors(void) {
     CHECK(streq(ddp_status_name((ddp_status)DDP__STATUS_COUNT), "DDP_ERR_UNKNOWN"));
     CHECK(streq(ddp_status_name((ddp_status)(DDP__STATUS_COUNT + 7)), "DDP_ERR_UNKNOWN"));
     CHECK(streq(ddp_status_name((ddp_status)-1), "DDP_ERR_UNKNOWN"));
-    CHECK(ddp_status_cause((ddp_status)-1) != NULL && ddp_status_cause((ddp_status)-1)[0]);
-    CHECK(ddp_status_fix((ddp_status)DDP__STATUS_COUNT) != NULL && ddp_status_fix((ddp_status)DDP__STATUS_COUNT)[0]);
+    CHECK(ddp__status_cause((ddp_status)-1) != NULL && ddp__status_cause((ddp_status)-1)[0]);
+    CHECK(ddp__status_fix((ddp_status)DDP__STATUS_COUNT) != NULL && ddp__status_fix((ddp_status)DDP__STATUS_COUNT)[0]);
 
     /* last error: set by a failing call, kept until cleared */
-    ddp_clear_error();
-    CHECK(ddp_last_status() == DDP_OK);
+    ddp__clear_error();
+    CHECK(ddp__last_status() == DDP_OK);
     CHECK(!strcmp(ddp_error_string(), ""));
     CHECK(ddp_device_parse("tpu", &d) == DDP_ERR_INVALID_ARGUMENT);
-    CHECK(ddp_last_status() == DDP_ERR_INVALID_ARGUMENT);
+    CHECK(ddp__last_status() == DDP_ERR_INVALID_ARGUMENT);
     CHECKF(strstr(ddp_error_string(), "\"tpu\"") != NULL, "message \"%s\" does not name \"tpu\"",
            ddp_error_string());
     /* a successful call leaves the last error in place (it is the LAST error, not the last call) */
     CHECK(ddp_device_parse("cpu", &d) == DDP_OK);
-    CHECK(ddp_last_status() == DDP_ERR_INVALID_ARGUMENT);
+    CHECK(ddp__last_status() == DDP_ERR_INVALID_ARGUMENT);
     CHECK(strstr(ddp_error_string(), "tpu") != NULL);
-    ddp_clear_error();
-    CHECK(ddp_last_status() == DDP_OK);
+    ddp__clear_error();
+    CHECK(ddp__last_status() == DDP_OK);
     CHECK(!strcmp(ddp_error_string(), ""));
 
     /* per thread: an error on another thread leaves this thread's message alone */
@@ -123,11 +123,11 @@ static void test_status_and_errors(void) {
     CHECK(tr.call == DDP_ERR_IO);
     CHECK(tr.after == DDP_ERR_IO);
     CHECKF(strstr(tr.msg, "thread-file.csv") != NULL, "thread message: %s", tr.msg);
-    CHECK(ddp_last_status() == DDP_ERR_INVALID_ARGUMENT);
+    CHECK(ddp__last_status() == DDP_ERR_INVALID_ARGUMENT);
     CHECKF(!strcmp(ddp_error_string(), main_msg), "main thread's message changed to \"%s\"",
            ddp_error_string());
     CHECK(strstr(ddp_error_string(), "thread-file") == NULL);
-    ddp_clear_error();
+    ddp__clear_error();
 }
 
 /* ---- 2. logging --------------------------------------------------------------------------------- */
@@ -156,12 +156,12 @@ static int log_child(const char* mode) {
     ddp_device d;
     memset(&r, 0, sizeof r);
     setenv("DDP_DEBUG", mode, 1);
-    ddp_set_log(log_hook, &r);
+    ddp__set_log(log_hook, &r);
     if (!strcmp(mode, "INFO")) {
-        CHECK(ddp_log_level_enabled() == DDP_LOG_INFO);
-        ddp_log(DDP_LOG_INFO, "info %s %d", "line", 1);
-        ddp_log(DDP_LOG_DETAIL, "detail line");
-        ddp_log(DDP_LOG_WARN, "warn line");
+        CHECK(ddp__log_level_enabled() == DDP_LOG_INFO);
+        ddp__log(DDP_LOG_INFO, "info %s %d", "line", 1);
+        ddp__log(DDP_LOG_DETAIL, "detail line");
+        ddp__log(DDP_LOG_WARN, "warn line");
         CHECKF(r.n == 2, "got %d lines", r.n);
         CHECK(r.level[0] == DDP_LOG_INFO && !strcmp(r.line[0], "[rank 0/1] info line 1"));
         CHECK(r.level[1] == DDP_LOG_WARN && !strcmp(r.line[1], "[rank 0/1] warning: warn line"));
@@ -173,20 +173,20 @@ static int log_child(const char* mode) {
                    strstr(r.line[0], "tpu"),
                "failure line: %s", r.line[0]);
     } else if (!strcmp(mode, "DETAIL")) {
-        CHECK(ddp_log_level_enabled() == DDP_LOG_DETAIL);
-        ddp_log(DDP_LOG_DETAIL, "detail line");
-        ddp_log(DDP_LOG_INFO, "info line");
+        CHECK(ddp__log_level_enabled() == DDP_LOG_DETAIL);
+        ddp__log(DDP_LOG_DETAIL, "detail line");
+        ddp__log(DDP_LOG_INFO, "info line");
         CHECKF(r.n == 2, "got %d lines", r.n);
         CHECK(r.level[0] == DDP_LOG_DETAIL && !strcmp(r.line[0], "[rank 0/1] detail line"));
         CHECK(r.level[1] == DDP_LOG_INFO && !strcmp(r.line[1], "[rank 0/1] info line"));
     } else { /* an unknown value: warned about on stderr, then treated as the default */
-        CHECK(ddp_log_level_enabled() == DDP_LOG_WARN);
-        ddp_log(DDP_LOG_INFO, "info line");
-        ddp_log(DDP_LOG_WARN, "warn line");
+        CHECK(ddp__log_level_enabled() == DDP_LOG_WARN);
+        ddp__log(DDP_LOG_INFO, "info line");
+        ddp__log(DDP_LOG_WARN, "warn line");
         CHECKF(r.n == 1, "got %d lines", r.n);
         CHECK(!strcmp(r.line[0], "[rank 0/1] warning: warn line"));
     }
-    ddp_set_log(NULL, NULL);
+    ddp__set_log(NULL, NULL);
     return h_case_failed ? 1 : 0;
 }
 
@@ -227,13 +227,13 @@ static void test_logging(void) {
     int saved, fd, k;
 
     /* the default level (main unset DDP_DEBUG before any library call) */
-    CHECK(ddp_log_level_enabled() == DDP_LOG_WARN);
+    CHECK(ddp__log_level_enabled() == DDP_LOG_WARN);
     memset(&r, 0, sizeof r);
-    ddp_set_log(log_hook, &r);
-    ddp_log(DDP_LOG_WARN, "disk %s is %d%% full", "sda", 93);
-    ddp_log(DDP_LOG_ERROR, "bad %s", "thing");
-    ddp_log(DDP_LOG_INFO, "an info line");
-    ddp_log(DDP_LOG_DETAIL, "a detail line");
+    ddp__set_log(log_hook, &r);
+    ddp__log(DDP_LOG_WARN, "disk %s is %d%% full", "sda", 93);
+    ddp__log(DDP_LOG_ERROR, "bad %s", "thing");
+    ddp__log(DDP_LOG_INFO, "an info line");
+    ddp__log(DDP_LOG_DETAIL, "a detail line");
     CHECKF(r.n == 2, "the hook got %d lines, expected 2 (INFO and DETAIL dropped)", r.n);
     CHECKF(r.level[0] == DDP_LOG_WARN && !strcmp(r.line[0], "[rank 0/1] warning: disk sda is 93% full"),
            "line 0 (level %d): \"%s\"", (int)r.level[0], r.line[0]);
@@ -245,12 +245,12 @@ static void test_logging(void) {
         memset(longmsg, 'x', sizeof longmsg - 1);
         longmsg[sizeof longmsg - 1] = 0;
         r.n = 0;
-        ddp_log(DDP_LOG_WARN, "%s", longmsg);
+        ddp__log(DDP_LOG_WARN, "%s", longmsg);
         CHECK(r.n == 1 && !strncmp(r.line[0], "[rank 0/1] warning: xxx", 23));
     }
 
     /* NULL restores stderr: the line no longer reaches the hook but appears on stderr */
-    ddp_set_log(NULL, NULL);
+    ddp__set_log(NULL, NULL);
     r.n = 0;
     snprintf(path, sizeof path, "%s/stderr.txt", g_tmp);
     fflush(stderr);
@@ -259,8 +259,8 @@ static void test_logging(void) {
     CHECK(saved >= 0 && fd >= 0);
     if (saved >= 0 && fd >= 0) {
         dup2(fd, 2);
-        ddp_log(DDP_LOG_WARN, "to stderr %d", 5);
-        ddp_log(DDP_LOG_INFO, "not shown");
+        ddp__log(DDP_LOG_WARN, "to stderr %d", 5);
+        ddp__log(DDP_LOG_INFO, "not shown");
         fflush(stderr);
         dup2(saved, 2);
     }
@@ -308,7 +308,7 @@ static void test_rng(void) {
     size_t k;
 
     for (i = 0; i < 1000; i++) {
-        uint64_t x = ddp_rng_next(&a), y = ddp_rng_next(&b), z = ddp_rng_next(&c);
+        uint64_t x = ddp__rng_next(&a), y = ddp__rng_next(&b), z = ddp__rng_next(&c);
         same += x == y;
         diff += x != z;
     }
@@ -317,7 +317,7 @@ static void test_rng(void) {
     /* the state is just the seed: a copy continues identically */
     a = ddp_rng_seed(7);
     b = a;
-    CHECK(ddp_rng_next(&a) == ddp_rng_next(&b));
+    CHECK(ddp__rng_next(&a) == ddp__rng_next(&b));
 
     a = ddp_rng_seed(2024);
     for (i = 0; i < 100000; i++) {
@@ -484,7 +484,7 @@ static void test_f16(void) {
     /* against the reference over random floats: exponents from 2^-27 (underflow to 0) through
        2^17 (overflow), every mantissa; one in eight a fully random pattern (NaN, inf, huge, tiny) */
     for (i = 0; i < 1000000; i++) {
-        uint64_t z = ddp_rng_next(&r);
+        uint64_t z = ddp__rng_next(&r);
         uint32_t bits;
         float f;
         uint16_t got, want;
@@ -562,7 +562,7 @@ static void test_bf16(void) {
     }
 
     for (i = 0; i < 1000000; i++) {
-        uint64_t z = ddp_rng_next(&r);
+        uint64_t z = ddp__rng_next(&r);
         uint32_t bits = (uint32_t)(z >> 32);
         float f;
         uint16_t got, want;
@@ -581,7 +581,7 @@ static void test_bf16(void) {
     CHECKF(bad_ref == 0, "%d of 1000000 random floats differ from the reference", bad_ref);
 }
 
-/* ---- 6. ddp_convert and dtypes -------------------------------------------------------------------- */
+/* ---- 6. ddp__convert and dtypes -------------------------------------------------------------------- */
 
 static void test_convert(void) {
     enum { N = 4096 };
@@ -593,7 +593,7 @@ static void test_convert(void) {
     int i, bad;
 
     for (i = 0; i < N; i++) {
-        uint64_t z = ddp_rng_next(&r);
+        uint64_t z = ddp__rng_next(&r);
         src[i] = (i % 4 == 0) ? u2f((uint32_t)(z >> 32))
                               : (float)((ddp_rng_uniform(&r) - 0.5f) * ldexp(1.0, (int)(z % 50) - 30));
     }
@@ -603,52 +603,52 @@ static void test_convert(void) {
     src[3] = 65520.0f;
     src[4] = (float)ldexp(1.0, -25);
 
-    CHECK_OK(ddp_convert(cpu, DDP_F16, half, DDP_F32, src, N, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_F16, half, DDP_F32, src, N, NULL));
     for (i = 0, bad = 0; i < N; i++) bad += half[i] != ddp_f32_to_f16(src[i]);
     CHECKF(bad == 0, "f32 -> f16: %d elements differ from ddp_f32_to_f16", bad);
-    CHECK_OK(ddp_convert(cpu, DDP_F32, back, DDP_F16, half, N, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_F32, back, DDP_F16, half, N, NULL));
     for (i = 0, bad = 0; i < N; i++) bad += f2u(back[i]) != f2u(ddp_f16_to_f32(half[i]));
     CHECKF(bad == 0, "f16 -> f32: %d elements differ from ddp_f16_to_f32", bad);
 
-    CHECK_OK(ddp_convert(cpu, DDP_BF16, half, DDP_F32, src, N, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_BF16, half, DDP_F32, src, N, NULL));
     for (i = 0, bad = 0; i < N; i++) bad += half[i] != ddp_f32_to_bf16(src[i]);
     CHECKF(bad == 0, "f32 -> bf16: %d elements differ from ddp_f32_to_bf16", bad);
-    CHECK_OK(ddp_convert(cpu, DDP_F32, back, DDP_BF16, half, N, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_F32, back, DDP_BF16, half, N, NULL));
     for (i = 0, bad = 0; i < N; i++) bad += f2u(back[i]) != f2u(ddp_bf16_to_f32(half[i]));
     CHECKF(bad == 0, "bf16 -> f32: %d elements differ from ddp_bf16_to_f32", bad);
 
     /* every 16-bit pattern, both formats, widening */
     for (i = 0; i < 65536; i++) all16[i] = (uint16_t)i;
-    CHECK_OK(ddp_convert(cpu, DDP_F32, wide, DDP_F16, all16, 65536, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_F32, wide, DDP_F16, all16, 65536, NULL));
     for (i = 0, bad = 0; i < 65536; i++) bad += f2u(wide[i]) != f2u(ddp_f16_to_f32((uint16_t)i));
     CHECKF(bad == 0, "f16 -> f32 over all patterns: %d differ", bad);
-    CHECK_OK(ddp_convert(cpu, DDP_F32, wide, DDP_BF16, all16, 65536, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_F32, wide, DDP_BF16, all16, 65536, NULL));
     for (i = 0, bad = 0; i < 65536; i++) bad += f2u(wide[i]) != (uint32_t)i << 16;
     CHECKF(bad == 0, "bf16 -> f32 over all patterns: %d differ", bad);
 
     /* DEFAULT means f32 on either side */
     memset(ref16, 0, sizeof ref16);
-    CHECK_OK(ddp_convert(cpu, DDP_F16, ref16, DDP_DTYPE_DEFAULT, src, N, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_F16, ref16, DDP_DTYPE_DEFAULT, src, N, NULL));
     for (i = 0, bad = 0; i < N; i++) bad += ref16[i] != ddp_f32_to_f16(src[i]);
     CHECKF(bad == 0, "DEFAULT -> f16: %d elements differ from ddp_f32_to_f16", bad);
-    CHECK_OK(ddp_convert(cpu, DDP_DTYPE_DEFAULT, back, DDP_BF16, all16, N, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_DTYPE_DEFAULT, back, DDP_BF16, all16, N, NULL));
     for (i = 0, bad = 0; i < N; i++) bad += f2u(back[i]) != (uint32_t)i << 16;
     CHECKF(bad == 0, "bf16 -> DEFAULT: %d elements differ", bad);
 
     /* only conversions through f32 */
-    CHECK_FAILS(ddp_convert(cpu, DDP_BF16, half, DDP_F16, all16, N, NULL), DDP_ERR_INVALID_ARGUMENT, "f16 -> bf16");
-    CHECK_FAILS(ddp_convert(cpu, DDP_F16, half, DDP_BF16, all16, N, NULL), DDP_ERR_INVALID_ARGUMENT, "bf16 -> f16");
-    CHECK_FAILS(ddp_convert(cpu, DDP_F16, half, DDP_F16, all16, N, NULL), DDP_ERR_INVALID_ARGUMENT, "f16 -> f16");
-    CHECK_FAILS(ddp_convert(cpu, (ddp_dtype)9, half, DDP_F32, src, N, NULL), DDP_ERR_INVALID_ARGUMENT, "f32 -> ?");
-    CHECK_FAILS(ddp_convert(cpu, DDP_F32, back, (ddp_dtype)9, half, N, NULL), DDP_ERR_INVALID_ARGUMENT, "? -> f32");
+    CHECK_FAILS(ddp__convert(cpu, DDP_BF16, half, DDP_F16, all16, N, NULL), DDP_ERR_INVALID_ARGUMENT, "f16 -> bf16");
+    CHECK_FAILS(ddp__convert(cpu, DDP_F16, half, DDP_BF16, all16, N, NULL), DDP_ERR_INVALID_ARGUMENT, "bf16 -> f16");
+    CHECK_FAILS(ddp__convert(cpu, DDP_F16, half, DDP_F16, all16, N, NULL), DDP_ERR_INVALID_ARGUMENT, "f16 -> f16");
+    CHECK_FAILS(ddp__convert(cpu, (ddp_dtype)9, half, DDP_F32, src, N, NULL), DDP_ERR_INVALID_ARGUMENT, "f32 -> ?");
+    CHECK_FAILS(ddp__convert(cpu, DDP_F32, back, (ddp_dtype)9, half, N, NULL), DDP_ERR_INVALID_ARGUMENT, "? -> f32");
 
     /* f32 -> f32 is a copy, bit for bit (NaN included); count 0 writes nothing */
     memset(copy, 0, sizeof copy);
-    CHECK_OK(ddp_convert(cpu, DDP_F32, copy, DDP_F32, src, N, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_F32, copy, DDP_F32, src, N, NULL));
     CHECK(!memcmp(copy, src, sizeof src));
     copy[0] = 42.f;
-    CHECK_OK(ddp_convert(cpu, DDP_F16, half, DDP_F32, copy, 0, NULL));
-    CHECK_OK(ddp_convert(cpu, DDP_F32, copy, DDP_F32, src, 0, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_F16, half, DDP_F32, copy, 0, NULL));
+    CHECK_OK(ddp__convert(cpu, DDP_F32, copy, DDP_F32, src, 0, NULL));
     CHECK(copy[0] == 42.f);
 
     CHECK(ddp_dtype_size(DDP_DTYPE_DEFAULT) == 4);
@@ -656,11 +656,11 @@ static void test_convert(void) {
     CHECK(ddp_dtype_size(DDP_F16) == 2);
     CHECK(ddp_dtype_size(DDP_BF16) == 2);
     CHECK(ddp_dtype_size((ddp_dtype)9) == 0);
-    CHECK(!strcmp(ddp_dtype_name(DDP_DTYPE_DEFAULT), "f32"));
-    CHECK(!strcmp(ddp_dtype_name(DDP_F32), "f32"));
-    CHECK(!strcmp(ddp_dtype_name(DDP_F16), "f16"));
-    CHECK(!strcmp(ddp_dtype_name(DDP_BF16), "bf16"));
-    CHECK(!strcmp(ddp_dtype_name((ddp_dtype)9), "?"));
+    CHECK(!strcmp(ddp__dtype_name(DDP_DTYPE_DEFAULT), "f32"));
+    CHECK(!strcmp(ddp__dtype_name(DDP_F32), "f32"));
+    CHECK(!strcmp(ddp__dtype_name(DDP_F16), "f16"));
+    CHECK(!strcmp(ddp__dtype_name(DDP_BF16), "bf16"));
+    CHECK(!strcmp(ddp__dtype_name((ddp_dtype)9), "?"));
 }
 
 /* ---- 7. devices ------------------------------------------------------------------------------------ */
@@ -707,18 +707,18 @@ static void test_devices(void) {
     d.index = 3;
     CHECK_OK(ddp_device_resolve(d, &r));
     CHECK(r.type == DDP_DEVICE_CPU && r.index == 0);
-    CHECK_OK(ddp_device_activate(r));
+    CHECK_OK(ddp__device_activate(r));
 
-    reason = ddp_cuda_unavailable_reason();
+    reason = ddp__cuda_unavailable_reason();
     CHECK(reason != NULL);
 #if defined(DDP_NO_CUDA)
-    CHECK(ddp_cuda_device_count() == 0);
+    CHECK(ddp__cuda_device_count() == 0);
 #endif
-    if (ddp_cuda_device_count() > 0) {
+    if (ddp__cuda_device_count() > 0) {
         CHECK(!strcmp(reason, ""));
-        SKIP("%d CUDA device(s) visible: the no-GPU resolve checks do not apply", ddp_cuda_device_count());
+        SKIP("%d CUDA device(s) visible: the no-GPU resolve checks do not apply", ddp__cuda_device_count());
     }
-    CHECKF(reason[0] != 0, "no GPU, yet ddp_cuda_unavailable_reason() is empty");
+    CHECKF(reason[0] != 0, "no GPU, yet ddp__cuda_unavailable_reason() is empty");
     d.type = DDP_DEVICE_AUTO;
     d.index = 1;
     CHECK_OK(ddp_device_resolve(d, &r));
@@ -788,9 +788,9 @@ static void test_memory_streams(void) {
         CHECK(!memcmp(a, b, 200) && all_zero(b + 200, 56));
         CHECK_OK(ddp_copy(cpu, b + 200, cpu, a, 0, NULL));
         CHECK(all_zero(b + 200, 56));
-        CHECK_OK(ddp_zero(cpu, a + 10, 100, NULL));
+        CHECK_OK(ddp__zero(cpu, a + 10, 100, NULL));
         CHECK(all_zero(a + 10, 100) && a[9] == (unsigned char)(9 * 7 + 1) && a[110] == (unsigned char)(110 * 7 + 1));
-        CHECK_OK(ddp_zero(cpu, a, 0, NULL));
+        CHECK_OK(ddp__zero(cpu, a, 0, NULL));
         CHECK(a[0] == 1);
     }
     ddp_free(cpu, a);
@@ -812,33 +812,33 @@ static void test_memory_streams(void) {
     ddp_free_pinned(NULL);
 
     /* streams and events: on the CPU, work is done when issued */
-    CHECK_OK(ddp_stream_create(cpu, &s));
+    CHECK_OK(ddp__stream_create(cpu, &s));
     CHECK(s != NULL);
-    CHECK_OK(ddp_event_create(cpu, &e));
+    CHECK_OK(ddp__event_create(cpu, &e));
     CHECK(e != NULL);
     if (s && e) {
         float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y[8] = {0};
-        CHECK(ddp_stream_native(s) == NULL);
+        CHECK(ddp__stream_native(s) == NULL);
         CHECK_OK(ddp_copy(cpu, y, cpu, x, sizeof x, s));
-        CHECK_OK(ddp_event_record(e, s));
-        CHECK_OK(ddp_stream_wait_event(s, e));
-        CHECK_OK(ddp_event_sync(e));
-        CHECK_OK(ddp_event_query(e, &done));
+        CHECK_OK(ddp__event_record(e, s));
+        CHECK_OK(ddp__stream_wait_event(s, e));
+        CHECK_OK(ddp__event_sync(e));
+        CHECK_OK(ddp__event_query(e, &done));
         CHECK(done == 1);
         CHECK_OK(ddp_stream_sync(s));
         CHECK(!memcmp(x, y, sizeof x));
-        CHECK_OK(ddp_zero(cpu, y, sizeof y, s));
+        CHECK_OK(ddp__zero(cpu, y, sizeof y, s));
         CHECK_OK(ddp_stream_sync(s));
         CHECK(all_zero(y, sizeof y));
-        CHECK_OK(ddp_event_record(e, NULL)); /* the default stream */
+        CHECK_OK(ddp__event_record(e, NULL)); /* the default stream */
     }
     CHECK_OK(ddp_stream_sync(NULL));
-    CHECK(ddp_stream_native(NULL) == NULL);
-    ddp_event_destroy(e);
-    ddp_stream_destroy(s);
-    ddp_event_destroy(NULL);
-    ddp_stream_destroy(NULL);
-    ddp_free_host(NULL);
+    CHECK(ddp__stream_native(NULL) == NULL);
+    ddp__event_destroy(e);
+    ddp__stream_destroy(s);
+    ddp__event_destroy(NULL);
+    ddp__stream_destroy(NULL);
+    ddp__free_host(NULL);
 }
 
 /* ---- 9. build information and kernels ------------------------------------------------------------------ */
@@ -858,21 +858,21 @@ static void test_build_info(void) {
 #if defined(DDP_NO_CUDA)
     CHECKF(strstr(info, "CPU only") != NULL, "build info: %s", info);
     CHECK(strstr(info, "CUDA runtime") == NULL);
-    CHECK(ddp_kernel_count() == 0);
-    CHECK(ddp_kernel_name(0) == NULL);
-    CHECK_FAILS(ddp_kernels_compile_ptx("compute_80", &ptx, &nbytes), DDP_ERR_NOT_BUILT, "DDP_NO_CUDA");
+    CHECK(ddp__kernel_count() == 0);
+    CHECK(ddp__kernel_name(0) == NULL);
+    CHECK_FAILS(ddp__kernels_compile_ptx("compute_80", &ptx, &nbytes), DDP_ERR_NOT_BUILT, "DDP_NO_CUDA");
     CHECK(ptx == NULL && nbytes == 0);
 #else
     {
-        int i, n = ddp_kernel_count();
+        int i, n = ddp__kernel_count();
         CHECKF(strstr(info, "CUDA runtime") != NULL, "build info: %s", info);
         CHECK(strstr(info, "CPU only") == NULL);
         CHECK(n > 0);
         for (i = 0; i < n; i++) {
-            const char* name = ddp_kernel_name(i);
+            const char* name = ddp__kernel_name(i);
             CHECKF(name && !strncmp(name, "ddp_k_", 6), "kernel %d is named %s", i, name ? name : "(null)");
         }
-        CHECK(ddp_kernel_name(n) == NULL && ddp_kernel_name(-1) == NULL);
+        CHECK(ddp__kernel_name(n) == NULL && ddp__kernel_name(-1) == NULL);
         (void)ptx;
         (void)nbytes;
     }

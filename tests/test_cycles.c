@@ -48,7 +48,7 @@ static int cycles_main(int rank, void* arg) {
         int i, W;
         if (ddp_init(NULL, &pg) != DDP_OK) {
             printf("    %s: rank %d, cycle %d: ddp_init failed: %s: %s\n", transport, rank, c,
-                   ddp_status_name(ddp_last_status()), ddp_error_string());
+                   ddp_status_name(ddp__last_status()), ddp_error_string());
             return 1;
         }
         W = ddp_world_size(pg);

@@ -124,7 +124,7 @@ static void test_bundled(void) {
     static const float row0[13] = {14.23f, 1.71f, 2.43f, 15.6f, 127.f, 2.8f, 3.06f,
                                    0.28f,  2.29f, 5.64f, 1.04f, 3.92f, 1065.f};
 
-    CHECK_OK(ddp_dataset_load_csv("examples/data/wine.csv", &w));
+    CHECK_OK(ddp__dataset_load_csv("examples/data/wine.csv", &w));
     CHECK(w.n == 178 && w.nfeatures == 13 && w.nclasses == 3);
     CHECK(w.x != NULL && w.y != NULL);
     if (w.n == 178) {
@@ -248,13 +248,13 @@ static void expect_bad_file(const char* name, const char* text, size_t len, ddp_
         return;
     }
     ds_garbage(&d);
-    ddp_clear_error();
-    s = ddp_dataset_load_csv(path, &d);
+    ddp__clear_error();
+    s = ddp__dataset_load_csv(path, &d);
     if (s != want)
         h_failf(__FILE__, line, "%s: status %s, expected %s (message: %s)", name, ddp_status_name(s),
                 ddp_status_name(want), ddp_error_string());
-    else if (ddp_last_status() != want)
-        h_failf(__FILE__, line, "%s: ddp_last_status() is %s", name, ddp_status_name(ddp_last_status()));
+    else if (ddp__last_status() != want)
+        h_failf(__FILE__, line, "%s: ddp__last_status() is %s", name, ddp_status_name(ddp__last_status()));
     else if (!strstr(ddp_error_string(), path))
         h_failf(__FILE__, line, "%s: message \"%s\" does not name the file", name, ddp_error_string());
     else if (needle && !strstr(ddp_error_string(), needle))
@@ -273,7 +273,7 @@ static void expect_loads(const char* name, const char* text, int n, int nf, int 
         h_failf(__FILE__, line, "cannot write %s", path);
         return;
     }
-    s = ddp_dataset_load_csv(path, &d);
+    s = ddp__dataset_load_csv(path, &d);
     if (s != DDP_OK) {
         h_failf(__FILE__, line, "%s: %s: %s", name, ddp_status_name(s), ddp_error_string());
         return;
@@ -325,7 +325,7 @@ static void test_bad_files(void) {
     {
         ddp_dataset d;
         const char* dir = g_tmp;
-        CHECK_FAILS(ddp_dataset_load_csv(dir, &d), DDP_ERR_IO, dir); /* a folder, not a file */
+        CHECK_FAILS(ddp__dataset_load_csv(dir, &d), DDP_ERR_IO, dir); /* a folder, not a file */
     }
 
     /* accepted: CRLF line ends, blank lines anywhere, no newline at the end, the largest label */
@@ -378,7 +378,7 @@ static void test_split(void) {
     static const float bad_fractions[] = {0.f, 1.f, -0.1f, 1.5f};
     size_t k;
 
-    CHECK_OK(ddp_dataset_load_csv("examples/data/wine.csv", &all));
+    CHECK_OK(ddp__dataset_load_csv("examples/data/wine.csv", &all));
     if (all.n != 178) return;
     CHECK_OK(ddp_dataset_split(&all, 0.2, 42, &tr, &te));
     CHECK(tr.n == 142 && te.n == 36);
@@ -465,7 +465,7 @@ static void test_standardize(void) {
     int i, j, bad_nan = 0;
     double mean0 = 0, sd0 = 0;
 
-    CHECK_OK(ddp_dataset_load_csv("examples/data/wine.csv", &all));
+    CHECK_OK(ddp__dataset_load_csv("examples/data/wine.csv", &all));
     CHECK_OK(ddp_dataset_split(&all, 0.2, 42, &tr, &te));
     CHECK_OK(ddp_dataset_split(&all, 0.2, 42, &tr0, &te0)); /* an untouched copy */
     if (tr.n != 142 || tr0.n != 142) return;
@@ -522,11 +522,11 @@ static void test_gather(void) {
     static const int idx[] = {5, 0, 177, 5, 100};
     float x[6 * 13];
     int y[6], i;
-    CHECK_OK(ddp_dataset_load_csv("examples/data/wine.csv", &all));
+    CHECK_OK(ddp__dataset_load_csv("examples/data/wine.csv", &all));
     if (all.n != 178) return;
     for (i = 0; i < 6 * 13; i++) x[i] = -1234.f;
     for (i = 0; i < 6; i++) y[i] = -7;
-    ddp_dataset_gather(&all, idx, 5, x, y);
+    ddp__dataset_gather(&all, idx, 5, x, y);
     for (i = 0; i < 5; i++) {
         CHECKF(!memcmp(x + i * 13, all.x + idx[i] * 13, 13 * sizeof(float)), "row %d (sample %d) differs", i, idx[i]);
         CHECK(y[i] == all.y[idx[i]]);
@@ -534,7 +534,7 @@ static void test_gather(void) {
     CHECK(y[2] == 2 && y[1] == 0);
     CHECK(x[5 * 13] == -1234.f && x[6 * 13 - 1] == -1234.f && y[5] == -7); /* nothing past count */
     y[0] = -7;
-    ddp_dataset_gather(&all, idx, 0, x, y);
+    ddp__dataset_gather(&all, idx, 0, x, y);
     CHECK(y[0] == -7);
     ddp_dataset_free(&all);
 }

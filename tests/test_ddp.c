@@ -41,7 +41,7 @@ static ddp_model* cpu_model(uint64_t seed) {
 /* A parameter's values or gradient in host memory (a copy ordered after the model's stream). */
 static void host_copy(ddp_model* m, ddp_param* p, const float* src, float* dst) {
     ddp_device cpu = {DDP_DEVICE_CPU, 0};
-    ddp_copy(cpu, dst, ddp_model_device(m), src, p->count * 4, ddp_model_stream(m));
+    ddp_copy(cpu, dst, ddp__model_device(m), src, p->count * 4, ddp_model_stream(m));
     ddp_stream_sync(ddp_model_stream(m));
 }
 
@@ -242,7 +242,7 @@ static double equivalence(int W, const cfg* c, double tol) {
         double u = c->compress == DDP_F16 ? 0x1p-11 : 0x1p-8;
         double bound = 2.0 * c->lr * (W + 1) * u * grad_bound;
         printf("    %s W=%d: max |weight error| %.3g, bound 2 lr (W+1) u sum_steps max|g| = %.3g\n",
-               ddp_dtype_name(c->compress), W, maxabs, bound);
+               ddp__dtype_name(c->compress), W, maxabs, bound);
         CHECKF(maxabs <= bound, "compressed weights differ by %.3g, more than the bound %.3g", maxabs, bound);
     }
     return rel;

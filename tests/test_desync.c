@@ -46,7 +46,7 @@ static ddp_pg* join(int detail, double timeout) {
     d.device.type = DDP_DEVICE_CPU;
     d.timeout_s = timeout;
     ddp__g.level = detail ? DDP_LOG_DETAIL : DDP_LOG_WARN;
-    ddp_set_log(capture, NULL);
+    ddp__set_log(capture, NULL);
     if (ddp_init(&d, &pg) != DDP_OK) return NULL;
     return pg;
 }
@@ -109,7 +109,7 @@ static int one_rank_main(int rank, void* arg) {
         return 0;
     }
     t0 = ddp__now();
-    s = ddp_broadcast(pg, &x, 1, DDP_F32, 0, NULL); /* "if (rank == 0) broadcast(...)": the classic mistake */
+    s = ddp__broadcast(pg, &x, 1, DDP_F32, 0, NULL); /* "if (rank == 0) broadcast(...)": the classic mistake */
     if (s != DDP_ERR_TIMEOUT) return fail_with(3, "a broadcast on rank 0 alone did not time out");
     if (ddp__now() - t0 > 4.0) return fail_with(4, "the deadline of 2 s was not kept");
     if (!strstr(ddp_error_string(), "rank 1 has not reached collective #2") ||
@@ -204,12 +204,12 @@ static int shm_leave_main(int rank, void* arg) {
         for (until = ddp__now() + 30; !__atomic_load_n(&g_gap->in_gap, __ATOMIC_SEQ_CST) && ddp__now() < until;)
             ddp__sleep(0.001);
         if (!__atomic_load_n(&g_gap->in_gap, __ATOMIC_SEQ_CST)) return fail_with(4, "rank 0 never reached the gap");
-        if (ddp_broadcast(pg, x, 4, DDP_F32, 1, NULL) != DDP_OK) return fail_with(5, "the broadcast failed on its root");
+        if (ddp__broadcast(pg, x, 4, DDP_F32, 1, NULL) != DDP_OK) return fail_with(5, "the broadcast failed on its root");
         ddp_destroy(pg);
         return 0;
     }
     __atomic_store_n(&g_gap->armed, 1, __ATOMIC_SEQ_CST);
-    s = ddp_broadcast(pg, x, 4, DDP_F32, 1, NULL);
+    s = ddp__broadcast(pg, x, 4, DDP_F32, 1, NULL);
     if (!g_gap->peer_left || !g_gap->peer_reached)
         return fail_with(6, "the hook did not see rank 1 finish and leave inside the gap: the case tested nothing");
     if (s != DDP_OK) return fail_with(7, "a broadcast that rank 1 completed before it left failed on rank 0");

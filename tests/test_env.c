@@ -1,4 +1,4 @@
-/* tests/test_env.c: the >>launch section's library side: ddp_env_resolve (which launcher's
+/* tests/test_env.c: the >>launch section's library side: ddp__env_resolve (which launcher's
    variables win, each one parsed, every error naming its variable), SLURM node lists, the
    "[rank R/W]" log prefix, and ddp_spawn (the variables each rank sees, a failing rank stopping
    the others, a rank killed by a signal, a rank that ignores SIGTERM). The ddprun program is
@@ -19,7 +19,7 @@ static char g_tmp[64]; /* temporary folder made by mkdtemp, removed at the end *
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-/* Every variable ddp_env_resolve or ddp_spawn reads; each case starts with none of them set. */
+/* Every variable ddp__env_resolve or ddp_spawn reads; each case starts with none of them set. */
 static const char* const g_vars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
@@ -58,7 +58,7 @@ static void set_slurm(const char* rank, const char* ntasks, const char* localid,
 static ddp_env resolve_ok(const ddp_desc* d) {
     ddp_env e;
     memset(&e, 0, sizeof e);
-    CHECK_OK(ddp_env_resolve(d, &e));
+    CHECK_OK(ddp__env_resolve(d, &e));
     return e;
 }
 
@@ -75,8 +75,8 @@ static ddp_env resolve_ok(const ddp_desc* d) {
 static int env_fails(const char* needle) {
     ddp_env e;
     ddp_status s;
-    ddp_clear_error();
-    s = ddp_env_resolve(NULL, &e);
+    ddp__clear_error();
+    s = ddp__env_resolve(NULL, &e);
     if (s != DDP_ERR_ENV) {
         printf("    resolve returned %s, expected DDP_ERR_ENV (message: %s)\n", ddp_status_name(s),
                ddp_error_string());
@@ -221,7 +221,7 @@ static void env_explicit(void) {
     CHECK(!strcmp(e.master_addr, "10.9.9.9"));
     CHECK(e.master_port == 31000);
     d.rank = 4;
-    CHECK_FAILS(ddp_env_resolve(&d, &e), DDP_ERR_INVALID_ARGUMENT, "desc.rank=4 is not below desc.world_size=4");
+    CHECK_FAILS(ddp__env_resolve(&d, &e), DDP_ERR_INVALID_ARGUMENT, "desc.rank=4 is not below desc.world_size=4");
     clear_env();
 }
 
@@ -326,16 +326,16 @@ static void slurm_first_host_forms(void) {
     char out[64];
     size_t i;
     for (i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-        ddp_status s = ddp_slurm_first_host(ok[i][0], out, sizeof out);
+        ddp_status s = ddp__slurm_first_host(ok[i][0], out, sizeof out);
         CHECKF(s == DDP_OK && !strcmp(out, ok[i][1]), "\"%s\": got %s \"%s\", expected \"%s\" (%s)", ok[i][0],
                ddp_status_name(s), out, ok[i][1], ddp_error_string());
     }
     for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char quoted[64];
         snprintf(quoted, sizeof quoted, "\"%s\"", bad[i]);
-        CHECK_FAILS(ddp_slurm_first_host(bad[i], out, sizeof out), DDP_ERR_ENV, quoted);
+        CHECK_FAILS(ddp__slurm_first_host(bad[i], out, sizeof out), DDP_ERR_ENV, quoted);
     }
-    CHECK_FAILS(ddp_slurm_first_host("averyveryverylonghostname", out, 8), DDP_ERR_ENV, "longer than 7");
+    CHECK_FAILS(ddp__slurm_first_host("averyveryverylonghostname", out, 8), DDP_ERR_ENV, "longer than 7");
 }
 
 /* ---- the log prefix ---------------------------------------------------------------------------- */
@@ -351,16 +351,16 @@ static void env_sets_log_prefix(void) {
     clear_env();
     set_torchrun("2", "4", "2", "4");
     resolve_ok(NULL);
-    ddp_set_log(capture, NULL);
+    ddp__set_log(capture, NULL);
     g_line[0] = 0;
-    ddp_log(DDP_LOG_WARN, "hello %d", 7);
+    ddp__log(DDP_LOG_WARN, "hello %d", 7);
     CHECKF(!strcmp(g_line, "[rank 2/4] warning: hello 7"), "logged \"%s\"", g_line);
     clear_env();
     resolve_ok(NULL); /* back to a single process for the cases that follow */
     g_line[0] = 0;
-    ddp_log(DDP_LOG_WARN, "again");
+    ddp__log(DDP_LOG_WARN, "again");
     CHECKF(!strcmp(g_line, "[rank 0/1] warning: again"), "logged \"%s\"", g_line);
-    ddp_set_log(NULL, NULL);
+    ddp__set_log(NULL, NULL);
 }
 
 /* Before the placement is known (no ddp_init yet), a line's label comes from the launcher's
@@ -372,24 +372,24 @@ static void label_before_init(void) {
     int saved = dup(2);
     clear_env();
     ddp__g.placed = 0; /* as in a fresh process */
-    ddp_set_log(capture, NULL);
+    ddp__set_log(capture, NULL);
     set_torchrun("3", "4", NULL, NULL);
     g_line[0] = 0;
-    ddp_log(DDP_LOG_WARN, "early");
+    ddp__log(DDP_LOG_WARN, "early");
     CHECKF(!strcmp(g_line, "[rank 3/4] warning: early"), "logged \"%s\"", g_line);
     clear_env();
     set_openmpi("1", "2", "1", "2");
-    ddp_log(DDP_LOG_WARN, "early");
+    ddp__log(DDP_LOG_WARN, "early");
     CHECKF(!strcmp(g_line, "[rank 1/2] warning: early"), "logged \"%s\"", g_line);
     setenv("DDP_RELAYED_RANK", "1", 1);
-    ddp_log(DDP_LOG_WARN, "early");
+    ddp__log(DDP_LOG_WARN, "early");
     CHECKF(!strcmp(g_line, "[rank 1/2] warning: early"), "a sink got \"%s\"", g_line);
-    ddp_set_log(NULL, NULL);
+    ddp__set_log(NULL, NULL);
     err = tmpfile();
     if (err && saved >= 0 && dup2(fileno(err), 2) >= 0) {
-        ddp_log(DDP_LOG_WARN, "relayed");
+        ddp__log(DDP_LOG_WARN, "relayed");
         setenv("DDP_RELAYED_RANK", "0", 1); /* another rank's relay: this line keeps its label */
-        ddp_log(DDP_LOG_WARN, "inherited");
+        ddp__log(DDP_LOG_WARN, "inherited");
         fflush(stderr);
         dup2(saved, 2);
         rewind(err);

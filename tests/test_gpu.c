@@ -13,13 +13,13 @@ static int require_gpu(void) {
 /* Skip (or, under make test-gpu, fail) when this machine cannot run GPU code. */
 #define NEED_GPU()                                                                                 \
     do {                                                                                           \
-        if (ddp_cuda_device_count() == 0) {                                                        \
+        if (ddp__cuda_device_count() == 0) {                                                        \
             if (require_gpu()) {                                                                   \
                 h_failf(__FILE__, __LINE__, "make test-gpu needs a GPU: %s",                       \
-                        ddp_cuda_unavailable_reason());                                            \
+                        ddp__cuda_unavailable_reason());                                            \
                 return;                                                                            \
             }                                                                                      \
-            SKIP("no GPU: %s", ddp_cuda_unavailable_reason());                                     \
+            SKIP("no GPU: %s", ddp__cuda_unavailable_reason());                                     \
         }                                                                                          \
     } while (0)
 
@@ -27,23 +27,23 @@ static int require_gpu(void) {
 static void kernels_compile_without_gpu(void) {
     const char* archs[] = {"compute_75", "compute_80", "compute_90"};
     int a, k;
-    if (ddp_kernel_count() == 0) SKIP("CPU-only build (DDP_NO_CUDA): there are no kernels to compile");
-    CHECK(ddp_kernel_count() >= 14);
+    if (ddp__kernel_count() == 0) SKIP("CPU-only build (DDP_NO_CUDA): there are no kernels to compile");
+    CHECK(ddp__kernel_count() >= 14);
     for (a = 0; a < 3; a++) {
         char* ptx = NULL;
         size_t n = 0;
-        CHECK_OK(ddp_kernels_compile_ptx(archs[a], &ptx, &n));
+        CHECK_OK(ddp__kernels_compile_ptx(archs[a], &ptx, &n));
         if (!ptx) continue;
         CHECKF(n > 1000 && strlen(ptx) + 1 == n, "%s: PTX of %zu bytes", archs[a], n);
-        for (k = 0; k < ddp_kernel_count(); k++) {
+        for (k = 0; k < ddp__kernel_count(); k++) {
             char entry[96];
-            snprintf(entry, sizeof entry, ".entry %s(", ddp_kernel_name(k));
+            snprintf(entry, sizeof entry, ".entry %s(", ddp__kernel_name(k));
             CHECKF(strstr(ptx, entry) != NULL, "%s: no %s in the PTX", archs[a], entry);
         }
-        ddp_free_host(ptx);
+        ddp__free_host(ptx);
     }
-    CHECK(ddp_kernel_name(ddp_kernel_count()) == NULL);
-    CHECK_FAILS(ddp_kernels_compile_ptx("compute_1", &(char*){NULL}, &(size_t){0}), DDP_ERR_NVRTC, "compute_1");
+    CHECK(ddp__kernel_name(ddp__kernel_count()) == NULL);
+    CHECK_FAILS(ddp__kernels_compile_ptx("compute_1", &(char*){NULL}, &(size_t){0}), DDP_ERR_NVRTC, "compute_1");
 }
 
 /* Relative L2 distance ||a - b|| / ||b||. */
@@ -64,7 +64,7 @@ static double max_param_diff(ddp_model* g, ddp_model* c, int grads) {
         ddp_param *pg = ddp_model_param(g, i), *pc = ddp_model_param(c, i);
         float* host = (float*)malloc(pc->count * sizeof(float));
         double d;
-        ddp_copy(ddp_model_device(c), host, ddp_model_device(g), grads ? pg->grad : pg->data,
+        ddp_copy(ddp__model_device(c), host, ddp__model_device(g), grads ? pg->grad : pg->data,
                  pc->count * sizeof(float), NULL);
         d = rel_l2(host, grads ? pc->grad : pc->data, pc->count);
         if (d > worst) worst = d;
@@ -102,12 +102,12 @@ static void cpu_gpu_agree(ddp_layer_kind act, ddp_optim_kind kind, int use_mse) 
         CHECK_OK(ddp_model_zero_grad(mg));
         CHECK_OK(ddp_model_forward(mc, x, B));
         CHECK_OK(ddp_model_forward(mg, x, B));
-        CHECK_OK(ddp_model_output(mc, outc));
-        CHECK_OK(ddp_model_output(mg, outg));
+        CHECK_OK(ddp__model_output(mc, outc));
+        CHECK_OK(ddp__model_output(mg, outg));
         if (rel_l2(outg, outc, (size_t)B * 3) > worst_out) worst_out = rel_l2(outg, outc, (size_t)B * 3);
         if (use_mse) {
-            CHECK_OK(ddp_loss_mse(mc, t, &lc));
-            CHECK_OK(ddp_loss_mse(mg, t, &lg));
+            CHECK_OK(ddp__loss_mse(mc, t, &lc));
+            CHECK_OK(ddp__loss_mse(mg, t, &lg));
         } else {
             CHECK_OK(ddp_loss_cross_entropy(mc, y, &lc));
             CHECK_OK(ddp_loss_cross_entropy(mg, y, &lg));
@@ -151,7 +151,7 @@ static void gpu_conversions_match_cpu(void) {
     int i, t, bad;
     NEED_GPU();
     for (i = 0; i < N; i++) {
-        uint32_t bits = (uint32_t)ddp_rng_next(&r);
+        uint32_t bits = (uint32_t)ddp__rng_next(&r);
         memcpy(&src[i], &bits, 4); /* every kind of float: subnormal, huge, inf, NaN */
     }
     CHECK_OK(ddp_alloc(g, sizeof src, &dsrc));
@@ -160,14 +160,14 @@ static void gpu_conversions_match_cpu(void) {
     CHECK_OK(ddp_copy(g, dsrc, (ddp_device){DDP_DEVICE_CPU, 0}, src, sizeof src, NULL));
     for (t = 0; t < 2; t++) {
         ddp_dtype dt = t == 0 ? DDP_F16 : DDP_BF16;
-        CHECK_OK(ddp_convert(g, dt, dh, DDP_F32, dsrc, N, NULL));
-        CHECK_OK(ddp_convert(g, DDP_F32, dback, dt, dh, N, NULL));
+        CHECK_OK(ddp__convert(g, dt, dh, DDP_F32, dsrc, N, NULL));
+        CHECK_OK(ddp__convert(g, DDP_F32, dback, dt, dh, N, NULL));
         CHECK_OK(ddp_copy((ddp_device){DDP_DEVICE_CPU, 0}, h_gpu, g, dh, sizeof h_gpu, NULL));
         CHECK_OK(ddp_copy((ddp_device){DDP_DEVICE_CPU, 0}, back_gpu, g, dback, sizeof back_gpu, NULL));
-        CHECK_OK(ddp_convert((ddp_device){DDP_DEVICE_CPU, 0}, dt, h_cpu, DDP_F32, src, N, NULL));
-        CHECK_OK(ddp_convert((ddp_device){DDP_DEVICE_CPU, 0}, DDP_F32, back_cpu, dt, h_cpu, N, NULL));
+        CHECK_OK(ddp__convert((ddp_device){DDP_DEVICE_CPU, 0}, dt, h_cpu, DDP_F32, src, N, NULL));
+        CHECK_OK(ddp__convert((ddp_device){DDP_DEVICE_CPU, 0}, DDP_F32, back_cpu, dt, h_cpu, N, NULL));
         for (i = 0, bad = 0; i < N; i++) bad += h_cpu[i] != h_gpu[i] || memcmp(&back_cpu[i], &back_gpu[i], 4) != 0;
-        CHECKF(bad == 0, "%s: %d of %d values convert differently on the GPU", ddp_dtype_name(dt), bad, N);
+        CHECKF(bad == 0, "%s: %d of %d values convert differently on the GPU", ddp__dtype_name(dt), bad, N);
     }
     ddp_free(g, dsrc);
     ddp_free(g, dh);
@@ -189,24 +189,24 @@ static void gpu_streams_events(void) {
     if (!host) return;
     for (i = 0; i < 1024; i++) host[i] = (float)i;
     memset(back, 0xff, sizeof back); /* NaNs until the copy lands (and no compiler warns of garbage) */
-    CHECK_OK(ddp_stream_create(g, &s1));
-    CHECK_OK(ddp_stream_create(g, &s2));
-    CHECK_OK(ddp_event_create(g, &e));
+    CHECK_OK(ddp__stream_create(g, &s1));
+    CHECK_OK(ddp__stream_create(g, &s2));
+    CHECK_OK(ddp__event_create(g, &e));
     CHECK_OK(ddp_alloc(g, sizeof back, &d));
-    CHECK(ddp_stream_native(s1) != NULL);
+    CHECK(ddp__stream_native(s1) != NULL);
     CHECK_OK(ddp_copy(g, d, c, host, sizeof back, s1));
-    CHECK_OK(ddp_event_record(e, s1));
-    CHECK_OK(ddp_stream_wait_event(s2, e));
+    CHECK_OK(ddp__event_record(e, s1));
+    CHECK_OK(ddp__stream_wait_event(s2, e));
     CHECK_OK(ddp_copy(c, back, g, d, sizeof back, s2));
     CHECK_OK(ddp_stream_sync(s2));
-    CHECK_OK(ddp_event_query(e, &done));
+    CHECK_OK(ddp__event_query(e, &done));
     CHECK(done == 1);
     CHECK(memcmp(host, back, sizeof back) == 0);
     ddp_free_pinned(host);
     ddp_free(g, d);
-    ddp_event_destroy(e);
-    ddp_stream_destroy(s1);
-    ddp_stream_destroy(s2);
+    ddp__event_destroy(e);
+    ddp__stream_destroy(s1);
+    ddp__stream_destroy(s2);
 }
 
 int main(void) {

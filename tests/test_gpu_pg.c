@@ -61,16 +61,16 @@ static int gpu_rank(int rank, void* arg) {
         size_t es = ddp_dtype_size(t), i;
         for (oi = 0; oi < 3; oi++) {
             for (i = 0; i < n; i++) host[i] = value(ddp_rank(pg), i);
-            ddp_convert(cpu, t, h16, DDP_F32, host, n, NULL);
+            ddp__convert(cpu, t, h16, DDP_F32, host, n, NULL);
             ddp_copy(ddp_pg_device(pg), dbuf, cpu, t == DDP_F32 ? (void*)host : (void*)h16, n * es, NULL);
             if (ddp_all_reduce(pg, dbuf, n, t, ops[oi], NULL) != DDP_OK) {
-                printf("    rank %d all_reduce %s %s: %s\n", rank, ddp_dtype_name(t), ddp__op_name(ops[oi]),
+                printf("    rank %d all_reduce %s %s: %s\n", rank, ddp__dtype_name(t), ddp__op_name(ops[oi]),
                        ddp_error_string());
                 bad++;
                 continue;
             }
             ddp_copy(cpu, t == DDP_F32 ? (void*)host : (void*)h16, ddp_pg_device(pg), dbuf, n * es, NULL);
-            if (t != DDP_F32) ddp_convert(cpu, DDP_F32, host, t, h16, n, NULL);
+            if (t != DDP_F32) ddp__convert(cpu, DDP_F32, host, t, h16, n, NULL);
             for (i = 0; i < n; i++) {
                 double want = 0, mx = -1e30;
                 for (r = 0; r < W; r++) want += value(r, i), mx = value(r, i) > mx ? value(r, i) : mx;
@@ -83,7 +83,7 @@ static int gpu_rank(int rank, void* arg) {
                 double u = t == DDP_F16 ? 0x1p-11 : 0x1p-8;
                 double tol = ops[oi] != DDP_AVG ? 0 : t == DDP_F32 ? 1e-6 * fabs(want) : W * u * 4;
                 if (fabs(host[i] - want) > tol) {
-                    printf("    rank %d all_reduce %s %s: element %zu is %g, expected %g\n", rank, ddp_dtype_name(t),
+                    printf("    rank %d all_reduce %s %s: element %zu is %g, expected %g\n", rank, ddp__dtype_name(t),
                            ddp__op_name(ops[oi]), i, host[i], want);
                     bad++;
                     break;
@@ -96,7 +96,7 @@ static int gpu_rank(int rank, void* arg) {
         size_t i;
         for (i = 0; i < n; i++) host[i] = value(ddp_rank(pg), i);
         ddp_copy(ddp_pg_device(pg), dbuf, cpu, host, n * 4, NULL);
-        if (ddp_broadcast(pg, dbuf, n, DDP_F32, W - 1, NULL) != DDP_OK) bad++;
+        if (ddp__broadcast(pg, dbuf, n, DDP_F32, W - 1, NULL) != DDP_OK) bad++;
         ddp_copy(cpu, host, ddp_pg_device(pg), dbuf, n * 4, NULL);
         for (i = 0; i < n; i++) if (host[i] != value(W - 1, i)) { bad++; printf("    rank %d broadcast wrong\n", rank); break; }
         for (i = 0; i < n; i++) host[i] = value(ddp_rank(pg), i);
@@ -114,7 +114,7 @@ static int gpu_rank(int rank, void* arg) {
             if (host[i] != want) { bad++; printf("    rank %d reduce_scatter wrong\n", rank); break; }
         }
     }
-    /* a collective polled with ddp_work_test is reported done (within a generous bound), without a wait */
+    /* a collective polled with ddp__work_test is reported done (within a generous bound), without a wait */
     {
         ddp_work* w = NULL;
         int done = 0;
@@ -122,9 +122,9 @@ static int gpu_rank(int rank, void* arg) {
         if (ddp_all_reduce(pg, dbuf, n, DDP_F32, DDP_SUM, &w) != DDP_OK) {
             bad++;
         } else {
-            while (!done && ddp__now() - t0 < 20 && ddp_work_test(w, &done) == DDP_OK)
+            while (!done && ddp__now() - t0 < 20 && ddp__work_test(w, &done) == DDP_OK)
                 if (!done) ddp__sleep(1e-3);
-            if (!done) printf("    rank %d: ddp_work_test never reported the all-reduce done\n", rank), bad++;
+            if (!done) printf("    rank %d: ddp__work_test never reported the all-reduce done\n", rank), bad++;
             if (ddp_work_wait(w) != DDP_OK) bad++;
         }
     }

@@ -62,11 +62,11 @@ static int placement_main(int rank, void* arg) {
     }
     bad += ddp_rank(pg) != rank;
     bad += ddp_world_size(pg) != g_world;
-    bad += ddp_local_rank(pg) != rank;
-    bad += ddp_local_world_size(pg) != g_world;
+    bad += ddp__local_rank(pg) != rank;
+    bad += ddp__local_world_size(pg) != g_world;
     bad += ddp_pg_backend(pg) != DDP_BACKEND_MPI;
     if (bad) printf("    rank %d: placement rank %d/%d local %d/%d backend %d\n", rank, ddp_rank(pg), ddp_world_size(pg),
-                    ddp_local_rank(pg), ddp_local_world_size(pg), (int)ddp_pg_backend(pg));
+                    ddp__local_rank(pg), ddp__local_world_size(pg), (int)ddp_pg_backend(pg));
     ddp_destroy(pg);
     return bad;
 }
@@ -89,8 +89,8 @@ static int master_port_main(int rank, void* arg) {
         printf("    rank %d: ddp_init failed: %s\n", rank, ddp_error_string());
         bad = 1;
     } else {
-        if (ddp_store_port(ddp_pg_store(pg)) != port) {
-            printf("    rank %d: the store is at port %d, not MASTER_PORT=%d\n", rank, ddp_store_port(ddp_pg_store(pg)),
+        if (ddp__store_port(ddp_pg_store(pg)) != port) {
+            printf("    rank %d: the store is at port %d, not MASTER_PORT=%d\n", rank, ddp__store_port(ddp_pg_store(pg)),
                    port);
             bad = 1;
         }
@@ -193,7 +193,7 @@ static int timeout_main(void) {
         fflush(stdout);
         ddp_store_set(ddp_pg_store(pg), keys[0], "1", 1);
     } else {
-        ddp_store_wait(ddp_pg_store(pg), keys, 1, 30);
+        ddp__store_wait(ddp_pg_store(pg), keys, 1, 30);
     }
     ddp_destroy(pg); /* leaves MPI as it is: a collective is pending */
     fflush(stdout);
@@ -227,10 +227,10 @@ int main(int argc, char** argv) {
     mpi_case(g_world == 2 ? "mpi_every_collective_dtype_op_and_64MiB" : "mpi_every_collective_dtype_op", rank_main, &a);
     mpi_case("mpi_collectives_in_flight_complete_in_order", in_flight_main, NULL);
     if (g_world == 2) mpi_case("mpi_misuse_refused", misuse_main, NULL); /* its check assumes 2 ranks */
-    if (ddp_cuda_device_count() >= g_world) mpi_case("mpi_gpu_buffers_staged", gpu_main, NULL);
+    if (ddp__cuda_device_count() >= g_world) mpi_case("mpi_gpu_buffers_staged", gpu_main, NULL);
     else if (g_rank == 0) printf("skip mpi_gpu_buffers_staged (np %d): %d GPU(s) for %d ranks%s%s\n", g_world,
-                                 ddp_cuda_device_count(), g_world, *ddp_cuda_unavailable_reason() ? ": " : "",
-                                 ddp_cuda_unavailable_reason());
+                                 ddp__cuda_device_count(), g_world, *ddp__cuda_unavailable_reason() ? ": " : "",
+                                 ddp__cuda_unavailable_reason());
     fflush(stdout);
     MPI_Finalize();
     return 0;

@@ -140,13 +140,13 @@ static void gradcheck(const char* what, ddp_model* m, const ddp_layer_kind* acts
     const double h = 1e-6;
     float loss = 0.f, out[64 * R_MAXW];
     double L0, min_relu = 1e30, xd[R_MAXW], ref_out[R_MAXW];
-    int pi, bad = 0, checked = 0, C = ddp_model_out_features(m), in = ddp_model_in_features(m), s, c;
+    int pi, bad = 0, checked = 0, C = ddp__model_out_features(m), in = ddp__model_in_features(m), s, c;
     CHECK(B <= 64);
     CHECK_OK(ddp_model_zero_grad(m));
     CHECK_OK(ddp_model_forward(m, x, B));
-    CHECK_OK(ddp_model_output(m, out));
+    CHECK_OK(ddp__model_output(m, out));
     if (labels) CHECK_OK(ddp_loss_cross_entropy(m, labels, &loss));
-    else CHECK_OK(ddp_loss_mse(m, targets, &loss));
+    else CHECK_OK(ddp__loss_mse(m, targets, &loss));
     CHECK_OK(ddp_model_backward(m));
     if (!ref_from_model(&g_ref, m, acts)) {
         CHECKF(0, "%s: model too large for the reference", what);
@@ -218,14 +218,14 @@ static void test_gradcheck_mixed_mse(void) {
     float x[5 * 4], t[5 * 3];
     ddp_model* m = NULL;
     ddp_model_desc d = cpu_desc(13);
-    CHECK_OK(ddp_model_create(&d, &m));
+    CHECK_OK(ddp__model_create(&d, &m));
     if (!m) return;
-    CHECK_OK(ddp_model_add_linear(m, 4, 6));
-    CHECK_OK(ddp_model_add_activation(m, DDP_LAYER_RELU));
-    CHECK_OK(ddp_model_add_linear(m, 6, 5));
-    CHECK_OK(ddp_model_add_activation(m, DDP_LAYER_GELU));
-    CHECK_OK(ddp_model_add_linear(m, 5, 3));
-    CHECK(ddp_model_in_features(m) == 4 && ddp_model_out_features(m) == 3);
+    CHECK_OK(ddp__model_add_linear(m, 4, 6));
+    CHECK_OK(ddp__model_add_activation(m, DDP_LAYER_RELU));
+    CHECK_OK(ddp__model_add_linear(m, 6, 5));
+    CHECK_OK(ddp__model_add_activation(m, DDP_LAYER_GELU));
+    CHECK_OK(ddp__model_add_linear(m, 5, 3));
+    CHECK(ddp__model_in_features(m) == 4 && ddp__model_out_features(m) == 3);
     t_seed(3);
     t_fill(x, 20, 2.0);
     t_fill(t, 15, 1.0);
@@ -335,7 +335,7 @@ static void test_hooks_order_and_timing(void) {
         CHECK_OK(ddp_model_backward(m));
         CHECKF(log.n == np - 1 + DDP_MAX_HOOKS, "%d hook calls with %d hooks on fc2.weight, expected %d", log.n,
                DDP_MAX_HOOKS, np - 1 + DDP_MAX_HOOKS);
-        ddp_param_clear_hooks(p);
+        ddp__param_clear_hooks(p);
         CHECK(p->nhooks == 0);
         log.n = 0;
         CHECK_OK(ddp_model_forward(m, x1, 5));
@@ -352,7 +352,7 @@ static void test_hooks_order_and_timing(void) {
         ddp_param* p = ddp_model_param(m, 0);
         tag_log t;
         memset(&t, 0, sizeof t);
-        ddp_param_clear_hooks(p);
+        ddp__param_clear_hooks(p);
         CHECK_OK(ddp_param_add_hook(p, tag_a, &t));
         CHECK_OK(ddp_param_add_hook(p, tag_b, &t));
         CHECK_OK(ddp_model_forward(m, x1, 5));
@@ -423,8 +423,8 @@ static void test_hand_written_backward(void) {
     /* the library's backward gives the same gradients, and fires the same hooks again */
     CHECK_OK(ddp_model_zero_grad(m));
     CHECK_OK(ddp_model_forward(m, x, B));
-    CHECK_OK(ddp_model_output(m, out));
-    CHECK_OK(ddp_loss_mse(m, t, &loss));
+    CHECK_OK(ddp__model_output(m, out));
+    CHECK_OK(ddp__loss_mse(m, t, &loss));
     CHECK_OK(ddp_model_backward(m));
     CHECK(log.n == 4 && log.order[2] == 1 && log.order[3] == 0);
     CHECK(tags.n == 2);
@@ -534,7 +534,7 @@ static void test_accumulate_and_zero_grad(void) {
         float t[4] = {0, 0, 0, 0};
         if (m2) {
             CHECK_FAILS(ddp_loss_cross_entropy(m2, y1, &loss), DDP_ERR_STATE, "forward");
-            CHECK_FAILS(ddp_loss_mse(m2, t, &loss), DDP_ERR_STATE, "forward");
+            CHECK_FAILS(ddp__loss_mse(m2, t, &loss), DDP_ERR_STATE, "forward");
             CHECK_FAILS(ddp_model_backward(m2), DDP_ERR_STATE, "loss");
             CHECK_FAILS(ddp_model_forward(m2, x1, 0), DDP_ERR_INVALID_ARGUMENT, "batch");
             ddp_model_destroy(m2);
@@ -815,8 +815,8 @@ static void test_init(void) {
     CHECK(np == 4);
     CHECK(ddp_model_num_params(d) == 6);
     CHECK(ddp_model_param(a, -1) == NULL && ddp_model_param(a, np) == NULL);
-    CHECK(ddp_model_in_features(a) == 50 && ddp_model_out_features(a) == 7);
-    CHECK(ddp_model_device(a).type == DDP_DEVICE_CPU);
+    CHECK(ddp__model_in_features(a) == 50 && ddp__model_out_features(a) == 7);
+    CHECK(ddp__model_device(a).type == DDP_DEVICE_CPU);
     CHECK(ddp_model_stream(a) == NULL);
     for (i = 0; i < np; i++) {
         ddp_param* p = ddp_model_param(a, i);
@@ -950,28 +950,28 @@ static void test_build_errors(void) {
     ddp_model_desc d = cpu_desc(61);
     int bad_sizes[] = {4, 0, 3}, sizes[] = {4, 6, 3};
     float x[4] = {1, 2, 3, 4};
-    CHECK_OK(ddp_model_create(&d, &m));
+    CHECK_OK(ddp__model_create(&d, &m));
     if (!m) return;
-    CHECK(ddp_model_num_params(m) == 0 && ddp_model_in_features(m) == 0 && ddp_model_out_features(m) == 0);
-    CHECK_FAILS(ddp_model_add_activation(m, DDP_LAYER_RELU), DDP_ERR_INVALID_ARGUMENT, "layer");
+    CHECK(ddp_model_num_params(m) == 0 && ddp__model_in_features(m) == 0 && ddp__model_out_features(m) == 0);
+    CHECK_FAILS(ddp__model_add_activation(m, DDP_LAYER_RELU), DDP_ERR_INVALID_ARGUMENT, "layer");
     CHECK_FAILS(ddp_model_forward(m, x, 1), DDP_ERR_INVALID_ARGUMENT, "no layers");
-    CHECK_FAILS(ddp_model_add_linear(m, 0, 3), DDP_ERR_INVALID_ARGUMENT, "Linear(0, 3)");
-    CHECK_FAILS(ddp_model_add_linear(m, 4, -2), DDP_ERR_INVALID_ARGUMENT, "Linear(4, -2)");
+    CHECK_FAILS(ddp__model_add_linear(m, 0, 3), DDP_ERR_INVALID_ARGUMENT, "Linear(0, 3)");
+    CHECK_FAILS(ddp__model_add_linear(m, 4, -2), DDP_ERR_INVALID_ARGUMENT, "Linear(4, -2)");
     CHECK(ddp_model_num_params(m) == 0);
-    CHECK_OK(ddp_model_add_linear(m, 4, 6));
-    CHECK_FAILS(ddp_model_add_linear(m, 5, 3), DDP_ERR_INVALID_ARGUMENT, "Linear(5, 3)");
+    CHECK_OK(ddp__model_add_linear(m, 4, 6));
+    CHECK_FAILS(ddp__model_add_linear(m, 5, 3), DDP_ERR_INVALID_ARGUMENT, "Linear(5, 3)");
     CHECKF(strstr(ddp_error_string(), "width 6") != NULL, "message \"%s\" does not name the width 6",
            ddp_error_string());
-    CHECK_FAILS(ddp_model_add_activation(m, DDP_LAYER_NONE), DDP_ERR_INVALID_ARGUMENT, "DDP_LAYER_RELU");
-    CHECK_FAILS(ddp_model_add_activation(m, DDP_LAYER_LINEAR), DDP_ERR_INVALID_ARGUMENT, "DDP_LAYER_RELU");
-    CHECK_FAILS(ddp_model_add_activation(m, (ddp_layer_kind)99), DDP_ERR_INVALID_ARGUMENT, "DDP_LAYER_RELU");
+    CHECK_FAILS(ddp__model_add_activation(m, DDP_LAYER_NONE), DDP_ERR_INVALID_ARGUMENT, "DDP_LAYER_RELU");
+    CHECK_FAILS(ddp__model_add_activation(m, DDP_LAYER_LINEAR), DDP_ERR_INVALID_ARGUMENT, "DDP_LAYER_RELU");
+    CHECK_FAILS(ddp__model_add_activation(m, (ddp_layer_kind)99), DDP_ERR_INVALID_ARGUMENT, "DDP_LAYER_RELU");
     /* the failures left the model as it was, and it goes on growing */
-    CHECK(ddp_model_num_params(m) == 2 && ddp_model_out_features(m) == 6);
-    CHECK_OK(ddp_model_add_activation(m, DDP_LAYER_GELU));
-    CHECK(ddp_model_out_features(m) == 6);
-    CHECK_FAILS(ddp_model_add_linear(m, 4, 3), DDP_ERR_INVALID_ARGUMENT, "width 6");
-    CHECK_OK(ddp_model_add_linear(m, 6, 3));
-    CHECK(ddp_model_num_params(m) == 4 && ddp_model_out_features(m) == 3);
+    CHECK(ddp_model_num_params(m) == 2 && ddp__model_out_features(m) == 6);
+    CHECK_OK(ddp__model_add_activation(m, DDP_LAYER_GELU));
+    CHECK(ddp__model_out_features(m) == 6);
+    CHECK_FAILS(ddp__model_add_linear(m, 4, 3), DDP_ERR_INVALID_ARGUMENT, "width 6");
+    CHECK_OK(ddp__model_add_linear(m, 6, 3));
+    CHECK(ddp_model_num_params(m) == 4 && ddp__model_out_features(m) == 3);
     CHECK(strcmp(ddp_model_param(m, 2)->name, "fc2.weight") == 0);
     ddp_model_destroy(m);
     /* ddp_model_mlp passes the errors on and leaves *out NULL */

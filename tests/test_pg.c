@@ -116,7 +116,7 @@ static long big_collectives(ddp_pg* pg, size_t n, unsigned char* buf, unsigned c
             break;
         }
     fill(buf, n, me, 0, ++g_case, DDP_F32);
-    if (ddp_broadcast(pg, buf, n, DDP_F32, W - 1, NULL) != DDP_OK) return bad + 1;
+    if (ddp__broadcast(pg, buf, n, DDP_F32, W - 1, NULL) != DDP_OK) return bad + 1;
     for (i = 0; i < n; i++)
         if (((float*)buf)[i] != input_value(W - 1, i, g_case, DDP_F32)) {
             printf("    rank %d broadcast 64 MiB: wrong element %zu\n", me, i);
@@ -158,7 +158,7 @@ static int rank_main(int rank, void* arg) {
             size_t es = ddp_dtype_size(t);
             for (oi = 0; oi < 3; oi++) {
                 char what[128];
-                snprintf(what, sizeof what, "all_reduce %s %s n=%zu", ddp_dtype_name(t), ddp__op_name(ops[oi]), n);
+                snprintf(what, sizeof what, "all_reduce %s %s n=%zu", ddp__dtype_name(t), ddp__op_name(ops[oi]), n);
                 fill(buf, n, ddp_rank(pg), 0, ++g_case, t);
                 if (ddp_all_reduce(pg, buf, n, t, ops[oi], NULL) != DDP_OK) {
                     printf("    rank %d %s: %s\n", rank, what, ddp_error_string());
@@ -168,7 +168,7 @@ static int rank_main(int rank, void* arg) {
                 bad += check(buf, n, W, 0, g_case, t, ops[oi], what, ddp_rank(pg));
                 bad += same_everywhere(pg, what, buf, n * es);
                 /* reduce-scatter: n elements out per rank, from W*n in */
-                snprintf(what, sizeof what, "reduce_scatter %s %s n=%zu", ddp_dtype_name(t), ddp__op_name(ops[oi]), n);
+                snprintf(what, sizeof what, "reduce_scatter %s %s n=%zu", ddp__dtype_name(t), ddp__op_name(ops[oi]), n);
                 fill(buf, n * (size_t)W, ddp_rank(pg), 0, ++g_case, t);
                 if (ddp_reduce_scatter(pg, buf, buf2, n, t, ops[oi], NULL) != DDP_OK) {
                     printf("    rank %d %s: %s\n", rank, what, ddp_error_string());
@@ -189,7 +189,7 @@ static int rank_main(int rank, void* arg) {
                     for (i = 0; i < n; i++)
                         if (get(buf2, (size_t)r * n + i, t) != input_value(r, (size_t)r * n + i, g_case, t)) {
                             if (bad < 3) printf("    rank %d all_gather %s n=%zu: wrong element %zu of rank %d\n",
-                                                rank, ddp_dtype_name(t), n, i, r);
+                                                rank, ddp__dtype_name(t), n, i, r);
                             bad++;
                         }
             }
@@ -197,7 +197,7 @@ static int rank_main(int rank, void* arg) {
             for (root = 0; root < W; root++) {
                 size_t i;
                 fill(buf, n, ddp_rank(pg), 0, ++g_case, t);
-                if (ddp_broadcast(pg, buf, n, t, root, NULL) != DDP_OK) {
+                if (ddp__broadcast(pg, buf, n, t, root, NULL) != DDP_OK) {
                     printf("    rank %d broadcast: %s\n", rank, ddp_error_string());
                     bad++;
                     continue;
@@ -271,7 +271,7 @@ static int in_flight_main(int rank, void* arg) {
         if (ddp_work_wait(w[k]) != DDP_OK) bad++;
         /* when k is done, every collective issued before it is done too */
         for (j = 0; j < k; j++) {
-            ddp_work_test(w[j], &done);
+            ddp__work_test(w[j], &done);
             if (!done) {
                 printf("    rank %d: collective %d finished before collective %d, issued earlier\n", rank, k, j);
                 bad++;
@@ -295,7 +295,7 @@ static int misuse_main(int rank, void* arg) {
     memset(&d, 0, sizeof d);
     d.device.type = DDP_DEVICE_CPU;
     if (ddp_init(&d, &pg) != DDP_OK) return 1;
-    bad += ddp_broadcast(pg, &x, 1, DDP_F32, 5, NULL) != DDP_ERR_INVALID_ARGUMENT;
+    bad += ddp__broadcast(pg, &x, 1, DDP_F32, 5, NULL) != DDP_ERR_INVALID_ARGUMENT;
     bad += ddp_all_reduce(pg, &x, 1, DDP_F32, (ddp_reduce_op)9, NULL) != DDP_ERR_INVALID_ARGUMENT;
     bad += ddp_all_reduce(pg, NULL, 4, DDP_F32, DDP_SUM, NULL) != DDP_ERR_INVALID_ARGUMENT;
     bad += ddp_all_reduce(pg, &x, 1, DDP_F32, DDP_SUM, NULL) != DDP_OK;

@@ -318,7 +318,7 @@ static void loader_batches(void) {
                     int i;
                     CHECK(got == (8 - seen < bs ? 8 - seen : bs));
                     CHECK(!dl || got == bs);
-                    ddp_dataset_gather(&data, idx + seen, got, wantx, wanty);
+                    ddp__dataset_gather(&data, idx + seen, got, wantx, wanty);
                     CHECK(!memcmp(x, wantx, (size_t)got * 4 * sizeof(float)));
                     CHECK(!memcmp(y, wanty, (size_t)got * sizeof(int)));
                     for (i = 0; i < got; i++) CHECK(x[i * 4 + 2] == (float)(idx[seen + i] * 10 + 2));

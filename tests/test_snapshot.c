@@ -216,7 +216,7 @@ static void job_free(job* j) {
 
 /* One real training step on `batch` random samples drawn from data_rng. */
 static void train_step(ddp_model* m, ddp_optim* o, ddp_rng* data_rng, int batch) {
-    int in = ddp_model_in_features(m), out = ddp_model_out_features(m), i;
+    int in = ddp__model_in_features(m), out = ddp__model_out_features(m), i;
     float* x = (float*)malloc((size_t)batch * in * sizeof(float));
     int* y = (int*)malloc((size_t)batch * sizeof(int));
     float loss = 0;
@@ -306,7 +306,7 @@ static int refused_at(ddp_snapshot* s, const fingerprint* fp, const char* name, 
         h_failf(__FILE__, line, "cannot write %s", path);
         return 0;
     }
-    ddp_clear_error();
+    ddp__clear_error();
     st = ddp_snapshot_load(s, path);
     if (st != want || !msg_has(path) || (needle && !msg_has(needle)) || !fp_same(fp, s)) {
         h_failf(__FILE__, line, "%s %ld: status %s (expected %s), target %s; message \"%s\" (wanted the path and \"%s\")",
@@ -344,7 +344,7 @@ static void job_advance_and_save(job* j, const char* path) {
     CHECK(ddp_loader_next(&j->loader, NULL, NULL) == 4);
     CHECK(j->loader.pos == 8);
     j->rng = ddp_rng_seed(99);
-    for (i = 0; i < 5; i++) ddp_rng_next(&j->rng);
+    for (i = 0; i < 5; i++) ddp__rng_next(&j->rng);
     j->snap.epoch = 3;
     j->snap.step = 17;
     CHECK_OK(ddp_snapshot_save(&j->snap, path));
@@ -443,7 +443,7 @@ static void roundtrip(ddp_optim_kind kind, float momentum, int want_tensors, con
     CHECKF(batches == 5, "%d batches after the resume point, expected (25 - 8) / 4 rounded up = 5", batches);
     CHECK_OK(ddp_loader_start(&b.loader, &b.sampler)); /* only the first start resumes */
     CHECK(b.loader.pos == 0);
-    CHECK(ddp_rng_next(&a.rng) == ddp_rng_next(&b.rng));
+    CHECK(ddp__rng_next(&a.rng) == ddp__rng_next(&b.rng));
 
     /* the moments came back: one more step on the same data keeps both copies bit-identical,
        while a copy with the weights but a fresh optimizer (c) drifts off where there is state */
@@ -985,9 +985,9 @@ static int resumed_at_next_epoch(const job_spec* sp, const job_spec* other, int 
     CHECK_OK(ddp_snapshot_load(&b.snap, path));
     ddp_sampler_set_epoch(&b.sampler, b.snap.epoch + 1);
     g_warned[0] = 0;
-    ddp_set_log(keep_warning, NULL);
+    ddp__set_log(keep_warning, NULL);
     CHECK_OK(ddp_loader_start(&b.loader, &b.sampler));
-    ddp_set_log(NULL, NULL);
+    ddp__set_log(NULL, NULL);
     pos = b.loader.pos;
     job_free(&a);
     job_free(&b);
@@ -1297,7 +1297,7 @@ static void test_exists_error_is_not_absence(void) {
     snprintf(a, sizeof a, "%s", tmp_path("loop_a.safetensors"));
     snprintf(b, sizeof b, "%s", tmp_path("loop_b.safetensors"));
     CHECK(symlink(b, a) == 0 && symlink(a, b) == 0);
-    ddp_clear_error();
+    ddp__clear_error();
     CHECKF(ddp_snapshot_exists(a) == -1, "ddp_snapshot_exists on a symlink loop returned %d, want -1", ddp_snapshot_exists(a));
     CHECKF(strstr(ddp_error_string(), a) && strstr(ddp_error_string(), strerror(ELOOP)),
            "message \"%s\" lacks the path or \"%s\"", ddp_error_string(), strerror(ELOOP));
@@ -1315,7 +1315,7 @@ static void test_exists_error_is_not_absence(void) {
     unlink(a);
     rmdir(inner);
     /* absence is still 0, and sets no error */
-    ddp_clear_error();
+    ddp__clear_error();
     CHECK(ddp_snapshot_exists(tmp_path("nothing.safetensors")) == 0);
 }
 

@@ -17,7 +17,7 @@ static ddp_store* server(double timeout, const char* token) {
     d.is_server = 1;
     d.timeout_s = timeout;
     d.token = token;
-    CHECK_OK(ddp_store_create(&d, &s));
+    CHECK_OK(ddp__store_create(&d, &s));
     return s;
 }
 
@@ -29,7 +29,7 @@ static ddp_store* client(int port, double timeout, const char* token) {
     d.port = port;
     d.timeout_s = timeout;
     d.token = token;
-    CHECK_OK(ddp_store_create(&d, &s));
+    CHECK_OK(ddp__store_create(&d, &s));
     return s;
 }
 
@@ -67,7 +67,7 @@ static void set_get_add_wait(void) {
     int64_t v = 0;
     const char* keys[2] = {"a", "counter"};
     if (!s) return;
-    CHECK(ddp_store_port(s) > 0);
+    CHECK(ddp__store_port(s) > 0);
     CHECK_OK(ddp_store_set(s, "a", "hello", 5));
     CHECK_OK(ddp_store_get(s, "a", buf, sizeof buf, &n));
     CHECK(n == 5 && memcmp(buf, "hello", 5) == 0);
@@ -77,13 +77,13 @@ static void set_get_add_wait(void) {
     CHECK_OK(ddp_store_set(s, "empty", "", 0));
     CHECK_OK(ddp_store_get(s, "empty", buf, sizeof buf, &n));
     CHECK(n == 0);
-    CHECK_OK(ddp_store_add(s, "counter", 5, &v));
+    CHECK_OK(ddp__store_add(s, "counter", 5, &v));
     CHECK(v == 5);
-    CHECK_OK(ddp_store_add(s, "counter", -7, &v));
+    CHECK_OK(ddp__store_add(s, "counter", -7, &v));
     CHECK(v == -2);
     CHECK_OK(ddp_store_get(s, "counter", buf, sizeof buf, &n)); /* kept as text, as TCPStore */
     CHECK(n == 2 && memcmp(buf, "-2", 2) == 0);
-    CHECK_OK(ddp_store_wait(s, keys, 2, 1.0));
+    CHECK_OK(ddp__store_wait(s, keys, 2, 1.0));
     {
         static char big[DDP_STORE_MAX_VALUE + 1];
         CHECK_FAILS(ddp_store_set(s, "big", big, sizeof big), DDP_ERR_INVALID_ARGUMENT, "over the limit");
@@ -92,7 +92,7 @@ static void set_get_add_wait(void) {
         CHECK_FAILS(ddp_store_set(s, big, "x", 1), DDP_ERR_INVALID_ARGUMENT, "over the limit");
         big[DDP_STORE_MAX_KEY + 1] = 'k';
     }
-    ddp_store_destroy(s);
+    ddp__store_destroy(s);
 }
 
 static void get_and_wait_time_out(void) {
@@ -107,10 +107,10 @@ static void get_and_wait_time_out(void) {
     CHECK_FAILS(ddp_store_get(s, "never", buf, sizeof buf, &n), DDP_ERR_TIMEOUT, "\"never\"");
     CHECKF(ddp__now() - t0 < 3.0, "get took %.2f s with a 0.5 s timeout", ddp__now() - t0);
     t0 = ddp__now();
-    CHECK_FAILS(ddp_store_wait(s, keys, 2, 0.3), DDP_ERR_TIMEOUT, "\"never\" never appeared");
+    CHECK_FAILS(ddp__store_wait(s, keys, 2, 0.3), DDP_ERR_TIMEOUT, "\"never\" never appeared");
     CHECKF(ddp__now() - t0 < 3.0, "wait took %.2f s with a 0.3 s timeout", ddp__now() - t0);
     CHECK_OK(ddp_store_set(s, "after", "ok", 2)); /* the connection still works after a timeout */
-    ddp_store_destroy(s);
+    ddp__store_destroy(s);
 }
 
 typedef struct { int port, id, iters; int ok; } worker_arg;
@@ -125,17 +125,17 @@ static void* adder(void* p) {
     a->ok = 1;
     for (i = 0; i < a->iters; i++) {
         int64_t v;
-        if (ddp_store_add(c, "shared", 1, &v) != DDP_OK) a->ok = 0;
+        if (ddp__store_add(c, "shared", 1, &v) != DDP_OK) a->ok = 0;
     }
     snprintf(key, sizeof key, "done/%d", a->id);
     if (ddp_store_set(c, key, key, strlen(key)) != DDP_OK) a->ok = 0;
-    if (ddp_store_barrier(c, "workers", 8) != DDP_OK) a->ok = 0;
+    if (ddp__store_barrier(c, "workers", 8) != DDP_OK) a->ok = 0;
     /* every worker's key exists once the barrier is passed */
     for (i = 0; i < 8; i++) {
         snprintf(key, sizeof key, "done/%d", i);
         if (ddp_store_get(c, key, got, sizeof got, &n) != DDP_OK || n != strlen(key)) a->ok = 0;
     }
-    ddp_store_destroy(c);
+    ddp__store_destroy(c);
     return NULL;
 }
 
@@ -147,16 +147,16 @@ static void concurrent_clients(void) {
     int64_t v = 0;
     if (!s) return;
     for (i = 0; i < 8; i++) {
-        args[i].port = ddp_store_port(s), args[i].id = i, args[i].iters = 200, args[i].ok = 0;
+        args[i].port = ddp__store_port(s), args[i].id = i, args[i].iters = 200, args[i].ok = 0;
         pthread_create(&th[i], NULL, adder, &args[i]);
     }
     for (i = 0; i < 8; i++) {
         pthread_join(th[i], NULL);
         CHECKF(args[i].ok, "worker %d failed: %s", i, ddp_error_string());
     }
-    CHECK_OK(ddp_store_add(s, "shared", 0, &v));
+    CHECK_OK(ddp__store_add(s, "shared", 0, &v));
     CHECK(v == 8 * 200); /* add is atomic */
-    ddp_store_destroy(s);
+    ddp__store_destroy(s);
 }
 
 static void* late_setter(void* p) {
@@ -164,7 +164,7 @@ static void* late_setter(void* p) {
     if (!c) return NULL;
     ddp__sleep(0.3);
     CHECK_OK(ddp_store_set(c, "late", "here", 4));
-    ddp_store_destroy(c);
+    ddp__store_destroy(c);
     return NULL;
 }
 
@@ -176,13 +176,13 @@ static void get_blocks_until_set(void) {
     size_t n = 0;
     double t0 = ddp__now();
     if (!s) return;
-    port = ddp_store_port(s);
+    port = ddp__store_port(s);
     pthread_create(&th, NULL, late_setter, &port);
     CHECK_OK(ddp_store_get(s, "late", buf, sizeof buf, &n));
     CHECK(n == 4 && memcmp(buf, "here", 4) == 0);
     CHECKF(ddp__now() - t0 >= 0.25, "get returned after %.2f s, before the key was set", ddp__now() - t0);
     pthread_join(th, NULL);
-    ddp_store_destroy(s);
+    ddp__store_destroy(s);
 }
 
 static void port_in_use_and_unreachable(void) {
@@ -192,15 +192,15 @@ static void port_in_use_and_unreachable(void) {
     double t0;
     int port;
     if (!s) return;
-    port = ddp_store_port(s);
+    port = ddp__store_port(s);
     memset(&d, 0, sizeof d);
     d.port = port, d.is_server = 1, d.timeout_s = 1;
-    CHECK_FAILS(ddp_store_create(&d, &t), DDP_ERR_PORT_IN_USE, "already in use");
-    ddp_store_destroy(s);
+    CHECK_FAILS(ddp__store_create(&d, &t), DDP_ERR_PORT_IN_USE, "already in use");
+    ddp__store_destroy(s);
     /* nobody listens there now: the client retries until its deadline, then says so */
     d.is_server = 0, d.host = "127.0.0.1", d.timeout_s = 0.6;
     t0 = ddp__now();
-    CHECK_FAILS(ddp_store_create(&d, &t), DDP_ERR_STORE_UNREACHABLE, "Is rank 0 running");
+    CHECK_FAILS(ddp__store_create(&d, &t), DDP_ERR_STORE_UNREACHABLE, "Is rank 0 running");
     CHECKF(ddp__now() - t0 >= 0.5 && ddp__now() - t0 < 3.0, "gave up after %.2f s, timeout 0.6 s", ddp__now() - t0);
     CHECK(t == NULL);
 }
@@ -210,15 +210,15 @@ static void wrong_token_refused(void) {
     ddp_store_desc d;
     ddp_store* t = NULL;
     g_nlog = 0;
-    ddp_set_log(capture, NULL);
+    ddp__set_log(capture, NULL);
     s = server(5, "right");
-    if (!s) { ddp_set_log(NULL, NULL); return; }
+    if (!s) { ddp__set_log(NULL, NULL); return; }
     memset(&d, 0, sizeof d);
-    d.host = "127.0.0.1", d.port = ddp_store_port(s), d.timeout_s = 2, d.token = "wrong";
-    CHECK_FAILS(ddp_store_create(&d, &t), DDP_ERR_STORE_REFUSED, "DDP_JOB_TOKEN");
+    d.host = "127.0.0.1", d.port = ddp__store_port(s), d.timeout_s = 2, d.token = "wrong";
+    CHECK_FAILS(ddp__store_create(&d, &t), DDP_ERR_STORE_REFUSED, "DDP_JOB_TOKEN");
     CHECK(await_log("wrong job token", 2.0));
-    ddp_store_destroy(s);
-    ddp_set_log(NULL, NULL);
+    ddp__store_destroy(s);
+    ddp__set_log(NULL, NULL);
 }
 
 /* A raw TCP connection to the store, for sending what no real client would. */
@@ -257,13 +257,13 @@ static void* job(void* p) {
         int64_t v;
         char buf[16];
         size_t n;
-        if (ddp_store_add(c, "job/steps", 1, &v) != DDP_OK || ddp_store_set(c, "job/last", "x", 1) != DDP_OK ||
+        if (ddp__store_add(c, "job/steps", 1, &v) != DDP_OK || ddp_store_set(c, "job/last", "x", 1) != DDP_OK ||
             ddp_store_get(c, "job/last", buf, sizeof buf, &n) != DDP_OK)
             a->ok = 0;
         __atomic_fetch_add(&a->rounds, 1, __ATOMIC_RELAXED);
         ddp__sleep(0.002);
     }
-    ddp_store_destroy(c);
+    ddp__store_destroy(c);
     return NULL;
 }
 
@@ -274,10 +274,10 @@ static void hostile_connections_refused(void) {
     unsigned char h[20];
     int port, fd_garbage, fd_huge, fd_version, fd_silent, fd_half, fd_early, rounds_before;
     g_nlog = 0;
-    ddp_set_log(capture, NULL);
+    ddp__set_log(capture, NULL);
     s = server(1.0, "tok"); /* 1 s: silent and half-sent connections are dropped after 1 s */
-    if (!s) { ddp_set_log(NULL, NULL); return; }
-    port = ddp_store_port(s);
+    if (!s) { ddp__set_log(NULL, NULL); return; }
+    port = ddp__store_port(s);
     memset(&ja, 0, sizeof ja);
     ja.port = port;
     pthread_create(&th, NULL, job, &ja);
@@ -321,8 +321,8 @@ static void hostile_connections_refused(void) {
     pthread_join(th, NULL);
     CHECKF(ja.ok && ja.rounds > 50, "the job using the store failed (ok %d, %d rounds)", ja.ok, ja.rounds);
     close(fd_garbage), close(fd_huge), close(fd_version), close(fd_early), close(fd_silent), close(fd_half);
-    ddp_store_destroy(s);
-    ddp_set_log(NULL, NULL);
+    ddp__store_destroy(s);
+    ddp__set_log(NULL, NULL);
 }
 
 static void client_sees_server_death(void) {
@@ -331,11 +331,11 @@ static void client_sees_server_death(void) {
     char buf[8];
     size_t n;
     if (!s) return;
-    c = client(ddp_store_port(s), 2, "tok");
-    if (!c) { ddp_store_destroy(s); return; }
-    ddp_store_destroy(s); /* the hosting process goes away */
+    c = client(ddp__store_port(s), 2, "tok");
+    if (!c) { ddp__store_destroy(s); return; }
+    ddp__store_destroy(s); /* the hosting process goes away */
     CHECK_FAILS(ddp_store_get(c, "x", buf, sizeof buf, &n), DDP_ERR_STORE_LOST, "rank 0");
-    ddp_store_destroy(c);
+    ddp__store_destroy(c);
 }
 
 /* ---- where the server listens ----------------------------------------------------------------------- */
@@ -365,18 +365,18 @@ static void loopback_store_listens_on_loopback_only(void) {
     if (!outside_address(addr, sizeof addr)) SKIP("this machine has no IPv4 address besides loopback");
     s = server(5, "tok");
     if (!s) return;
-    fd = ddp__sock_connect(addr, ddp_store_port(s), ddp__now() + 2);
-    CHECKF(fd < 0, "a store for 127.0.0.1 accepted a connection at %s:%d", addr, ddp_store_port(s));
+    fd = ddp__sock_connect(addr, ddp__store_port(s), ddp__now() + 2);
+    CHECKF(fd < 0, "a store for 127.0.0.1 accepted a connection at %s:%d", addr, ddp__store_port(s));
     if (fd >= 0) close(fd);
-    ddp_store_destroy(s);
+    ddp__store_destroy(s);
     memset(&d, 0, sizeof d);
     d.host = addr, d.port = -1, d.is_server = 1, d.timeout_s = 5, d.token = "tok";
-    CHECK_OK(ddp_store_create(&d, &t)); /* its own client connects at addr */
+    CHECK_OK(ddp__store_create(&d, &t)); /* its own client connects at addr */
     if (t) {
-        fd = ddp__sock_connect("127.0.0.1", ddp_store_port(t), ddp__now() + 2);
+        fd = ddp__sock_connect("127.0.0.1", ddp__store_port(t), ddp__now() + 2);
         CHECKF(fd >= 0, "a store for %s refused a connection at 127.0.0.1", addr);
         if (fd >= 0) close(fd);
-        ddp_store_destroy(t);
+        ddp__store_destroy(t);
     }
 }
 
@@ -403,14 +403,14 @@ static int fd_limit_server(int to_parent, int from_parent) {
     double t0, t1;
     const char* line = NULL;
     g_nlog = 0;
-    ddp_set_log(capture, NULL);
+    ddp__set_log(capture, NULL);
     getrlimit(RLIMIT_NOFILE, &rl);
     rl.rlim_cur = 48;
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return printf("    setrlimit failed\n"), 1;
     s = server(5.0, "tok");
-    c = s ? client(ddp_store_port(s), 5, "tok") : NULL;
+    c = s ? client(ddp__store_port(s), 5, "tok") : NULL;
     if (!c) return printf("    no store: %s\n", ddp_error_string()), 2;
-    port = ddp_store_port(s);
+    port = ddp__store_port(s);
     if (write(to_parent, &port, sizeof port) != (ssize_t)sizeof port) return 3;
     if (read(from_parent, &b, 1) != 1) return 4; /* the strangers are connected */
     /* the store is at the limit now; for a second, the job keeps using its connection */
@@ -428,7 +428,7 @@ static int fd_limit_server(int to_parent, int from_parent) {
     /* with their connections closed the store accepts again: a new client gets in */
     memset(&d, 0, sizeof d);
     d.host = "127.0.0.1", d.port = port, d.timeout_s = 5, d.token = "tok";
-    if (ddp_store_create(&d, &late) != DDP_OK) return printf("    no new client after the strangers left: %s\n", ddp_error_string()), 8;
+    if (ddp__store_create(&d, &late) != DDP_OK) return printf("    no new client after the strangers left: %s\n", ddp_error_string()), 8;
     t1 = ddp__now();
     pthread_mutex_lock(&g_log_lock);
     for (i = 0; i < g_nlog && !line; i++) /* the first: the episode the strangers caused */
@@ -439,9 +439,9 @@ static int fd_limit_server(int to_parent, int from_parent) {
     if (attempts < 1 || attempts > 20 * (t1 - t0) + 5)
         return printf("    accept failed %d times over %.1f s at the limit (want 1..%.0f; -1: no recovery line)\n",
                       attempts, t1 - t0, 20 * (t1 - t0) + 5), 9;
-    ddp_store_destroy(late);
-    ddp_store_destroy(c);
-    ddp_store_destroy(s);
+    ddp__store_destroy(late);
+    ddp__store_destroy(c);
+    ddp__store_destroy(s);
     return 0;
 }
 

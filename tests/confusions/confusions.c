@@ -133,7 +133,7 @@ static int replicas_identical(job* j) {
         float* mine = (float*)malloc(p->count * sizeof(float));
         if (!mine) exit(1);
         memcpy(mine, p->data, p->count * sizeof(float));
-        DDP_CHECK(ddp_broadcast(j->pg, mine, p->count, DDP_F32, 0, NULL));
+        DDP_CHECK(ddp__broadcast(j->pg, mine, p->count, DDP_F32, 0, NULL));
         if (memcmp(mine, p->data, p->count * sizeof(float)) != 0) differ = 1.f;
         free(mine);
     }
@@ -246,7 +246,7 @@ static int scenario_uneven(const options* o) {
     fflush(stdout);
     for (b = 0; b < nb; b++) {
         for (i = 0; i < o->batch_size; i++) idx[i] = (b * o->batch_size + i + j.rank * 7) % j.data.n;
-        ddp_dataset_gather(&j.data, idx, o->batch_size, x, y);
+        ddp__dataset_gather(&j.data, idx, o->batch_size, x, y);
         loss_sum += step(&j, x, y, o->batch_size);
     }
     if (!o->no_log) { /* the usual log line: the mean loss over every rank */
@@ -289,7 +289,7 @@ static int scenario_freeze(const options* o) {
     memset(&wd, 0, sizeof wd);
     wd.find_unused_parameters = o->find_unused;
     job_start(&j, &wd);
-    ddp_param_clear_hooks(ddp_model_param(j.model, 0)); /* fc1.weight: "no hook, no sync" */
+    ddp__param_clear_hooks(ddp_model_param(j.model, 0)); /* fc1.weight: "no hook, no sync" */
     for (b = 0; b < 3; b++) step(&j, j.data.x + (size_t)b * 16 * (size_t)j.data.nfeatures, j.data.y + b * 16, 16);
     if (j.rank == 0) printf("trained 3 steps with fc1.weight left out\n");
     job_end(&j);

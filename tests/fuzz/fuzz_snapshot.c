@@ -87,7 +87,7 @@ static int job_unchanged(void) {
 }
 
 static void die(const char* what) {
-    fprintf(stderr, "fuzz_snapshot: %s (last error: %s: %s)\n", what, ddp_status_name(ddp_last_status()),
+    fprintf(stderr, "fuzz_snapshot: %s (last error: %s: %s)\n", what, ddp_status_name(ddp__last_status()),
             ddp_error_string());
     abort();
 }
@@ -117,7 +117,7 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
     ddp_sampler_desc sd;
     int i, fd;
     (void)argc, (void)argv;
-    ddp_set_log(quiet, NULL);
+    ddp__set_log(quiet, NULL);
     memset(&md, 0, sizeof md);
     md.device.type = DDP_DEVICE_CPU;
     md.seed = 1;
@@ -187,7 +187,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FILE* f;
     int pass;
     if (ddp__st_parse(data, size, "fuzz", &g_st) != DDP_OK) {
-        if (ddp_last_status() != DDP_ERR_CHECKPOINT) die("the parser failed with another status");
+        if (ddp__last_status() != DDP_ERR_CHECKPOINT) die("the parser failed with another status");
         return 0;
     }
     check_parse(data, size);

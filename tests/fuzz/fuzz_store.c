@@ -228,7 +228,7 @@ static void write_seeds(const char* dir) {
 
 int LLVMFuzzerInitialize(int* argc, char*** argv) {
     (void)argc, (void)argv;
-    ddp_set_log(quiet, NULL);
+    ddp__set_log(quiet, NULL);
     if (getenv("DDP_FUZZ_WRITE_SEEDS")) write_seeds(getenv("DDP_FUZZ_WRITE_SEEDS"));
     return 0;
 }
