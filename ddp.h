@@ -698,7 +698,7 @@ typedef struct ddp_sampler_desc {
     int num_replicas;  /* without pg; 0 means 1 */
     int rank;          /* without pg */
     uint64_t seed;     /* must be the same on every rank; default 0 */
-    int no_shuffle;    /* 1: keep the data set's order (PyTorch's shuffle=False) */
+    int in_order;      /* 1: keep the data set's order (PyTorch's shuffle=False); default: shuffle */
     int drop_last;     /* 1: drop the tail instead of padding */
 } ddp_sampler_desc;
 
@@ -740,8 +740,15 @@ typedef struct ddp_loader {
                           a file that does not say which epoch the position belongs to */
 } ddp_loader;
 
-/* Prepare a loader (allocates its batch buffers once). DDP_ERR_INVALID_ARGUMENT for batch < 1. */
-DDP_API ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, int batch_size, int drop_last);
+/* What a loader cuts an epoch into (torch.utils.data.DataLoader's arguments of the same names). */
+typedef struct ddp_loader_desc {
+    int batch_size;    /* samples per batch; default 1, as PyTorch's */
+    int drop_last;     /* 1: skip a last batch smaller than batch_size */
+} ddp_loader_desc;
+
+/* Prepare a loader over data (allocates its batch buffers once); desc NULL takes the defaults.
+   DDP_ERR_INVALID_ARGUMENT for a NULL data set or a negative batch_size. */
+DDP_API ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, const ddp_loader_desc* desc);
 /* Start an epoch in the sampler's current order (call ddp_sampler_set_epoch first). After
    ddp_snapshot_load, the first start resumes at the snapshot's position when the sampler is at the
    snapshot's epoch (a position at the epoch's end then leaves no batch: that epoch is done); at
@@ -8230,7 +8237,7 @@ DDP__DEF ddp_status ddp_sampler_init(ddp_sampler* s, int n, const ddp_sampler_de
     s->n = n;
     s->num_replicas = d.num_replicas;
     s->rank = d.rank;
-    s->shuffle = !d.no_shuffle;
+    s->shuffle = !d.in_order;
     s->drop_last = d.drop_last;
     s->seed = d.seed;
     /* PyTorch's rule: ceil((n - R) / R) with drop_last is floor(n / R); else ceil(n / R) */
@@ -8309,13 +8316,14 @@ DDP__DEF void ddp_sampler_indices(const ddp_sampler* s, int* out) {
 
 /* ---- batches (PyTorch's DataLoader over a sampler) ----------------------------------------- */
 
-DDP__DEF ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, int batch_size, int drop_last) {
-    int rows;
+DDP__DEF ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, const ddp_loader_desc* desc) {
+    int rows, batch_size = desc ? desc->batch_size : 0, drop_last = desc ? desc->drop_last : 0;
     memset(l, 0, sizeof *l);
     if (!data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: data is NULL");
-    if (batch_size < 1)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: batch_size is %d; it must be >= 1",
-                         batch_size);
+    if (batch_size < 0)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: batch_size is %d; it must be >= 1 (0: the "
+                         "default, 1)", batch_size);
+    if (batch_size == 0) batch_size = 1;
     rows = batch_size < data->n ? batch_size : data->n; /* a batch never holds more than the data set */
     if (rows < 1) rows = 1;
     l->x = (float*)ddp__malloc((size_t)rows * (size_t)data->nfeatures * sizeof(float));

@@ -128,7 +128,7 @@ static int train(int rank, void* arg) {
         ddp_sampler_desc sd = {0};
         sd.seed = opt->seed;
         DDP_CHECK(ddp_sampler_init(&sampler, data.n, &sd));
-        DDP_CHECK(ddp_loader_init(&loader, &data, opt->batch_size, 0));
+        DDP_CHECK(ddp_loader_init(&loader, &data, &(ddp_loader_desc){.batch_size = opt->batch_size}));
     }
     for (epoch = 1; epoch <= opt->epochs; epoch++) {
         double loss_sum = 0;

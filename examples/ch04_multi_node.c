@@ -134,7 +134,7 @@ static int train(int rank, void* arg) {
         sd.seed = opt->seed;
         sd.pg = pg; /* each rank takes every world-size-th sample of the epoch's order */
         DDP_CHECK(ddp_sampler_init(&sampler, data.n, &sd));
-        DDP_CHECK(ddp_loader_init(&loader, &data, opt->batch_size, 0));
+        DDP_CHECK(ddp_loader_init(&loader, &data, &(ddp_loader_desc){.batch_size = opt->batch_size}));
     }
     for (epoch = 1; epoch <= opt->epochs; epoch++) {
         double loss_sum = 0;

@@ -37,7 +37,7 @@ static int train(int rank, void* arg) {
     DDP_CHECK(ddp_optim_create(model, NULL, &optim));
     sd.pg = pg;
     DDP_CHECK(ddp_sampler_init(&sampler, data.n, &sd));
-    DDP_CHECK(ddp_loader_init(&loader, &data, 32, 0));
+    DDP_CHECK(ddp_loader_init(&loader, &data, &(ddp_loader_desc){.batch_size = 32}));
     for (epoch = 1; epoch <= 20; epoch++) {
         float loss_sum = 0;
         const float* xb;

@@ -67,7 +67,7 @@ static int one_case(int n, int R, int rank, int shuffle, int drop_last, int epoc
     memset(&d, 0, sizeof d);
     d.num_replicas = R;
     d.rank = rank;
-    d.no_shuffle = !shuffle;
+    d.in_order = !shuffle;
     d.drop_last = drop_last;
     d.seed = seed;
     printf("%d %d %d %d %d %d %" PRIu64, n, R, rank, shuffle, drop_last, epoch, seed);
@@ -100,7 +100,7 @@ static int one_case(int n, int R, int rank, int shuffle, int drop_last, int epoc
         data.n = n, data.nfeatures = 1, data.nclasses = 1;
         data.x = (float*)calloc((size_t)n, sizeof(float));
         data.y = (int*)calloc((size_t)n, sizeof(int));
-        if (!data.x || !data.y || ddp_loader_init(&l, &data, 1, 0) != DDP_OK || ddp_loader_start(&l, &s) != DDP_OK)
+        if (!data.x || !data.y || ddp_loader_init(&l, &data, &(ddp_loader_desc){.batch_size = 1}) != DDP_OK || ddp_loader_start(&l, &s) != DDP_OK)
             bad = "loader:failed";
         else if (l.count != s.num_samples)
             bad = "loader:count";

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     sd.num_replicas = 2, sd.rank = 1, sd.seed = 7;
     DDP_CHECK(ddp_sampler_init(&sampler, 50, &sd));
     ddp_sampler_set_epoch(&sampler, 3);
-    DDP_CHECK(ddp_loader_init(&loader, &data, 4, 0));
+    DDP_CHECK(ddp_loader_init(&loader, &data, &(ddp_loader_desc){.batch_size = 4}));
     DDP_CHECK(ddp_loader_start(&loader, &sampler));
     ddp_loader_next(&loader, NULL, NULL);
     ddp_loader_next(&loader, NULL, NULL);

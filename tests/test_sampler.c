@@ -37,7 +37,7 @@ static ddp_sampler_desc desc_of(int R, int rank, int drop_last, int shuffle, uin
     d.num_replicas = R;
     d.rank = rank;
     d.drop_last = drop_last;
-    d.no_shuffle = !shuffle;
+    d.in_order = !shuffle;
     d.seed = seed;
     return d;
 }
@@ -309,7 +309,7 @@ static void loader_batches(void) {
             int got, seen = 0, batches = 0, dl;
             for (dl = 0; dl < 2; dl++) {
                 seen = batches = 0;
-                CHECK_OK(ddp_loader_init(&l, &data, bs, dl));
+                CHECK_OK(ddp_loader_init(&l, &data, &(ddp_loader_desc){.batch_size = bs, .drop_last = dl}));
                 ddp_sampler_set_epoch(&s, epoch);
                 ddp_sampler_indices(&s, idx);
                 CHECK_OK(ddp_loader_start(&l, &s));
@@ -340,7 +340,7 @@ static void loader_batches(void) {
         const float* x;
         const int* y;
         CHECK_OK(ddp_sampler_init(&one, data.n, NULL));
-        CHECK_OK(ddp_loader_init(&l, &data, 5, 0));
+        CHECK_OK(ddp_loader_init(&l, &data, &(ddp_loader_desc){.batch_size = 5}));
         for (epoch = 0; epoch < 2; epoch++) {
             int differs = 0;
             memset(count, 0, sizeof count);
@@ -362,10 +362,18 @@ static void loader_batches(void) {
         }
         ddp_loader_free(&l);
     }
-    /* refused: batch 0, a sampler over more samples than the data set */
-    CHECK_FAILS(ddp_loader_init(&l, &data, 0, 0), DDP_ERR_INVALID_ARGUMENT, "batch_size is 0");
-    CHECK_FAILS(ddp_loader_init(&l, &data, -3, 0), DDP_ERR_INVALID_ARGUMENT, "batch_size is -3");
-    CHECK_OK(ddp_loader_init(&l, &data, 4, 0));
+    /* batch 0 (and no desc) is PyTorch's default, 1: one batch per sample */
+    CHECK_OK(ddp_loader_init(&l, &data, &(ddp_loader_desc){.batch_size = 0}));
+    CHECK(l.batch_size == 1);
+    ddp_loader_free(&l);
+    CHECK_OK(ddp_loader_init(&l, &data, NULL));
+    CHECK(l.batch_size == 1 && l.drop_last == 0);
+    ddp_loader_free(&l);
+    /* refused: a negative batch, NULL data, a sampler over more samples than the data set */
+    CHECK_FAILS(ddp_loader_init(&l, &data, &(ddp_loader_desc){.batch_size = -3}), DDP_ERR_INVALID_ARGUMENT,
+                "batch_size is -3");
+    CHECK_FAILS(ddp_loader_init(&l, NULL, NULL), DDP_ERR_INVALID_ARGUMENT, "data is NULL");
+    CHECK_OK(ddp_loader_init(&l, &data, &(ddp_loader_desc){.batch_size = 4}));
     CHECK_OK(ddp_sampler_init(&s, 24, NULL));
     CHECK_FAILS(ddp_loader_start(&l, &s), DDP_ERR_INVALID_ARGUMENT, "24");
     ddp_loader_free(&l);
@@ -382,7 +390,7 @@ static void loader_empty(void) {
     const int* y;
     CHECK_OK(ddp_sampler_init(&s, 0, NULL));
     CHECK(s.num_samples == 0 && ddp_sampler_padding(&s) == 0);
-    CHECK_OK(ddp_loader_init(&l, &data, 8, 0));
+    CHECK_OK(ddp_loader_init(&l, &data, &(ddp_loader_desc){.batch_size = 8}));
     CHECK_OK(ddp_loader_start(&l, &s));
     CHECK(ddp_loader_batches(&l) == 0);
     CHECK(ddp_loader_next(&l, &x, &y) == 0);
@@ -401,7 +409,7 @@ static void loader_allocates_nothing_per_batch(void) {
     long before;
     int epoch, got, batches = 0, moved = 0;
     CHECK_OK(ddp_sampler_init(&s, data.n, &d));
-    CHECK_OK(ddp_loader_init(&l, &data, 7, 0));
+    CHECK_OK(ddp_loader_init(&l, &data, &(ddp_loader_desc){.batch_size = 7}));
     CHECK_OK(ddp_loader_start(&l, &s));
     before = g_allocs;
     for (epoch = 0; epoch < 4; epoch++) {

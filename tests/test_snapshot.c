@@ -196,7 +196,7 @@ static void job_init(job* j, const job_spec* sp) {
     sd.rank = sp->rank;
     sd.seed = sp->sampler_seed;
     CHECK_OK(ddp_sampler_init(&j->sampler, sp->n, &sd));
-    CHECK_OK(ddp_loader_init(&j->loader, &j->data, sp->batch, 0));
+    CHECK_OK(ddp_loader_init(&j->loader, &j->data, &(ddp_loader_desc){.batch_size = sp->batch}));
     j->rng = ddp_rng_seed(sp->seed * 1000 + 5);
     j->snap.model = j->model;
     j->snap.optim = j->optim;

@@ -55,7 +55,7 @@ void lab_train(const lab_resume_opts* o) {
     DDP_CHECK(ddp_optim_create(model, &od, &optim));
     sd.seed = o->seed;
     DDP_CHECK(ddp_sampler_init(&sampler, o->data->n, &sd));
-    DDP_CHECK(ddp_loader_init(&loader, o->data, o->batch_size, 0));
+    DDP_CHECK(ddp_loader_init(&loader, o->data, &(ddp_loader_desc){.batch_size = o->batch_size}));
 
     /* TODO (1): resume from o->snapshot_path when a snapshot is there. */
 

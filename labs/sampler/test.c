@@ -154,7 +154,7 @@ static void ranks_together_cover_the_data_set(void) {
 }
 
 /* The same answer as ddp.h's sampler for every setting: ddp_sampler_indices shuffles with
-   ddp_permutation(n, seed + epoch), or keeps the order 0..n-1 with no_shuffle. */
+   ddp_permutation(n, seed + epoch), or keeps the order 0..n-1 with in_order. */
 static void matches_ddp_h_sampler(void) {
     int n, R, r, drop_last, shuffle, settings = 0, reported = 0;
     for (n = 0; n <= 40 && reported < 3; n++)
@@ -166,7 +166,7 @@ static void matches_ddp_h_sampler(void) {
                         ddp_sampler_desc d;
                         int order[48], want[48], k;
                         memset(&d, 0, sizeof d);
-                        d.num_replicas = R, d.rank = r, d.seed = 7, d.drop_last = drop_last, d.no_shuffle = !shuffle;
+                        d.num_replicas = R, d.rank = r, d.seed = 7, d.drop_last = drop_last, d.in_order = !shuffle;
                         if (ddp_sampler_init(&s, n, &d) != DDP_OK) {
                             lab_failf("ddp_sampler_init failed: %s", ddp_error_string());
                             return;

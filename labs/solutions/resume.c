@@ -29,7 +29,7 @@ void lab_train(const lab_resume_opts* o) {
     DDP_CHECK(ddp_optim_create(model, &od, &optim));
     sd.seed = o->seed;
     DDP_CHECK(ddp_sampler_init(&sampler, o->data->n, &sd));
-    DDP_CHECK(ddp_loader_init(&loader, o->data, o->batch_size, 0));
+    DDP_CHECK(ddp_loader_init(&loader, o->data, &(ddp_loader_desc){.batch_size = o->batch_size}));
 
     /* (1) every piece of state the next step reads: weights, Adam's moments and step count, the
        sampler's epoch, the loader's position in the epoch; and our own counters */

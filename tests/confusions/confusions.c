@@ -153,7 +153,7 @@ static int scenario_epochs(const options* o) {
     sd.pg = j.pg;
     sd.seed = 7;
     DDP_CHECK(ddp_sampler_init(&sampler, j.data.n, &sd));
-    DDP_CHECK(ddp_loader_init(&loader, &j.data, o->batch_size, 0));
+    DDP_CHECK(ddp_loader_init(&loader, &j.data, &(ddp_loader_desc){.batch_size = o->batch_size}));
     for (epoch = 1; epoch <= o->epochs; epoch++) {
         const float* x;
         const int* y;
@@ -269,7 +269,7 @@ static int scenario_eval(const options* o) {
     desc.device.type = DDP_DEVICE_CPU;
     DDP_CHECK(ddp_init(&desc, &pg));
     sd.pg = pg;
-    sd.no_shuffle = 1; /* evaluation keeps the data's order */
+    sd.in_order = 1; /* evaluation keeps the data's order */
     DDP_CHECK(ddp_sampler_init(&s, o->samples, &sd));
     counts[0] = (float)s.num_samples;                           /* every index this rank was given */
     counts[1] = (float)(s.num_samples - ddp_sampler_padding(&s)); /* without the padded repeat */
@@ -358,7 +358,7 @@ static int scenario_speed(const options* o) {
     job_start(&j, NULL);
     sd.pg = j.pg;
     DDP_CHECK(ddp_sampler_init(&sampler, j.data.n, &sd));
-    DDP_CHECK(ddp_loader_init(&loader, &j.data, o->batch_size, 0));
+    DDP_CHECK(ddp_loader_init(&loader, &j.data, &(ddp_loader_desc){.batch_size = o->batch_size}));
     DDP_CHECK(ddp_barrier(j.pg));
     t0 = ddp__now();
     for (epoch = 1; epoch <= o->epochs; epoch++) {

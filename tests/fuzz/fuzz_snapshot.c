@@ -138,7 +138,7 @@ int LLVMFuzzerInitialize(int* argc, char*** argv) {
     memset(&sd, 0, sizeof sd);
     sd.num_replicas = 2, sd.rank = 1, sd.seed = 7;
     if (ddp_sampler_init(&g_sampler, 50, &sd) != DDP_OK) die("sampler");
-    if (ddp_loader_init(&g_loader, &g_data, 4, 0) != DDP_OK) die("loader");
+    if (ddp_loader_init(&g_loader, &g_data, &(ddp_loader_desc){.batch_size = 4}) != DDP_OK) die("loader");
     g_snap.model = g_model, g_snap.optim = g_optim, g_snap.sampler = &g_sampler, g_snap.loader = &g_loader;
     g_snap.rng = &g_rng;
     g_nref = job_floats(NULL);
