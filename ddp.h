@@ -7133,7 +7133,11 @@ DDP__PRIVATE ddp_status ddp__gpu_sharer(ddp_pg* pg, int index, char mine[64], in
             }
         }
     }
-    return DDP_OK;
+    /* Nobody acts on the verdict before every local rank has read the ids: rank 0 failing at
+       once would take the store with it while a neighbour still reads, and that neighbour would
+       report a lost store instead of the shared GPU. */
+    snprintf(key, sizeof key, "gpu/%s/%d", host, pg->env.node_rank);
+    return ddp__store_barrier(pg->store, key, lws);
 }
 
 /* AUTO on a machine that shows this rank fewer GPUs than it has local ranks: each rank takes GPU

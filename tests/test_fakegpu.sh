@@ -140,7 +140,8 @@ expect() {  # name, text the output must contain, expected exit (0 or "fail"), c
     out=$("$@" 2>&1); rc=$?
     if { [ "$how" = 0 ] && [ $rc -eq 0 ]; } || { [ "$how" = fail ] && [ $rc -ne 0 ]; } && grep -qF -- "$want" <<<"$out"; then
         ok "$name ($(grep -m1 -oF -- "$want" <<<"$out"))"
-    else bad "$name" "expected exit ${how/fail/non-zero} and \"$want\"; got status $rc:" "$(tail -n 4 <<<"$out")"; fi
+    else bad "$name" "expected exit ${how/fail/non-zero} and \"$want\"; got status $rc:" \
+             "$(grep -E 'DDP_ERR|error' <<<"$out" | head -n 6)" "..." "$(tail -n 4 <<<"$out")"; fi
 }
 # a driver older than the toolkit: said as such, and AUTO's fallback to the CPU is a warning
 expect driver_older_than_toolkit_named "the NVIDIA driver here supports CUDA 12.8, older than the CUDA 13.0" fail \
