@@ -7825,6 +7825,209 @@ DDP__PRIVATE void ddp__dataset_gather(const ddp_dataset* d, const int* idx, int 
     }
 }
 
+/* ---- the distributed sampler (PyTorch's DistributedSampler) ---------------------------------- */
+
+DDP__DEF ddp_status ddp_sampler_init(ddp_sampler* s, int n, const ddp_sampler_desc* desc) {
+    ddp_sampler_desc d;
+    long long total;
+    memset(s, 0, sizeof *s);
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (d.pg) {
+        d.num_replicas = ddp_world_size(d.pg);
+        d.rank = ddp_rank(d.pg);
+    } else if (d.num_replicas == 0) {
+        d.num_replicas = 1;
+    }
+    if (n < 0) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_init: n is %d; it must be >= 0", n);
+    if (d.num_replicas < 1)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_init: num_replicas is %d; it must be >= 1",
+                         d.num_replicas);
+    if (d.rank < 0 || d.rank >= d.num_replicas)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "ddp_sampler_init: rank is %d; it must be in 0..%d (num_replicas is %d)", d.rank,
+                         d.num_replicas - 1, d.num_replicas);
+    s->n = n;
+    s->num_replicas = d.num_replicas;
+    s->rank = d.rank;
+    s->shuffle = !d.in_order;
+    s->drop_last = d.drop_last;
+    s->seed = d.seed;
+    /* PyTorch's rule: ceil((n - R) / R) with drop_last is floor(n / R); else ceil(n / R) */
+    s->num_samples = n / d.num_replicas + (!d.drop_last && n % d.num_replicas != 0);
+    total = (long long)s->num_samples * d.num_replicas;
+    if (total > 0x7fffffff) {
+        memset(s, 0, sizeof *s);
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "ddp_sampler_init: n = %d padded for %d replicas is more than 2^31 - 1 positions", n,
+                         d.num_replicas);
+    }
+    s->total_size = (int)total;
+    return DDP_OK;
+}
+
+DDP__DEF void ddp_sampler_set_epoch(ddp_sampler* s, int epoch) { s->epoch = epoch; }
+
+/* Padding never reaches a whole round (total_size < n + R), so a rank holds at most one padded
+   position, and it is its last. */
+DDP__DEF int ddp_sampler_padding(const ddp_sampler* s) {
+    if (s->drop_last || s->num_samples == 0) return 0;
+    return s->rank + (s->num_samples - 1) * s->num_replicas >= s->n;
+}
+
+/* Entry q of ddp_permutation(n, seed) without the array, for when memory for it is short: follow
+   position q back through the Fisher-Yates swaps, the last swap first. splitmix64 advances its
+   state by a constant, so the draw of each swap can be made directly. O(n) per entry. */
+DDP__PRIVATE int ddp__permutation_at(int n, uint64_t seed, int q) {
+    int i;
+    for (i = 1; i < n; i++) { /* the swap at i is the (n - i)-th draw */
+        ddp_rng r = ddp_rng_seed(seed + (uint64_t)(n - 1 - i) * 0x9E3779B97F4A7C15ull);
+        int j = (int)ddp_rng_below(&r, (uint32_t)i + 1);
+        if (q == i) q = j;
+        else if (q == j) q = i;
+    }
+    return q;
+}
+
+/* This rank's indices into out, using work[0..n) for the epoch's order. work may be out itself
+   (when out has room for n): position r + kR is never before k, so the strided reads stay ahead of
+   the writes, apart from the padded last one, read first. */
+DDP__PRIVATE void ddp__sampler_fill(const ddp_sampler* s, int* work, int* out) {
+    int k, ns = s->num_samples, R = s->num_replicas, pad = ddp_sampler_padding(s), last = 0;
+    if (ns == 0) return;
+    if (s->shuffle) ddp_permutation(s->n, s->seed + (uint64_t)s->epoch, work);
+    else
+        for (k = 0; k < s->n; k++) work[k] = k;
+    /* the padded list repeats the order from its front: position p holds order[p % n] */
+    if (pad) last = work[(s->rank + (ns - 1) * R) % s->n];
+    for (k = 0; k < ns - pad; k++) out[k] = work[s->rank + k * R];
+    if (pad) out[ns - 1] = last;
+}
+
+DDP__DEF void ddp_sampler_indices(const ddp_sampler* s, int* out) {
+    int k, *work;
+    if (s->num_samples == 0) return;
+    if (!s->shuffle) {
+        for (k = 0; k < s->num_samples; k++) out[k] = (s->rank + k * s->num_replicas) % s->n;
+        return;
+    }
+    if (s->num_samples >= s->n) { /* one replica, or n < R: out holds the whole order */
+        ddp__sampler_fill(s, out, out);
+        return;
+    }
+    work = (int*)ddp__malloc((size_t)s->n * sizeof(int));
+    if (work) {
+        ddp__sampler_fill(s, work, out);
+        DDP_FREE(work);
+        return;
+    }
+    /* no memory for the order: slower, but every rank still gets the same answer */
+    for (k = 0; k < s->num_samples; k++)
+        out[k] = ddp__permutation_at(s->n, s->seed + (uint64_t)s->epoch,
+                                     (s->rank + k * s->num_replicas) % s->n);
+}
+
+/* ---- batches (PyTorch's DataLoader over a sampler) ----------------------------------------- */
+
+DDP__DEF ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, const ddp_loader_desc* desc) {
+    int rows, batch_size = desc ? desc->batch_size : 0, drop_last = desc ? desc->drop_last : 0;
+    memset(l, 0, sizeof *l);
+    if (!data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: data is NULL");
+    if (batch_size < 0)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: batch_size is %d; it must be >= 1 (0: the "
+                         "default, 1)", batch_size);
+    if (batch_size == 0) batch_size = 1;
+    rows = batch_size < data->n ? batch_size : data->n; /* a batch never holds more than the data set */
+    if (rows < 1) rows = 1;
+    l->x = (float*)ddp__malloc((size_t)rows * (size_t)data->nfeatures * sizeof(float));
+    l->y = (int*)ddp__malloc((size_t)rows * sizeof(int));
+    if ((!l->x && data->nfeatures > 0) || !l->y) {
+        ddp_loader_free(l);
+        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_loader_init: allocating a batch of %d x %d failed", rows,
+                         data->nfeatures);
+    }
+    l->data = data;
+    l->batch_size = batch_size;
+    l->drop_last = drop_last;
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
+    if (!l->data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_start: the loader is not initialised");
+    if (s->n > l->data->n)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "ddp_loader_start: the sampler is over %d samples, the data set has only %d", s->n,
+                         l->data->n);
+    /* n entries: enough for any sampler over this data set (num_samples <= n) and for the whole
+       order as scratch, so no epoch allocates again */
+    if (!l->order && l->data->n > 0) {
+        l->order = (int*)ddp__malloc((size_t)l->data->n * sizeof(int));
+        if (!l->order)
+            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_loader_start: allocating %d indices failed", l->data->n);
+    }
+    ddp__sampler_fill(s, l->order, l->order);
+    l->count = s->num_samples;
+    l->pos = 0;
+    /* A snapshot's position belongs to the epoch it was taken in. A program that resumes at the
+       next epoch (it saved after an epoch's last batch, with the next epoch as its counter) starts
+       that epoch at its first batch; only a position in the middle of its epoch is then lost, and
+       said so. */
+    if (l->resume == 1 && s->epoch != l->resume_epoch) {
+        if (l->resume_pos > 0 && l->resume_pos < l->count &&
+            !(l->drop_last && l->count - l->resume_pos < l->batch_size))
+            ddp__log(DDP_LOG_WARN, "ddp_loader_start: the snapshot was taken %d samples into epoch %d (of %d on this "
+                    "rank), but the sampler is at epoch %d: epoch %d starts at its first batch, and the last %d samples "
+                    "of epoch %d are skipped. A snapshot taken inside the batch loop names the epoch it is in "
+                    "(snap.epoch = epoch); one taken after the loop names the next", l->resume_pos, l->resume_epoch,
+                    l->count, s->epoch, s->epoch, l->count - l->resume_pos, l->resume_epoch);
+    } else if (l->resume) {
+        l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
+    }
+    l->resume = 0, l->resume_pos = 0;
+    l->epoch = s->epoch;
+    /* PyTorch's most common sampler slip: no set_epoch, so every epoch draws the same order (the
+       order is a function of the seed and the epoch). A resumed epoch (ddp_snapshot_load) starts
+       afresh. */
+    if (s->shuffle && s->num_samples > 0) {
+        if (s->epoch + 1 == l->last_epoch && ddp__first_time(&ddp__warned_set_epoch))
+            ddp__log(DDP_LOG_WARN, "ddp_loader_start: the sampler's epoch is %d again, as at this loader's previous "
+                    "start, so this epoch visits the samples in the same order as the last one. Call "
+                    "ddp_sampler_set_epoch(&sampler, epoch) before each ddp_loader_start (PyTorch: "
+                    "sampler.set_epoch(epoch)). Printed once per process", s->epoch);
+        l->last_epoch = s->epoch + 1;
+    } else {
+        l->last_epoch = 0;
+    }
+    return DDP_OK;
+}
+
+DDP__DEF int ddp_loader_next(ddp_loader* l, const float** x, const int** y) {
+    int b = l->count - l->pos;
+    if (b > l->batch_size) b = l->batch_size;
+    if (b <= 0 || (l->drop_last && b < l->batch_size)) {
+        l->pos = l->count;
+        return 0;
+    }
+    ddp__dataset_gather(l->data, l->order + l->pos, b, l->x, l->y);
+    l->pos += b;
+    if (x) *x = l->x;
+    if (y) *y = l->y;
+    return b;
+}
+
+DDP__DEF int ddp_loader_batches(const ddp_loader* l) {
+    if (l->batch_size < 1) return 0;
+    return l->count / l->batch_size + (!l->drop_last && l->count % l->batch_size != 0);
+}
+
+DDP__DEF void ddp_loader_free(ddp_loader* l) {
+    if (!l) return;
+    if (l->order) DDP_FREE(l->order);
+    if (l->x) DDP_FREE(l->x);
+    if (l->y) DDP_FREE(l->y);
+    memset(l, 0, sizeof *l);
+}
+
 /* ============================================================================================== */
 /* >>reducer: the DDP wrapper: buckets, hooks, overlap, no_sync                  (chapters 2, 7-8) */
 /* ============================================================================================== */
@@ -8214,209 +8417,6 @@ DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w) {
                                     w->m->params[w->buckets[k].params[i]]->name);
         ddp__log(DDP_LOG_INFO, "  bucket %d: %zu bytes: %s", k, w->buckets[k].count * sizeof(float), names);
     }
-}
-
-/* ---- the distributed sampler (PyTorch's DistributedSampler) ---------------------------------- */
-
-DDP__DEF ddp_status ddp_sampler_init(ddp_sampler* s, int n, const ddp_sampler_desc* desc) {
-    ddp_sampler_desc d;
-    long long total;
-    memset(s, 0, sizeof *s);
-    if (desc) d = *desc;
-    else memset(&d, 0, sizeof d);
-    if (d.pg) {
-        d.num_replicas = ddp_world_size(d.pg);
-        d.rank = ddp_rank(d.pg);
-    } else if (d.num_replicas == 0) {
-        d.num_replicas = 1;
-    }
-    if (n < 0) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_init: n is %d; it must be >= 0", n);
-    if (d.num_replicas < 1)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_init: num_replicas is %d; it must be >= 1",
-                         d.num_replicas);
-    if (d.rank < 0 || d.rank >= d.num_replicas)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
-                         "ddp_sampler_init: rank is %d; it must be in 0..%d (num_replicas is %d)", d.rank,
-                         d.num_replicas - 1, d.num_replicas);
-    s->n = n;
-    s->num_replicas = d.num_replicas;
-    s->rank = d.rank;
-    s->shuffle = !d.in_order;
-    s->drop_last = d.drop_last;
-    s->seed = d.seed;
-    /* PyTorch's rule: ceil((n - R) / R) with drop_last is floor(n / R); else ceil(n / R) */
-    s->num_samples = n / d.num_replicas + (!d.drop_last && n % d.num_replicas != 0);
-    total = (long long)s->num_samples * d.num_replicas;
-    if (total > 0x7fffffff) {
-        memset(s, 0, sizeof *s);
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
-                         "ddp_sampler_init: n = %d padded for %d replicas is more than 2^31 - 1 positions", n,
-                         d.num_replicas);
-    }
-    s->total_size = (int)total;
-    return DDP_OK;
-}
-
-DDP__DEF void ddp_sampler_set_epoch(ddp_sampler* s, int epoch) { s->epoch = epoch; }
-
-/* Padding never reaches a whole round (total_size < n + R), so a rank holds at most one padded
-   position, and it is its last. */
-DDP__DEF int ddp_sampler_padding(const ddp_sampler* s) {
-    if (s->drop_last || s->num_samples == 0) return 0;
-    return s->rank + (s->num_samples - 1) * s->num_replicas >= s->n;
-}
-
-/* Entry q of ddp_permutation(n, seed) without the array, for when memory for it is short: follow
-   position q back through the Fisher-Yates swaps, the last swap first. splitmix64 advances its
-   state by a constant, so the draw of each swap can be made directly. O(n) per entry. */
-DDP__PRIVATE int ddp__permutation_at(int n, uint64_t seed, int q) {
-    int i;
-    for (i = 1; i < n; i++) { /* the swap at i is the (n - i)-th draw */
-        ddp_rng r = ddp_rng_seed(seed + (uint64_t)(n - 1 - i) * 0x9E3779B97F4A7C15ull);
-        int j = (int)ddp_rng_below(&r, (uint32_t)i + 1);
-        if (q == i) q = j;
-        else if (q == j) q = i;
-    }
-    return q;
-}
-
-/* This rank's indices into out, using work[0..n) for the epoch's order. work may be out itself
-   (when out has room for n): position r + kR is never before k, so the strided reads stay ahead of
-   the writes, apart from the padded last one, read first. */
-DDP__PRIVATE void ddp__sampler_fill(const ddp_sampler* s, int* work, int* out) {
-    int k, ns = s->num_samples, R = s->num_replicas, pad = ddp_sampler_padding(s), last = 0;
-    if (ns == 0) return;
-    if (s->shuffle) ddp_permutation(s->n, s->seed + (uint64_t)s->epoch, work);
-    else
-        for (k = 0; k < s->n; k++) work[k] = k;
-    /* the padded list repeats the order from its front: position p holds order[p % n] */
-    if (pad) last = work[(s->rank + (ns - 1) * R) % s->n];
-    for (k = 0; k < ns - pad; k++) out[k] = work[s->rank + k * R];
-    if (pad) out[ns - 1] = last;
-}
-
-DDP__DEF void ddp_sampler_indices(const ddp_sampler* s, int* out) {
-    int k, *work;
-    if (s->num_samples == 0) return;
-    if (!s->shuffle) {
-        for (k = 0; k < s->num_samples; k++) out[k] = (s->rank + k * s->num_replicas) % s->n;
-        return;
-    }
-    if (s->num_samples >= s->n) { /* one replica, or n < R: out holds the whole order */
-        ddp__sampler_fill(s, out, out);
-        return;
-    }
-    work = (int*)ddp__malloc((size_t)s->n * sizeof(int));
-    if (work) {
-        ddp__sampler_fill(s, work, out);
-        DDP_FREE(work);
-        return;
-    }
-    /* no memory for the order: slower, but every rank still gets the same answer */
-    for (k = 0; k < s->num_samples; k++)
-        out[k] = ddp__permutation_at(s->n, s->seed + (uint64_t)s->epoch,
-                                     (s->rank + k * s->num_replicas) % s->n);
-}
-
-/* ---- batches (PyTorch's DataLoader over a sampler) ----------------------------------------- */
-
-DDP__DEF ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, const ddp_loader_desc* desc) {
-    int rows, batch_size = desc ? desc->batch_size : 0, drop_last = desc ? desc->drop_last : 0;
-    memset(l, 0, sizeof *l);
-    if (!data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: data is NULL");
-    if (batch_size < 0)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: batch_size is %d; it must be >= 1 (0: the "
-                         "default, 1)", batch_size);
-    if (batch_size == 0) batch_size = 1;
-    rows = batch_size < data->n ? batch_size : data->n; /* a batch never holds more than the data set */
-    if (rows < 1) rows = 1;
-    l->x = (float*)ddp__malloc((size_t)rows * (size_t)data->nfeatures * sizeof(float));
-    l->y = (int*)ddp__malloc((size_t)rows * sizeof(int));
-    if ((!l->x && data->nfeatures > 0) || !l->y) {
-        ddp_loader_free(l);
-        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_loader_init: allocating a batch of %d x %d failed", rows,
-                         data->nfeatures);
-    }
-    l->data = data;
-    l->batch_size = batch_size;
-    l->drop_last = drop_last;
-    return DDP_OK;
-}
-
-DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
-    if (!l->data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_start: the loader is not initialised");
-    if (s->n > l->data->n)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
-                         "ddp_loader_start: the sampler is over %d samples, the data set has only %d", s->n,
-                         l->data->n);
-    /* n entries: enough for any sampler over this data set (num_samples <= n) and for the whole
-       order as scratch, so no epoch allocates again */
-    if (!l->order && l->data->n > 0) {
-        l->order = (int*)ddp__malloc((size_t)l->data->n * sizeof(int));
-        if (!l->order)
-            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_loader_start: allocating %d indices failed", l->data->n);
-    }
-    ddp__sampler_fill(s, l->order, l->order);
-    l->count = s->num_samples;
-    l->pos = 0;
-    /* A snapshot's position belongs to the epoch it was taken in. A program that resumes at the
-       next epoch (it saved after an epoch's last batch, with the next epoch as its counter) starts
-       that epoch at its first batch; only a position in the middle of its epoch is then lost, and
-       said so. */
-    if (l->resume == 1 && s->epoch != l->resume_epoch) {
-        if (l->resume_pos > 0 && l->resume_pos < l->count &&
-            !(l->drop_last && l->count - l->resume_pos < l->batch_size))
-            ddp__log(DDP_LOG_WARN, "ddp_loader_start: the snapshot was taken %d samples into epoch %d (of %d on this "
-                    "rank), but the sampler is at epoch %d: epoch %d starts at its first batch, and the last %d samples "
-                    "of epoch %d are skipped. A snapshot taken inside the batch loop names the epoch it is in "
-                    "(snap.epoch = epoch); one taken after the loop names the next", l->resume_pos, l->resume_epoch,
-                    l->count, s->epoch, s->epoch, l->count - l->resume_pos, l->resume_epoch);
-    } else if (l->resume) {
-        l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
-    }
-    l->resume = 0, l->resume_pos = 0;
-    l->epoch = s->epoch;
-    /* PyTorch's most common sampler slip: no set_epoch, so every epoch draws the same order (the
-       order is a function of the seed and the epoch). A resumed epoch (ddp_snapshot_load) starts
-       afresh. */
-    if (s->shuffle && s->num_samples > 0) {
-        if (s->epoch + 1 == l->last_epoch && ddp__first_time(&ddp__warned_set_epoch))
-            ddp__log(DDP_LOG_WARN, "ddp_loader_start: the sampler's epoch is %d again, as at this loader's previous "
-                    "start, so this epoch visits the samples in the same order as the last one. Call "
-                    "ddp_sampler_set_epoch(&sampler, epoch) before each ddp_loader_start (PyTorch: "
-                    "sampler.set_epoch(epoch)). Printed once per process", s->epoch);
-        l->last_epoch = s->epoch + 1;
-    } else {
-        l->last_epoch = 0;
-    }
-    return DDP_OK;
-}
-
-DDP__DEF int ddp_loader_next(ddp_loader* l, const float** x, const int** y) {
-    int b = l->count - l->pos;
-    if (b > l->batch_size) b = l->batch_size;
-    if (b <= 0 || (l->drop_last && b < l->batch_size)) {
-        l->pos = l->count;
-        return 0;
-    }
-    ddp__dataset_gather(l->data, l->order + l->pos, b, l->x, l->y);
-    l->pos += b;
-    if (x) *x = l->x;
-    if (y) *y = l->y;
-    return b;
-}
-
-DDP__DEF int ddp_loader_batches(const ddp_loader* l) {
-    if (l->batch_size < 1) return 0;
-    return l->count / l->batch_size + (!l->drop_last && l->count % l->batch_size != 0);
-}
-
-DDP__DEF void ddp_loader_free(ddp_loader* l) {
-    if (!l) return;
-    if (l->order) DDP_FREE(l->order);
-    if (l->x) DDP_FREE(l->x);
-    if (l->y) DDP_FREE(l->y);
-    memset(l, 0, sizeof *l);
 }
 
 /* ============================================================================================== */
