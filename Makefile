@@ -149,7 +149,8 @@ TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/tes
 
 TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync $(BUILD)/tests/test_cycles
 TESTS    += $(BUILD)/tests/sampler_dump
-# learners' mistakes as small programs, run by tests/test_confusions.sh (built by the tests/% rule)
+# learners' mistakes as small programs, run by tests/multiproc/test_confusions.sh (built by the
+# tests/multiproc rule)
 TESTS    += $(BUILD)/tests/confusions/confusions
 # the same sources built with the mpi backend (-DDDP_MPI), when mpicc was found
 MPI_PROGS := $(BUILD)/allreduce_perf_mpi $(BUILD)/examples/ch04_multi_node_mpi $(BUILD)/tests/test_mpi
@@ -168,7 +169,16 @@ $(BUILD)/examples/%: examples/%.c ddp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
 
-$(BUILD)/tests/%: tests/%.c ddp.h tests/harness.h
+# The test programs' sources lie in tests/unit, tests/multiproc (the helpers its scripts drive, and
+# confusions/) and tests/crosscheck (the dump programs the Python cross-checks read); every binary
+# lands in $(BUILD)/tests/ whatever its source folder.
+$(BUILD)/tests/%: tests/unit/%.c ddp.h tests/unit/harness.h
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
+$(BUILD)/tests/%: tests/multiproc/%.c ddp.h
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
+$(BUILD)/tests/%: tests/crosscheck/%.c ddp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
 
@@ -179,7 +189,7 @@ $(BUILD)/%_mpi: tools/%.c ddp.h
 $(BUILD)/examples/%_mpi: examples/%.c ddp.h
 	@mkdir -p $(@D)
 	$(MPI_BUILD)
-$(BUILD)/tests/test_mpi: tests/test_mpi.c tests/test_pg.c ddp.h tests/harness.h
+$(BUILD)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c ddp.h tests/unit/harness.h
 	@mkdir -p $(@D)
 	$(MPI_BUILD)
 
@@ -189,10 +199,13 @@ $(FAKE_LIB): $(FAKE_SRC) tests/fakegpu/fakegpu.h tests/fakegpu/kernel_shim.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) -fPIC -shared -fvisibility=hidden $(CUDA_CFLAGS) \
 	  -DFAKEGPU_SHIM='"$(abspath tests/fakegpu/kernel_shim.h)"' $(FAKE_SRC) -o $@ $(LDFLAGS) -lpthread -ldl -lrt
-$(FAKE_DIR)/tests/fakegpu/selftest: tests/fakegpu/selftest.c tests/harness.h $(FAKE_LIB)
+$(FAKE_DIR)/tests/fakegpu/selftest: tests/fakegpu/selftest.c tests/unit/harness.h $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) $(CUDA_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) -lpthread
-$(FAKE_DIR)/tests/%: tests/%.c ddp.h tests/harness.h $(FAKE_LIB)
+$(FAKE_DIR)/tests/%: tests/unit/%.c ddp.h tests/unit/harness.h $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
+$(FAKE_DIR)/tests/%: tests/multiproc/%.c ddp.h $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
 $(FAKE_DIR)/examples/%: examples/%.c ddp.h $(FAKE_LIB)
@@ -201,7 +214,7 @@ $(FAKE_DIR)/examples/%: examples/%.c ddp.h $(FAKE_LIB)
 $(FAKE_DIR)/allreduce_perf: tools/allreduce_perf.c ddp.h $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
-$(FAKE_DIR)/tests/test_mpi: tests/test_mpi.c tests/test_pg.c ddp.h tests/harness.h $(FAKE_LIB)
+$(FAKE_DIR)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c ddp.h tests/unit/harness.h $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) -DDDP_MPI $(MPI_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -lpthread -lm
 $(FAKE_DIR)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/ch08_large_mlp.c ddp.h $(FAKE_LIB)
@@ -217,13 +230,13 @@ demo: $(BUILD)/examples/ch03_multi_gpu
 test: all
 	@BUILD=$(BUILD) bash tests/run.sh
 
-# What a student's laptop runs that this machine would not, checked here (tests/test_portable.sh):
+# What a student's laptop runs that this machine would not, checked here (tests/portable/test_portable.sh):
 # the header with its Linux-only code off (-DDDP_PORTABLE) under a preload library that gives shared
 # memory macOS's 16 KiB pages, and the shell scripts with a macOS-like shell; musl (musl-gcc); aarch64
 # under qemu-user, with TUTORIAL.md's chapters 1-7. Builds its own folders under $(BUILD)/; each part
 # is skipped, with the reason, where its tools are missing. About 4-5 minutes on 2 cores.
 test-portable:
-	@bash tests/test_portable.sh $(BUILD)
+	@bash tests/portable/test_portable.sh $(BUILD)
 
 # The kill-and-resume drill over 20 random kills (make test runs 5), plus the other fault cases,
 # and 200 init/destroy cycles on one port (make test runs 20); last line: N passed, N failed, N skipped.

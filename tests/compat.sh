@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # tests/compat.sh: the few things the test scripts need that GNU/Linux and macOS do differently,
 # sourced by them (after `set -u`). macOS has bash 3.2 (no mapfile, no associative arrays, no
-# $EPOCHREALTIME), a BSD date without %N, and no `timeout`; tests/lint_portable.py keeps the
+# $EPOCHREALTIME), a BSD date without %N, and no `timeout`; tests/portable/lint_portable.py keeps the
 # scripts from using those directly. Written for bash 3.2.
 #
 #   now                             seconds since the epoch with a fraction, or whole seconds where

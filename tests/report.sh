@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# tests/report.sh: the counters and case lines of tests/run.sh, tests/test_portable.sh and
-# tests/test_compat.sh, sourced by them. Each case prints one line, "ok   name", "FAIL name" (its
+# tests/report.sh: the counters and case lines of tests/run.sh, tests/portable/test_portable.sh and
+# tests/portable/test_compat.sh, sourced by them. Each case prints one line, "ok   name", "FAIL name" (its
 # details indented below) or "skip name: reason"; a skip is never a pass. Written for bash 3.2.
 # With SKIP_REASONS naming a file, every skip's reason is also appended there (run.sh's closing
 # line names the packages that would turn them into tests).

@@ -29,7 +29,7 @@ fi
 
 # ---- the longer fault drills (make test-faults) ---------------------------------------------------
 if [ $FAULTS = 1 ]; then
-    run_prog test_restart bash tests/test_restart.sh "$BUILD" 20
+    run_prog test_restart bash tests/multiproc/test_restart.sh "$BUILD" 20
     run_prog "test_cycles (200 cycles)" env DDP_TEST_CYCLES=200 "$BUILD/tests/test_cycles"
     echo "$pass passed, $fail failed, $skip skipped"
     [ $fail -eq 0 ]; exit
@@ -46,12 +46,12 @@ done
 # and shared memory in chunks of 4 KiB: every collective crosses many chunks and both slot sets
 run_prog "test_pg (DDP_SHM_CHUNK_BYTES=4096)" env DDP_SHM_CHUNK_BYTES=4096 "$BUILD/tests/test_pg"
 # the GPU path on the GPU stand-in (tests/fakegpu): CUDA, cuBLAS, NVRTC and NCCL emulated on the CPU
-run_prog "GPU stand-in" bash tests/test_fakegpu.sh "$BUILD"
-run_prog test_ddprun bash tests/test_ddprun.sh "$BUILD/ddprun"
-run_prog test_bad_input bash tests/test_bad_input.sh "$BUILD"
-run_prog test_confusions bash tests/test_confusions.sh "$BUILD"
-run_prog test_restart bash tests/test_restart.sh "$BUILD" 5
-run_prog test_transport bash tests/test_transport.sh "$BUILD"
+run_prog "GPU stand-in" bash tests/fakegpu/test_fakegpu.sh "$BUILD"
+run_prog test_ddprun bash tests/multiproc/test_ddprun.sh "$BUILD/ddprun"
+run_prog test_bad_input bash tests/multiproc/test_bad_input.sh "$BUILD"
+run_prog test_confusions bash tests/multiproc/test_confusions.sh "$BUILD"
+run_prog test_restart bash tests/multiproc/test_restart.sh "$BUILD" 5
+run_prog test_transport bash tests/multiproc/test_transport.sh "$BUILD"
 
 # ---- a snapshot read in Python: struct + json + numpy, the checksum rule, every tensor exact ----
 echo "== snapshot in numpy"
@@ -61,7 +61,7 @@ elif ! /usr/bin/python3 -c 'import numpy' >/dev/null 2>&1; then
     skp snapshot_read_by_numpy "numpy is not installed for /usr/bin/python3 (apt-get install python3-numpy)"
 elif ! out=$("$BUILD/tests/snapshot_dump" "$TMP/dump.safetensors" "$TMP/dump.txt" 2>&1); then
     bad snapshot_read_by_numpy "snapshot_dump failed:" "$(tail -n 3 <<<"$out")"
-elif out=$(/usr/bin/python3 tests/snapshot_numpy.py "$TMP/dump.safetensors" "$TMP/dump.txt" 2>&1); then
+elif out=$(/usr/bin/python3 tests/crosscheck/snapshot_numpy.py "$TMP/dump.safetensors" "$TMP/dump.txt" 2>&1); then
     ok "snapshot_read_by_numpy ($out tensors)"
 else
     bad snapshot_read_by_numpy "$(tail -n 5 <<<"$out")"
@@ -73,7 +73,7 @@ if [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import torch' >/dev/null 
     skp sampler_matches_pytorch "/usr/bin/python3 with torch not found (apt-get install python3-torch)"
 elif [ ! -x "$BUILD/tests/sampler_dump" ]; then
     bad sampler_matches_pytorch "$BUILD/tests/sampler_dump is not built"
-elif out=$(/usr/bin/python3 tests/sampler_torch.py "$BUILD/tests/sampler_dump" 2>&1); then
+elif out=$(/usr/bin/python3 tests/crosscheck/sampler_torch.py "$BUILD/tests/sampler_dump" 2>&1); then
     ok "sampler_matches_pytorch ($out)"
 else
     read_lines sampler_lines < <(tail -n 15 <<<"$out")
@@ -271,11 +271,11 @@ WFLAGS="-Wall -Wextra -pedantic -Werror"
 compile_mode() {  # name, compiler, flags (one word list), libraries (one word list)
     local name=$1 cc=$2 flags=$3 libs=$4 out run=""
     # shellcheck disable=SC2086
-    if out=$($cc $flags -I. tests/compile_smoke.c -o "$TMP/$name" $libs -lpthread -lm 2>&1) &&
+    if out=$($cc $flags -I. tests/unit/compile_smoke.c -o "$TMP/$name" $libs -lpthread -lm 2>&1) &&
        run=$("$TMP/$name" 2>&1); then
         ok "compile_$name"
     else
-        bad "compile_$name" "$cc $flags tests/compile_smoke.c $libs" "$(head -n 5 <<<"$out"$'\n'"$run")"
+        bad "compile_$name" "$cc $flags tests/unit/compile_smoke.c $libs" "$(head -n 5 <<<"$out"$'\n'"$run")"
     fi
 }
 CCX=${CC:-cc}
@@ -312,9 +312,9 @@ fi
 # ---- a student's laptop: what a Mac's shell and a Windows-side clone need (make test-portable
 # runs the rest: the portable, musl and aarch64 builds) ------------------------------------------
 echo "== laptops"
-if command -v python3 >/dev/null 2>&1; then run_prog portability_lint python3 tests/lint_portable.py
+if command -v python3 >/dev/null 2>&1; then run_prog portability_lint python3 tests/portable/lint_portable.py
 else skp portability_lint "python3 is not installed (apt-get install python3)"; fi
-run_prog test_compat bash tests/test_compat.sh
+run_prog test_compat bash tests/portable/test_compat.sh
 # Scripts, sources and the Makefile keep LF endings in every checkout, also a Windows-side clone
 # with core.autocrlf=true, where CRLF would break bash ("$'\r': command not found") and make.
 if ! command -v git >/dev/null 2>&1 || ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
@@ -473,10 +473,10 @@ echo "== multi-node"
 TWO_HOSTS_NAME=example03_two_hosts_netns \
 TWO_HOSTS_CMD="env DDP_DEBUG=INFO $BUILD/ddprun --nnodes {NNODES} --node-rank {NODE_RANK} --nproc-per-node 2 --master-addr {MASTER_ADDR} --master-port {MASTER_PORT} $BUILD/examples/ch04_multi_node --device cpu --save-every 0" \
 TWO_HOSTS_EXPECT=$'test accuracy: (0\\.9[5-9]|1\\.0)\njoined the job on host node1' \
-    run_prog multinode_netns bash tests/netns_two_hosts.sh "$BUILD"
+    run_prog multinode_netns bash tests/multiproc/netns_two_hosts.sh "$BUILD"
 DDP_BUILD="$BUILD" DDP_DEBUG=INFO SLURM_TWO_HOSTS_NAME=example03_slurm_two_hosts \
 SLURM_TWO_HOSTS_EXPECT=$'test accuracy: (0\\.9[5-9]|1\\.0)\njoined the job on host node1\njoined the job on host node2\nplacement from slurm' \
-    run_prog slurm_two_hosts bash tests/slurm_two_hosts.sh examples/ch05_multi_node.sbatch
+    run_prog slurm_two_hosts bash tests/multiproc/slurm_two_hosts.sh examples/ch05_multi_node.sbatch
 
 expect_error() {  # name, text the error must contain, args...
     local name=$1 want=$2; shift 2

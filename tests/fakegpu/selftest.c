@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
-#include "../harness.h"
+#include "../unit/harness.h"
 
 #define CU(call) CHECKF((call) == cudaSuccess, "%s failed: %s", #call, cudaGetErrorString(cudaGetLastError()))
 

@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# tests/fakegpu/test_fakegpu.sh BUILD: ddp.h's GPU path on the GPU stand-in (tests/fakegpu), a section of
+# make test. The programs under BUILD/fakegpu are the usual sources linked with the stand-in in
+# place of cudart, cuBLAS, NVRTC and NCCL; FAKEGPU_DEVICES says how many GPUs the machine has.
+# What this proves: the host-side logic of the GPU path, stream and event ordering, the use of
+# NCCL (blocking rules, errors, aborts) and multi-rank NCCL, which no machine of ours can run.
+# What only a real GPU proves: the driver, PTX JIT, real numerics and speed (make gpu-check).
+# Each case prints "ok   name", "FAIL name" (then details) or "skip name: reason".
+set -u
+. "$(dirname "$0")/../compat.sh"   # with_timeout: macOS has no timeout
+BUILD=${1:-build}
+FG="$BUILD/fakegpu"
+pass=0 fail=0 skip=0
+TMP=$(mktemp -d)
+cleanup() {
+    kill_matching "$TMP"
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+unset DDP_JOB_TOKEN RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT DDP_TIMEOUT \
+      DDP_BACKEND DDP_NCCL_RING DDP_DEBUG DDP_TRACE CUDA_VISIBLE_DEVICES FAKEGPU_TRACE
+# kernels compiled by the stand-in are kept with the build, so each is compiled once
+export FAKEGPU_CACHE
+FAKEGPU_CACHE="$(cd "$BUILD" && pwd)/fakegpu/kernels"
+
+ok()  { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; shift; for l in "$@"; do echo "    $l"; done; fail=$((fail + 1)); }
+skp() { echo "skip $1: $2"; skip=$((skip + 1)); }
+
+if [ ! -e "$FG/libfakegpu.so" ]; then
+    skp fakegpu_section "the stand-in is built only with the CUDA toolkit's headers (make found none: see its first line)"
+    exit 0
+fi
+if ! command -v "${FAKEGPU_CXX:-c++}" >/dev/null 2>&1; then
+    skp fakegpu_section "the stand-in's NVRTC compiles kernels with the host C++ compiler (${FAKEGPU_CXX:-c++}), which is not installed (apt-get install g++)"
+    exit 0
+fi
+
+# A test program: its own ok/FAIL/skip lines pass through; a crash without a FAIL line is one.
+prog() {
+    local name=$1 out rc f p
+    shift
+    echo "== $name"
+    out=$("$@" 2>&1); rc=$?
+    printf '%s\n' "$out"
+    p=$(grep -c '^ok ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out")
+    pass=$((pass + p)); fail=$((fail + f))
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then bad "$name" "exited with status $rc without reporting a failed case"; fi
+}
+
+# ---- the stand-in itself -------------------------------------------------------------------------
+prog fakegpu_selftest "$FG/tests/fakegpu/selftest"
+
+# It exports exactly the CUDA, cuBLAS, NVRTC and NCCL functions ddp.h calls (cuBLAS's under the
+# _v2 names its header maps them to).
+echo "== exports"
+inc=$(sed -n 's/.*-I\([^ ]*\).*/\1/p' <<<"${CUDA_CFLAGS:--I/usr/local/cuda/include}")
+want=$(grep -oE '\b(cuda|cublas|nvrtc|nccl)[A-Z][A-Za-z0-9_]*[[:space:]]*\(' ddp.h | tr -d ' (' | sort -u |
+       while read -r f; do
+           v=$(sed -n "s/^#define $f \([A-Za-z0-9_]*\)\$/\1/p" "$inc/cublas_v2.h" 2>/dev/null | head -n 1)
+           echo "${v:-$f}"
+       done | sort -u)
+have=$(nm -D --defined-only "$FG/libfakegpu.so" | awk '{print $3}' | sort -u)
+if [ "$want" = "$have" ]; then ok "fakegpu_exports_what_ddp_h_calls ($(wc -l <<<"$want") functions)"
+else bad fakegpu_exports_what_ddp_h_calls "ddp.h calls, the stand-in lacks: $(comm -23 <(echo "$want") <(echo "$have") | tr '\n' ' ')" \
+         "the stand-in has, ddp.h does not call: $(comm -13 <(echo "$want") <(echo "$have") | tr '\n' ' ')"; fi
+
+# ---- the GPU tests, on one GPU and on four --------------------------------------------------------
+prog "test_gpu (1 GPU)" env FAKEGPU_DEVICES=1 DDP_REQUIRE_GPU=1 "$FG/tests/test_gpu"
+prog "test_gpu (4 GPUs)" env FAKEGPU_DEVICES=4 DDP_REQUIRE_GPU=1 "$FG/tests/test_gpu"
+prog "test_gpu_pg (4 GPUs)" env FAKEGPU_DEVICES=4 DDP_REQUIRE_GPU=1 "$FG/tests/test_gpu_pg"
+prog "test_ddp --gpu (4 GPUs, NCCL)" env FAKEGPU_DEVICES=4 "$FG/tests/test_ddp" --gpu
+
+# ---- the chapter-3 program over NCCL ----------------------------------------------------------------
+echo "== chapter 3 on NCCL"
+for n in 2 4; do
+    out=$(FAKEGPU_DEVICES=$n DDP_DEBUG=INFO with_timeout 300 "$FG/examples/ch03_multi_gpu" --nproc $n --device cuda \
+          --save-every 0 2>&1)
+    acc=$(sed -n 's/^\(\[rank [0-9]*\]: \)\{0,1\}test accuracy: //p' <<<"$out")
+    joined=$(grep -c 'joined the job on host .*: backend nccl, device cuda:' <<<"$out")
+    if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= 0.95)}" && [ "$joined" = $n ]; then
+        ok "example02_nccl_${n}_ranks (test accuracy $acc; $n ranks on NCCL, one GPU each)"
+    else
+        bad "example02_nccl_${n}_ranks" "want test accuracy >= 0.95 and $n ranks joined on nccl ($joined did)" \
+            "$(grep -E 'DDP_ERR|accuracy|fakegpu' <<<"$out" | tail -n 6)"
+    fi
+done
+
+# ---- the all-reduce benchmark's own checks (nccl-tests' "Out of bounds values") on NCCL -----------------
+echo "== allreduce_perf on NCCL"
+for run in "4 float sum 0" "4 half avg 0" "3 bfloat16 max 0" "3 float avg 1"; do
+    set -- $run
+    out=$(FAKEGPU_DEVICES=$1 DDP_NCCL_RING=$4 with_timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node "$1" \
+          "$FG/allreduce_perf" -b 4K -e 4M -f 8 -n 3 -w 1 -d "$2" -o "$3" 2>&1)
+    name="allreduce_perf_nccl_$1_ranks_$2_$3$([ "$4" = 1 ] && echo _own_ring)"
+    if grep -q 'Out of bounds values : 0 OK' <<<"$out" && [ "$(grep -c 'backend nccl' <<<"$out")" = "$1" ]; then ok "$name"
+    else bad "$name" "$(grep -E 'Out of bounds|wrong|DDP_ERR' <<<"$out" | tail -n 4)"; fi
+done
+
+# ---- the mpi backend with GPU buffers (staged through host memory) -------------------------------------
+echo "== mpi backend on fake GPUs"
+if [ ! -x "$FG/tests/test_mpi" ]; then skp mpi_backend_gpu_buffers "no mpicc: the MPI backend is not built (apt-get install libopenmpi-dev)"
+elif ! command -v mpirun >/dev/null 2>&1; then skp mpi_backend_gpu_buffers "Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
+else
+    for np in 2 4; do
+        prog "test_mpi (np $np, $np GPUs)" with_timeout 120 env -u MASTER_ADDR -u MASTER_PORT \
+            "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0" \
+            mpirun --allow-run-as-root --oversubscribe -np $np -x FAKEGPU_DEVICES=$np -x FAKEGPU_CACHE "$FG/tests/test_mpi"
+    done
+fi
+
+# ---- RANK used as the GPU number, on a machine with GPUs (tests/multiproc/test_confusions.sh, case 5) ----
+echo "== cuda:RANK on a GPU machine"
+port=$((20000 + RANDOM % 20000))
+out=$(FAKEGPU_DEVICES=2 DDP_JOB_TOKEN=confusions DDP_TIMEOUT=2 with_timeout 30 "$BUILD/ddprun" --nnodes 64 --node-rank 63 \
+      --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port "$FG/tests/confusions/confusions" device_rank 2>&1)
+if grep -qF "DDP_ERR_NO_GPU: device cuda:63 was asked for, but only 2 GPUs are visible (0..1): pick the GPU with LOCAL_RANK, not RANK" <<<"$out" &&
+   grep -qF "warning: device cuda:63 is this process's RANK, but a GPU is picked by LOCAL_RANK (0 here)" <<<"$out"; then
+    ok "confusion05_gpu_index_past_the_gpus_on_a_gpu (the warning, then \"only 2 GPUs are visible\")"
+else bad confusion05_gpu_index_past_the_gpus_on_a_gpu "$(grep -E 'warning|DDP_ERR' <<<"$out" | head -n 4)"; fi
+
+# ---- kill-and-resume from a GPU run, and stopped or killed ranks on NCCL (tests/multiproc/test_restart.sh) ----
+echo "== faults on NCCL"
+shm_before=$(ls /dev/shm 2>/dev/null | grep -c '^fgnccl-')
+out=$(FAKEGPU_DEVICES=3 RESTART_EXAMPLE="$FG/examples/ch06_fault_tolerance" RESTART_DEVICE=cuda RESTART_CASES="1 3" \
+      bash tests/multiproc/test_restart.sh "$BUILD" 2 2>&1)
+grep -E '^(ok|FAIL|skip) |^    ' <<<"$out"
+pass=$((pass + $(grep -c '^ok ' <<<"$out"))); fail=$((fail + $(grep -c '^FAIL ' <<<"$out")))
+# nothing of the aborted communicators stays behind: their shared-memory files are gone
+shm_after=$(ls /dev/shm 2>/dev/null | grep -c '^fgnccl-')
+if [ "$shm_after" -le "$shm_before" ]; then ok "faults_leave_no_nccl_files (/dev/shm: $shm_before before, $shm_after after)"
+else bad faults_leave_no_nccl_files "$((shm_after - shm_before)) fgnccl-* files were left in /dev/shm"; fi
+
+# ---- the driver and the kernels' code ------------------------------------------------------------------
+echo "== driver and kernel images"
+ex1="$FG/examples/ch01_single_gpu"
+expect() {  # name, text the output must contain, expected exit (0 or "fail"), command...
+    local name=$1 want=$2 how=$3 out rc
+    shift 3
+    out=$("$@" 2>&1); rc=$?
+    if { [ "$how" = 0 ] && [ $rc -eq 0 ]; } || { [ "$how" = fail ] && [ $rc -ne 0 ]; } && grep -qF -- "$want" <<<"$out"; then
+        ok "$name ($(grep -m1 -oF -- "$want" <<<"$out"))"
+    else bad "$name" "expected exit ${how/fail/non-zero} and \"$want\"; got status $rc:" \
+             "$(grep -E 'DDP_ERR|error' <<<"$out" | head -n 6)" "..." "$(tail -n 4 <<<"$out")"; fi
+}
+# a driver older than the toolkit: said as such, and AUTO's fallback to the CPU is a warning
+expect driver_older_than_toolkit_named "the NVIDIA driver here supports CUDA 12.8, older than the CUDA 13.0" fail \
+    env FAKEGPU_DRIVER=12080 "$ex1" --device cuda --epochs 1 --save-every 0
+expect driver_older_than_toolkit_auto_warns "warning: no GPU: using the CPU (the NVIDIA driver here supports CUDA 12.8" 0 \
+    env FAKEGPU_DRIVER=12080 "$ex1" --device auto --epochs 1 --save-every 0
+# a toolkit newer than the driver: the kernels are the GPU's own binary code, which needs no JIT
+expect kernels_as_cubin_run_on_an_older_driver "compiled 16 GPU kernels for cuda:0 (sm_90)" 0 \
+    env FAKEGPU_NVRTC_VERSION=13.1 DDP_DEBUG=INFO "$ex1" --device cuda --epochs 1 --save-every 0
+# a GPU newer than NVRTC knows: PTX, and a PTX too new for the driver is named as such
+expect ptx_newer_than_driver_named "this PTX comes from NVRTC 13.1, newer than the driver (CUDA 13.0) can read" fail \
+    env FAKEGPU_CC=130 FAKEGPU_NVRTC_VERSION=13.1 "$ex1" --device cuda --epochs 1 --save-every 0
+
+# ---- one GPU per rank through CUDA_VISIBLE_DEVICES (SLURM --gpus-per-task=1) ------------------------------
+echo "== one visible GPU per rank"
+own() {  # name, CUDA_VISIBLE_DEVICES expression, device, phrase expected twice (once per rank)
+    local name=$1 vis=$2 dev=$3 want=$4 out n
+    out=$(FAKEGPU_DEVICES=2 DDP_DEBUG=INFO with_timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node 2 \
+          sh -c "CUDA_VISIBLE_DEVICES=$vis exec \"\$0\" --device $dev --epochs 3 --save-every 0" "$FG/examples/ch04_multi_node" 2>&1)
+    n=$(grep -c -- "$want" <<<"$out")
+    if [ "$n" = 2 ] && grep -q 'test accuracy' <<<"$out"; then ok "$name (both ranks: $want)"
+    else bad "$name" "want \"$want\" from both ranks and a finished run ($n ranks said it)" "$(grep -E 'joined|ERR|GPU' <<<"$out" | tail -n 4)"; fi
+}
+own auto_takes_each_ranks_own_gpu '$LOCAL_RANK' auto 'backend nccl, device cuda:0'
+own cuda_local_rank_with_one_visible_gpu '$LOCAL_RANK' 'cuda:$LOCAL_RANK' 'backend nccl, device cuda:0'
+own auto_shared_gpu_uses_the_cpu 0 auto 'backend cpu, device cpu'
+# --device cuda with more ranks than GPUs on the nccl backend: every rank stops in ddp_init, naming
+# the pair and the ways out (before, NCCL's "Duplicate GPU detected" came from inside NCCL's setup)
+expect nccl_shared_gpu_named "local ranks 0 and 1 of this machine share one GPU" fail \
+    with_timeout 120 env FAKEGPU_DEVICES=1 "$FG/examples/ch03_multi_gpu" --nproc 2 --device cuda --epochs 1 --save-every 0
+expect nccl_shared_gpu_visible_devices_named "or use the cpu backend (DDP_BACKEND=cpu)" fail \
+    with_timeout 120 env FAKEGPU_DEVICES=2 "$BUILD/ddprun" --standalone --nproc-per-node 2 \
+    sh -c 'CUDA_VISIBLE_DEVICES=1 exec "$0" --device cuda --epochs 1 --save-every 0' "$FG/examples/ch04_multi_node"
+expect nccl_shared_gpu_cpu_backend_trains "test accuracy" 0 \
+    with_timeout 120 env FAKEGPU_DEVICES=1 DDP_BACKEND=cpu "$FG/examples/ch03_multi_gpu" --nproc 2 --device cuda --epochs 1 --save-every 0
+
+# ---- DDP_DEBUG=DETAIL waits for every GPU operation, cuBLAS's included --------------------------------------
+echo "== DETAIL mode"
+detail_overtaken() {  # DDP_DEBUG value: prints how many matrix products were overtaken by later work
+    rm -f "$TMP/detail.trace"
+    FAKEGPU_TRACE="$TMP/detail.trace" DDP_DEBUG=$1 "$ex1" --device cuda --epochs 1 --save-every 0 >/dev/null 2>&1
+    awk '{ verb = $3; s = $5; n = substr($6, 2) + 0; name = $7 }
+         verb == "queue" && name == "cublasSgemm" { open[s] = n }
+         verb == "queue" && (s in open) && n > open[s] { late++; delete open[s] }
+         verb == "done" && (s in open) && n == open[s] { delete open[s] }
+         END { print late + 0 }' "$TMP/detail.trace"
+}
+d_on=$(detail_overtaken DETAIL); d_off=$(detail_overtaken WARN)
+if [ "$d_on" = 0 ] && [ "$d_off" -gt 0 ]; then
+    ok "detail_syncs_after_cublas (DETAIL: every product done before the next operation; otherwise $d_off were not)"
+else bad detail_syncs_after_cublas "products overtaken by later work: $d_on under DETAIL (want 0), $d_off without (want > 0)"; fi
+
+# ---- events are made once, not once per collective ------------------------------------------------------------
+echo "== events per collective"
+events_made() {  # epochs: CUDA events rank 0 creates in a 2-rank NCCL run of the chapter-3 program
+    rm -f "$TMP/events.trace"
+    FAKEGPU_DEVICES=2 FAKEGPU_TRACE="$TMP/events.trace" "$FG/examples/ch03_multi_gpu" --nproc 2 --device cuda --epochs "$1" \
+        --save-every 0 >/dev/null 2>&1
+    awk '$3 == "event" && $4 == "create" { n[$1]++ } END { m = 0; for (p in n) if (n[p] > m) m = n[p]; print m + 0 }' "$TMP/events.trace"
+}
+e2=$(events_made 2); e6=$(events_made 6)
+if [ "$e2" -gt 0 ] && [ "$e2" = "$e6" ]; then ok "events_not_made_per_collective ($e2 events for 2 epochs and for 6)"
+else bad events_not_made_per_collective "a rank made $e2 events in 2 epochs and $e6 in 6: they grow with the collectives"; fi
+
+# ---- a failed call inside the hand-written ring's NCCL group closes the group ---------------------------------
+echo "== NCCL group after a failure"
+out=$(FAKEGPU_DEVICES=2 FAKEGPU_FAIL=ncclSend:3 DDP_NCCL_RING=1 DDP_TIMEOUT=20 with_timeout 120 "$FG/examples/ch03_multi_gpu" \
+      --nproc 2 --device cuda --epochs 2 --save-every 0 2>&1)
+if grep -q 'DDP_ERR_NCCL: ncclSend/ncclRecv failed' <<<"$out" && ! grep -q 'group still open' <<<"$out"; then
+    ok "failed_send_closes_its_group (the error is reported; no NCCL call is left inside an open group)"
+else bad failed_send_closes_its_group "$(grep -E 'ERR|group still open' <<<"$out" | head -n 4)"; fi
+
+# ---- make bench-gpu's code path, run to the end (its figures mean nothing on the stand-in) ------------------
+echo "== bench-gpu on the stand-in"
+if ! command -v python3 >/dev/null 2>&1; then skp bench_gpu_code_path "python3 is not installed, which bench/run.py needs (apt-get install python3)"
+else
+    out=$(BENCH_FAKEGPU=1 BENCH_HAVE_CUDA=1 BENCH_STEPS=1 BENCH_WARMUP=1 BENCH_STEP_ROUNDS=1 with_timeout 600 \
+          python3 bench/run.py --gpu "$BUILD" 2>&1); rc=$?
+    rows=$(grep -cE '^ddp\.h(, 1 process, GPU| DDP, 1 rank, NCCL| DDP, 2 ranks, CPU backend, GPU buffers|, tutorial model, 1 process, GPU) +[0-9.]+ ' <<<"$out")
+    if [ $rc -eq 0 ] && [ "$rows" = 4 ] && grep -q '^took [0-9]* s; CSV: ' <<<"$out"; then
+        ok "bench_gpu_code_path (ddp.h's four rows measured: 1 process, DDP over NCCL, the CPU backend with GPU buffers, the tutorial model)"
+    else bad bench_gpu_code_path "exit status $rc, $rows of 4 ddp.h rows measured" "$(tail -n 14 <<<"$out")"; fi
+fi
+
+echo "GPU stand-in section: $pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]

@@ -1,0 +1,237 @@
+/* The mpi backend (ddp.h built with -DDDP_MPI), with ranks started by mpirun:
+       mpirun -np 2 build/tests/test_mpi               every case below (tests/run.sh: -np 2 and -np 4)
+       mpirun -np 2 build/tests/test_mpi --timeout     rank 0 calls a collective that rank 1 never calls
+   The collective cases are tests/unit/test_pg.c's: every collective, dtype and op, sizes 0, 1, 7, one
+   not divisible by the world size and 100003 (and 64 MiB with 2 ranks), each element checked
+   against a reference computed in double from every rank's input, results bit-identical on every
+   rank, collectives in flight completing in issue order. There ddp_spawn starts the ranks; here
+   mpirun does, and rank 0 prints each case's line from the number of failures summed over the
+   ranks with MPI_Allreduce (MPI itself, not the library under test).
+
+   The program starts MPI itself (MPI_Init_thread), so it can open and close several groups: MPI
+   starts only once per process, and ddp_destroy finalizes it only when ddp_init started it. */
+#define DDP_TEST_PG_NO_MAIN
+/* test_pg.c's spawn-based cases and the harness's runner are not used here */
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
+#include "test_pg.c"
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#if !DDP__MPI
+#error "tests/unit/test_mpi.c needs the mpi backend: build it with -DDDP_MPI and mpicc's flags (make does)"
+#endif
+
+static int g_rank, g_world;
+
+/* Every rank runs fn; rank 0 prints the case's line from every rank's count of failures. */
+static void mpi_case(const char* name, int (*fn)(int, void*), void* arg) {
+    int bad, total = 0;
+    fflush(stdout);
+    bad = fn(g_rank, arg);
+    fflush(stdout);
+    MPI_Allreduce(&bad, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (g_rank == 0) {
+        if (total) printf("FAIL %s (np %d): %d failed check(s) over all ranks, details above\n", name, g_world, total);
+        else printf("ok   %s (np %d)\n", name, g_world);
+    }
+    fflush(stdout);
+}
+
+static ddp_status init_mpi(ddp_pg** pg) {
+    ddp_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = DDP_BACKEND_MPI;
+    d.device.type = DDP_DEVICE_CPU;
+    d.timeout_s = 60;
+    return ddp_init(&d, pg);
+}
+
+/* The placement comes from MPI_COMM_WORLD, with no launcher variable and no MASTER_ADDR; every
+   rank runs on this machine, so local rank = rank. */
+static int placement_main(int rank, void* arg) {
+    ddp_pg* pg;
+    int bad = 0;
+    (void)arg;
+    if (init_mpi(&pg) != DDP_OK) {
+        printf("    rank %d: ddp_init failed: %s\n", rank, ddp_error_string());
+        return 1;
+    }
+    bad += ddp_rank(pg) != rank;
+    bad += ddp_world_size(pg) != g_world;
+    bad += ddp__local_rank(pg) != rank;
+    bad += ddp__local_world_size(pg) != g_world;
+    bad += ddp_pg_backend(pg) != DDP_BACKEND_MPI;
+    if (bad) printf("    rank %d: placement rank %d/%d local %d/%d backend %d\n", rank, ddp_rank(pg), ddp_world_size(pg),
+                    ddp__local_rank(pg), ddp__local_world_size(pg), (int)ddp_pg_backend(pg));
+    ddp_destroy(pg);
+    return bad;
+}
+
+/* With MASTER_ADDR and MASTER_PORT set, rank 0 hosts the store there. */
+static int master_port_main(int rank, void* arg) {
+    ddp_pg* pg;
+    int port = 0, bad = 0;
+    char text[16];
+    (void)arg;
+    if (rank == 0) { /* a port that was free a moment ago */
+        int fd = ddp__sock_listen(NULL, 0, &port);
+        if (fd >= 0) close(fd);
+    }
+    MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    snprintf(text, sizeof text, "%d", port);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", text, 1);
+    if (init_mpi(&pg) != DDP_OK) {
+        printf("    rank %d: ddp_init failed: %s\n", rank, ddp_error_string());
+        bad = 1;
+    } else {
+        if (ddp__store_port(ddp_pg_store(pg)) != port) {
+            printf("    rank %d: the store is at port %d, not MASTER_PORT=%d\n", rank, ddp__store_port(ddp_pg_store(pg)),
+                   port);
+            bad = 1;
+        }
+        ddp_destroy(pg);
+    }
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
+    return bad;
+}
+
+/* A launcher variable that disagrees with MPI is refused, naming the variable, before anything
+   else happens (every rank fails alike, so nobody waits). */
+static int env_mismatch_main(int rank, void* arg) {
+    ddp_pg* pg = NULL;
+    char text[16];
+    int bad = 0;
+    ddp_status s;
+    snprintf(text, sizeof text, "%d", rank); /* the rank agrees, the world size does not */
+    setenv("RANK", text, 1);
+    snprintf(text, sizeof text, "%d", g_world + 1);
+    setenv("WORLD_SIZE", text, 1);
+    (void)arg;
+    s = init_mpi(&pg);
+    if (s != DDP_ERR_WORLD_MISMATCH || !strstr(ddp_error_string(), "WORLD_SIZE=") ||
+        !strstr(ddp_error_string(), "start the program with mpirun")) {
+        printf("    rank %d: ddp_init returned %s: %s\n", rank, ddp_status_name(s), ddp_error_string());
+        bad = 1;
+    }
+    if (s == DDP_OK) ddp_destroy(pg);
+    unsetenv("RANK");
+    unsetenv("WORLD_SIZE");
+    return bad;
+}
+
+/* GPU buffers are staged through host memory: an f16 average and an f32 sum on cuda:LOCAL_RANK. */
+static int gpu_main(int rank, void* arg) {
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_device cpu = {DDP_DEVICE_CPU, 0};
+    float host[1000];
+    uint16_t half[1000];
+    void* dev = NULL;
+    int bad = 0;
+    (void)arg;
+    memset(&d, 0, sizeof d);
+    d.backend = DDP_BACKEND_MPI;
+    d.device.type = DDP_DEVICE_CUDA;
+    if (ddp_init(&d, &pg) != DDP_OK) {
+        printf("    rank %d: ddp_init failed: %s\n", rank, ddp_error_string());
+        return 1;
+    }
+    if (ddp_alloc(ddp_pg_device(pg), sizeof host, &dev) != DDP_OK) bad++;
+    fill(host, 1000, rank, 0, 900, DDP_F32);
+    if (!bad && (ddp_copy(ddp_pg_device(pg), dev, cpu, host, sizeof host, NULL) != DDP_OK ||
+                 ddp_all_reduce(pg, dev, 1000, DDP_F32, DDP_SUM, NULL) != DDP_OK ||
+                 ddp_copy(cpu, host, ddp_pg_device(pg), dev, sizeof host, NULL) != DDP_OK))
+        bad++, printf("    rank %d: %s\n", rank, ddp_error_string());
+    if (!bad) bad += (int)check(host, 1000, g_world, 0, 900, DDP_F32, DDP_SUM, "gpu all_reduce f32 sum", rank);
+    fill(half, 1000, rank, 0, 901, DDP_F16);
+    if (!bad && (ddp_copy(ddp_pg_device(pg), dev, cpu, half, sizeof half, NULL) != DDP_OK ||
+                 ddp_all_reduce(pg, dev, 1000, DDP_F16, DDP_AVG, NULL) != DDP_OK ||
+                 ddp_copy(cpu, half, ddp_pg_device(pg), dev, sizeof half, NULL) != DDP_OK))
+        bad++, printf("    rank %d: %s\n", rank, ddp_error_string());
+    if (!bad) bad += (int)check(half, 1000, g_world, 0, 901, DDP_F16, DDP_AVG, "gpu all_reduce f16 avg", rank);
+    ddp_free(ddp_pg_device(pg), dev);
+    ddp_destroy(pg);
+    return bad;
+}
+
+/* Rank 0 calls an all_reduce that rank 1 never calls. Its wait ends after DDP_TIMEOUT with a message
+   naming the collective and saying that MPI cannot cancel it; the group then refuses further
+   collectives. MPI_Finalize could wait for the pending collective for ever, so both ranks exit
+   without it (mpirun then reports that they did). */
+static int timeout_main(void) {
+    ddp_desc d;
+    ddp_pg* pg;
+    const char* keys[1] = {"test/timeout/done"};
+    memset(&d, 0, sizeof d);
+    d.backend = DDP_BACKEND_MPI;
+    d.device.type = DDP_DEVICE_CPU;
+    d.timeout_s = 2;
+    if (ddp_init(&d, &pg) != DDP_OK) {
+        printf("FAIL mpi_timeout: ddp_init failed: %s\n", ddp_error_string());
+        return 1;
+    }
+    if (g_rank == 0) {
+        float x = 1.f;
+        ddp_work* w = NULL;
+        ddp_status s = ddp_all_reduce(pg, &x, 1, DDP_F32, DDP_SUM, &w);
+        const char* want = "all_reduce #1 (1 x f32, sum) did not finish within 2 s on the mpi backend";
+        if (s == DDP_OK) s = ddp_work_wait(w);
+        if (s == DDP_ERR_TIMEOUT && strstr(ddp_error_string(), want) && strstr(ddp_error_string(), "MPI cannot cancel"))
+            printf("ok   mpi_timeout_names_the_collective (np %d)\n", g_world);
+        else printf("FAIL mpi_timeout_names_the_collective (np %d): %s: %s\n", g_world, ddp_status_name(s),
+                    ddp_error_string());
+        s = ddp_all_reduce(pg, &x, 1, DDP_F32, DDP_SUM, NULL);
+        if (s == DDP_ERR_TIMEOUT && strstr(ddp_error_string(), "can no longer be used"))
+            printf("ok   mpi_timeout_breaks_the_group (np %d)\n", g_world);
+        else printf("FAIL mpi_timeout_breaks_the_group (np %d): %s: %s\n", g_world, ddp_status_name(s), ddp_error_string());
+        fflush(stdout);
+        ddp_store_set(ddp_pg_store(pg), keys[0], "1", 1);
+    } else {
+        ddp__store_wait(ddp_pg_store(pg), keys, 1, 30);
+    }
+    ddp_destroy(pg); /* leaves MPI as it is: a collective is pending */
+    fflush(stdout);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    int provided = 0, timeout_mode = argc > 1 && !strcmp(argv[1], "--timeout");
+    suite_arg a;
+    /* SERIALIZED: what the mpi backend asks for when it starts MPI itself */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+    /* nothing but MPI places the ranks here (a stray MASTER_ADDR would hide a bootstrap bug) */
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
+    setenv("DDP_BACKEND", "mpi", 1); /* test_pg.c's cases leave the backend to the environment */
+    if (timeout_mode) {
+        if (g_world < 2) {
+            if (g_rank == 0) printf("skip mpi_timeout_names_the_collective: needs 2 ranks or more\n");
+            MPI_Finalize();
+            return 0;
+        }
+        timeout_main();
+        _exit(0); /* without MPI_Finalize: see timeout_main */
+    }
+    mpi_case("mpi_placement_from_mpi_comm_world", placement_main, NULL);
+    mpi_case("mpi_store_at_master_port", master_port_main, NULL);
+    mpi_case("mpi_launcher_variables_disagreeing_refused", env_mismatch_main, NULL);
+    a.big = g_world == 2 ? (size_t)16 << 20 : 0; /* 64 MiB once, with 2 ranks (as test_pg.c) */
+    mpi_case(g_world == 2 ? "mpi_every_collective_dtype_op_and_64MiB" : "mpi_every_collective_dtype_op", rank_main, &a);
+    mpi_case("mpi_collectives_in_flight_complete_in_order", in_flight_main, NULL);
+    if (g_world == 2) mpi_case("mpi_misuse_refused", misuse_main, NULL); /* its check assumes 2 ranks */
+    if (ddp__cuda_device_count() >= g_world) mpi_case("mpi_gpu_buffers_staged", gpu_main, NULL);
+    else if (g_rank == 0) printf("skip mpi_gpu_buffers_staged (np %d): %d GPU(s) for %d ranks%s%s\n", g_world,
+                                 ddp__cuda_device_count(), g_world, *ddp__cuda_unavailable_reason() ? ": " : "",
+                                 ddp__cuda_unavailable_reason());
+    fflush(stdout);
+    MPI_Finalize();
+    return 0;
+}
