@@ -4901,7 +4901,7 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
 #endif
 
 #define DDP__SHM_MAGIC 0x4d48535044445044ull /* "DDPDPSHM" */
-/* Test-only: tests/test_desync.c defines this to hold a waiting rank inside the gap between its
+/* Test-only: tests/unit/test_desync.c defines this to hold a waiting rank inside the gap between its
    last look at a peer's counter and its look at the peer's flags, so that the peer can finish
    and leave in that gap every time instead of once in many runs. Nothing in a real build. */
 #ifndef DDP__TEST_SHM_GAP
