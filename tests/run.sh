@@ -119,6 +119,19 @@ else
     esac
 fi
 
+# The public API stays small and earns its place: at most 80 DDP_API functions, each one used by an
+# example, a lab, a tool or a bench program, or taught in TUTORIAL.md (the rest are ddp__ internals,
+# which the tests may call). ddp_check_failed is what DDP_CHECK expands to in every example.
+api=$(sed -n 's/^DDP_API [^(]*[ *]\([a-z_0-9]*\)(.*/\1/p' ddp.h)
+n_api=$(wc -w <<<"$api" | tr -d ' ')
+unused=""
+for f in $api; do
+    if [ "$f" = ddp_check_failed ] && grep -q 'ddp_check_failed(ddp_check_s_' ddp.h && grep -q 'DDP_CHECK(' examples/*.c; then continue; fi
+    grep -qw -- "$f" examples/*.c labs/*.c labs/*/*.c tools/*.c bench/*.c TUTORIAL.md 2>/dev/null || unused="$unused $f"
+done
+if [ "$n_api" -gt 0 ] && [ "$n_api" -le 80 ] && [ -z "$unused" ]; then ok "public_api_used_or_taught ($n_api DDP_API functions)"
+else bad public_api_used_or_taught "$n_api DDP_API functions (at most 80); used by no example, lab, tool or bench program and not in TUTORIAL.md:${unused:- none}"; fi
+
 # The figures redraw from their committed data (into a copy: the test never touches docs/).
 if ! command -v gnuplot >/dev/null 2>&1; then
     skp figures_render "gnuplot is not installed (apt-get install gnuplot-nox)"
