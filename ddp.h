@@ -5033,9 +5033,9 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
     ddp__shm_rank* o = ddp__shm_rank_of(pg, q);
     ddp__shm_head* h = ddp__shm_head_of(pg);
     /* On the caller's own thread (a blocking collective) this rank has nothing else to run, so
-       it spins far longer before it sleeps (10 ms at the default). With a 1 ms spin, whole
-       launches on a 2-core virtual machine fell into ranks taking turns to sleep: 1 MiB
-       all-reduces at 900 us instead of 58 us in 2 of 6 launches, none in 8 with 10 ms. */
+       it spins far longer before it sleeps (10 ms at the default): with a short spin, ranks that
+       share few cores can fall into taking turns to sleep, each waking just after the other
+       has gone to sleep, and a whole launch runs an order of magnitude slower. */
     double t = ddp__now(), spin_until = t + (ddp__comm_thread ? pg->shm_spin_s : pg->shm_spin_s * 500);
     int i;
     for (i = 0; !ddp__shm_reached(o, target); i++) {
@@ -5207,12 +5207,11 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
     int q, first = 1;
     /* a result larger than the caches goes past them (ddp__copy) */
     const int stream = n * es >= pg->shm_stream_bytes;
-    /* A slot is written by one core and read by another. Measured on a 2-core AMD EPYC virtual
-       machine, a line another core's stores left in its cache reached the reader more slowly than
-       one written past the caches: with streaming slot writes, 64-256 KiB all-reduces took about
-       half the time, and from 512 KiB on they were slower. Hence a threshold
-       (DDP_SHM_SLOT_STREAM_BELOW) instead of always; only the all-reduce was measured, so only
-       it streams. */
+    /* A slot is written by one core and read by another. A line another core's stores left in
+       its cache can reach the reader more slowly than one written past the caches, so small and
+       middle-sized slots are written with streaming stores; past the caches' size streaming loses
+       again. Hence a threshold (DDP_SHM_SLOT_STREAM_BELOW) instead of always; only the all-reduce
+       was measured (make bench), so only it streams. */
     const int slot_stream = n * es < pg->shm_slot_stream;
     unsigned char empty[64];
     if (!host) host = empty; /* an empty collective on a rank with no buffer: still checked, nothing copied */
@@ -5869,10 +5868,8 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     uint64_t tok = ddp__fnv1a((const unsigned char*)pg->store->token, strlen(pg->store->token));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
-    /* 1 MiB, from a measurement on 2 cores over loopback: against 256 KiB pieces, the 256 MiB
-       all-reduce took 147 ms instead of 177 on 2 ranks and 416 instead of 581 on 4; 4-64 MiB
-       were the same on 2 ranks and up to 1.3x faster on 4; only 1 MiB on 4 ranks lost (1.9 ms
-       against 1.7). Fewer pieces mean fewer system calls and wake-ups per byte. */
+    /* 1 MiB pieces: fewer pieces mean fewer system calls and wake-ups per byte, which large
+       all-reduces gain more from than small ones lose (make bench's tcp rows measure it). */
     size_t piece_bytes = (size_t)ddp__env_tuning("DDP_RING_PIECE_BYTES", 1 << 20, 1, 1, "bytes");
     pg->left_fd = pg->right_fd = -1;
     pg->piece_elems = piece_bytes / 4 ? piece_bytes / 4 : 1;
