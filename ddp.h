@@ -7099,9 +7099,10 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
    differ, else pair[0] < pair[1] are the first two local ranks found on one GPU. A bus id that
    cannot be read counts as shared. */
 DDP__PRIVATE ddp_status ddp__gpu_sharer(ddp_pg* pg, int index, char mine[64], int pair[2]) {
-    char key[384], host[256] = "?", ids[2][64];
+    char key[384], host[256] = "?", (*ids)[64];
     int r, q, lws = pg->env.local_world_size;
     size_t n;
+    ddp_status s = DDP_OK;
     mine[0] = 0;
     pair[0] = pair[1] = -1;
     gethostname(host, sizeof host - 1);
@@ -7115,21 +7116,21 @@ DDP__PRIVATE ddp_status ddp__gpu_sharer(ddp_pg* pg, int index, char mine[64], in
 #endif
     snprintf(key, sizeof key, "ddp/gpu/%s/%d/%d", host, pg->env.node_rank, pg->env.local_rank);
     DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine) + 1));
-    /* every pair, so that all ranks of this machine reach the same verdict */
-    for (r = 0; r < lws && pair[0] == -1; r++) {
-        memset(ids[0], 0, sizeof ids[0]);
+    ids = (char(*)[64])ddp__calloc((size_t)lws * sizeof *ids);
+    if (!ids) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %d GPU bus ids failed", lws);
+    for (r = 0; r < lws && s == DDP_OK; r++) { /* every local rank's id, this one's too, read once */
         snprintf(key, sizeof key, "ddp/gpu/%s/%d/%d", host, pg->env.node_rank, r);
-        DDP__TRY(ddp_store_get(pg->store, key, ids[0], sizeof ids[0] - 1, &n));
-        for (q = r + 1; q < lws; q++) {
-            memset(ids[1], 0, sizeof ids[1]);
-            snprintf(key, sizeof key, "ddp/gpu/%s/%d/%d", host, pg->env.node_rank, q);
-            DDP__TRY(ddp_store_get(pg->store, key, ids[1], sizeof ids[1] - 1, &n));
-            if (!ids[0][0] || !ids[1][0] || !strcmp(ids[0], ids[1])) {
+        s = ddp_store_get(pg->store, key, ids[r], sizeof ids[r] - 1, &n);
+    }
+    /* every pair, so that all ranks of this machine reach the same verdict */
+    for (r = 0; r < lws && s == DDP_OK && pair[0] == -1; r++)
+        for (q = r + 1; q < lws; q++)
+            if (!ids[r][0] || !ids[q][0] || !strcmp(ids[r], ids[q])) {
                 pair[0] = r, pair[1] = q;
                 break;
             }
-        }
-    }
+    DDP_FREE(ids);
+    if (s != DDP_OK) return s;
     /* Nobody acts on the verdict before every local rank has read the ids: rank 0 failing at
        once would take the store with it while a neighbour still reads, and that neighbour would
        report a lost store instead of the shared GPU. */
