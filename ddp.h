@@ -40,28 +40,48 @@
         ... per batch: ddp_model_zero_grad(m); ddp_model_forward(m, x, n);
                        ddp_loss_cross_entropy(m, y, &loss); ddp_model_backward(m); ddp_optim_step(opt);
 
-    STEP BY STEP: ONE TRAINING STEP, AND THE SECTION OF THIS FILE THAT OWNS EACH PART
-    ==================================================================================
-    Search this file for the tag (">>nn") to jump to a section. Sections appear in the same
-    order in the declarations and in the implementation: the order data flows through a step.
+    THE MAP: ONE TRAINING STEP, AND THE SECTION OF THIS FILE THAT OWNS EACH PART
+    ============================================================================
+    Search for the tag (">>nn") to jump to a section. Each section holds its declarations and,
+    right after them, its implementation. Part I is the course: one training step's path, in the
+    order the data takes it, each section naming its TUTORIAL.md chapters. Part II is the machinery
+    that makes Part I fast or portable; Part I calls it by name and reads without it.
 
-        tag         what it owns                                              TUTORIAL chapter
-        >>config    macros, status codes, errors, logging, random numbers     1
-        >>device    host and CUDA memory, copies, streams, events, dtypes     1
-        >>kernels   GPU kernels (compiled at run time by NVRTC), cuBLAS glue  1
-        >>nn        parameters, Linear/ReLU/GELU, losses, SGD/Adam; backward   1
-                    fires the per-parameter "gradient ready" hook
-        >>store     rendezvous key-value store                                2, 4
-        >>pg        process group: the CPU ring over TCP (>>ring), shared     2-5, 9, 10
-                    memory between ranks on one host (>>shm), NCCL (>>nccl),
-                    MPI (>>mpi), collectives and their work handles, desync
-                    detection and the flight recorder of the last collectives
-        >>data      data files, train/test split, the distributed sampler,    1-2
+        tag         PART I: THE COURSE                                         TUTORIAL chapter
+        >>config    status codes, errors, logging, random numbers              1
+        >>device    where tensors live: devices, memory, copies, dtypes        1
+        >>pg        the process group: joining the job (the store, agreeing    2-5, 9
+                    on the world), collectives and their work handles, the
+                    flight recorder of the last collectives, desync detection
+        >>launch    reading the launcher's environment (torchrun, Open MPI,    3-5
+                    SLURM)
+        >>data      data files, train/test split, the distributed sampler,     1-2
                     batches
-        >>reducer   the DDP wrapper: buckets, hooks, overlap, no_sync         2, 7-8
+        >>nn        the model: layers, forward, losses, backward, which fires  1
+                    the per-parameter "gradient ready" hook
+        >>reducer   the DDP wrapper: buckets, hooks, overlap, no_sync          2, 7-8
+        >>ring      the ring all-reduce, one rule for every step               2, 10
+        >>nccl      the NCCL backend, and the ring over NCCL's send and recv   3, 10
+        >>optim     the optimizer step: SGD, Adam, AdamW                       1
         >>snapshot  resumable state in a safetensors file                      1, 6
-        >>launch    reading the launcher's environment, spawning ranks         3-6
-                    and its restarts
+
+        tag         PART II: THE MACHINERY (its own map and tuning variables open it)
+        >>trace     the timeline DDP_TRACE writes                              10
+        >>cuda      the CUDA runtime: probing the GPUs, streams, events
+        >>kernels   GPU kernels compiled at run time by NVRTC; cuBLAS; the CPU
+                    matrix product
+        >>store     the rendezvous store: sockets, its server, its client      2, 4
+        >>signals   SIGUSR1's flight record; what ddp_init waited for
+        >>sums      element-wise sums, four floats at a time
+        >>shm       the shared-memory transport between ranks of one machine   10
+        >>cpu       the CPU backend: communication thread, queue, connections
+        >>mpi       the MPI backend (-DDDP_MPI)
+        >>bind      keeping each rank on its own cores
+        >>files     file formats: CSV rows, the safetensors header, atomic
+                    writes
+        >>slurm     SLURM's compressed node lists
+        >>gpus      which GPU is whose: ranks that share one
+        >>spawn     spawning ranks, supervising them, the guardian             3, 6
 
     GLOSSARY
     ========
@@ -103,19 +123,7 @@
                             at least 0.1).
     DDP_BACKEND=cpu|nccl|mpi  the backend when ddp_desc.backend is not set (mpi: built with
                             -DDDP_MPI and started by mpirun; see >>mpi).
-    DDP_TRANSPORT=auto|shm|tcp  how the CPU backend moves data: shared memory when every rank
-                            is on this host (auto, the default), else the TCP ring; shm fails
-                            when it cannot be used, tcp always takes the ring.
-    DDP_SHM_CHUNK_BYTES     bytes per rank and chunk in the shared-memory segment (1 MiB).
-    DDP_SHM_SPIN_US         how long a shared-memory wait on the communication thread spins
-                            before it sleeps (20; a blocking call on the caller's thread spins
-                            500 times longer; 0 when there are more local ranks than cores).
-    DDP_SHM_STREAM_BYTES    all-reduces this large write their result past the caches (32 MiB).
-    DDP_SHM_SLOT_STREAM_BELOW  all-reduces smaller than this write their shared-memory slots
-                            past the caches, which the reading core fetches faster (512 KiB; 0: never).
-    DDP_BIND=core|none      ranks on one machine each keep to their own share of its cores
-                            (Linux; core, the default, when there is a core per local rank).
-    DDP_RING_PIECE_BYTES    size of the pieces the CPU ring pipelines (1 MiB).
+    DDP_TRANSPORT, DDP_SHM_*, DDP_BIND, DDP_RING_PIECE_BYTES  tune the machinery: see PART II.
     DDP_SIMULATE_NS_PER_BYTE  make every CPU-backend collective last at least this long per
                             byte: a slow network, to watch communication overlap backward.
     DDP_SIMULATE_LATENCY_US  and at least this long more, once per collective: the network's
@@ -202,11 +210,26 @@
 #endif
 
 /* ============================================================================================== */
-/*                                        DECLARATIONS                                            */
+/*  How the file is read. Each section below holds its declarations (what a program calls) and   */
+/*  its implementation (compiled once, where DDP_IMPLEMENTATION is defined) side by side, so a    */
+/*  section reads in one place. A file may include ddp.h more than once: the declarations count   */
+/*  the first time, the implementation the first time DDP_IMPLEMENTATION is defined.              */
 /* ============================================================================================== */
-#ifndef DDP_H_INCLUDED
+#if !defined(DDP_H_INCLUDED)
 #define DDP_H_INCLUDED
+#define DDP__DECLARE 1
+#else
+#define DDP__DECLARE 0
+#endif
+#if (defined(DDP_IMPLEMENTATION) || defined(__INTELLISENSE__) || defined(__JETBRAINS_IDE__)) && \
+    !defined(DDP__IMPLEMENTED)
+#define DDP__IMPLEMENTED
+#define DDP__IMPLEMENT 1
+#else
+#define DDP__IMPLEMENT 0
+#endif
 
+#if DDP__DECLARE
 #include <stddef.h> /* size_t */
 #include <stdint.h> /* uint64_t, uint16_t */
 
@@ -216,6 +239,8 @@
 
 #if defined(DDP_STATIC)
 #define DDP_API static
+#elif defined(__cplusplus)
+#define DDP_API extern "C" /* C names, so that C and C++ files link against one implementation */
 #else
 #define DDP_API extern
 #endif
@@ -232,14 +257,21 @@
 #ifndef DDP_MAX_HOOKS
 #define DDP_MAX_HOOKS 4
 #endif
+#endif /* DDP__DECLARE */
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+/* ############################################################################################## */
+/*                                                                                                */
+/*  PART I: THE COURSE. One training step's path, in the order the data takes it. Every section   */
+/*  is declared and implemented in one place and names its TUTORIAL.md chapters. Where a section */
+/*  needs fast or portable machinery (the shared-memory transport, the CUDA runtime, the store's  */
+/*  sockets), it calls a function of Part II by name; Part I can be read without it.              */
+/*                                                                                                */
+/* ############################################################################################## */
 
-/* ---------------------------------------------------------------------------------------------- */
-/* >>config: status codes, errors, logging, random numbers                          (chapter 1)  */
-/* ---------------------------------------------------------------------------------------------- */
+/* ============================================================================================== */
+/* >>config: status codes, errors, logging, random numbers                           (chapter 1)  */
+/* ============================================================================================== */
+#if DDP__DECLARE
 
 /* One row per status: name, the usual cause, and what to do. The enum and the messages are both
    generated from this table, so a code can never lack its explanation. */
@@ -343,561 +375,8 @@ DDP_API uint32_t ddp_rng_below(ddp_rng* r, uint32_t n);
 /* Fill out[0..n) with a permutation of 0..n-1 drawn from `seed` (Fisher-Yates). */
 DDP_API void ddp_permutation(int n, uint64_t seed, int* out);
 
-/* ---------------------------------------------------------------------------------------------- */
-/* >>device: devices, memory, copies, streams, events, dtypes                       (chapter 1)  */
-/* ---------------------------------------------------------------------------------------------- */
-
-typedef enum ddp_device_type {
-    DDP_DEVICE_AUTO = 0, /* a GPU when one is usable, else the CPU */
-    DDP_DEVICE_CPU,
-    DDP_DEVICE_CUDA
-} ddp_device_type;
-
-typedef struct ddp_device {
-    ddp_device_type type;
-    int index; /* CUDA device number; with DDP_DEVICE_AUTO it is the local rank's GPU */
-} ddp_device;
-
-/* Parse "cpu", "cuda", "cuda:N" or "auto" into *out. DDP_ERR_INVALID_ARGUMENT on anything else. */
-DDP_API ddp_status ddp_device_parse(const char* text, ddp_device* out);
-/* Turn DDP_DEVICE_AUTO into a concrete device and check that a CUDA device exists (a CPU device
-   never starts CUDA, so a program may still fork GPU ranks afterwards).
-   DDP_ERR_NO_GPU or DDP_ERR_NOT_BUILT when CUDA was asked for but cannot be used. */
-DDP_API ddp_status ddp_device_resolve(ddp_device want, ddp_device* out);
-/* "cpu" or "cuda:N" into buf (at least 16 bytes); returns buf. */
-DDP_API const char* ddp_device_name(ddp_device d, char* buf, size_t bufsize);
-
-/* Allocate nbytes on `d`, zero-filled. *out is NULL for nbytes 0. DDP_ERR_OUT_OF_MEMORY or
-   DDP_ERR_CUDA (a full GPU) on failure. */
-DDP_API ddp_status ddp_alloc(ddp_device d, size_t nbytes, void** out);
-/* Free memory from ddp_alloc on the same device. NULL is ignored. */
-DDP_API void ddp_free(ddp_device d, void* p);
-/* Allocate page-locked host memory (plain host memory in a CPU-only build or without a GPU):
-   copies to and from a GPU run at full speed and can overlap compute. */
-DDP_API ddp_status ddp_alloc_pinned(size_t nbytes, void** out);
-/* Free memory from ddp_alloc_pinned. NULL is ignored. */
-DDP_API void ddp_free_pinned(void* p);
-
-typedef struct ddp_stream ddp_stream; /* an ordered queue of GPU work; immediate on the CPU */
-typedef struct ddp_event ddp_event;   /* a marker in a stream that other streams can wait for */
-
-/* Block until all work queued on `s` is done. Returns the first error the work raised. */
-DDP_API ddp_status ddp_stream_sync(ddp_stream* s);
-
-/* Copy nbytes from src on src_dev to dst on dst_dev, in order on `s`; with s NULL, now: after all
-   work queued on the GPU, and landed when it returns. Any pair of CPU and CUDA devices.
-   DDP_ERR_CUDA on failure. */
-DDP_API ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
-                            size_t nbytes, ddp_stream* s);
-
-typedef enum ddp_dtype {
-    DDP_DTYPE_DEFAULT = 0, /* f32 */
-    DDP_F32,
-    DDP_F16,  /* IEEE half: 5-bit exponent, 10-bit mantissa; max 65504 */
-    DDP_BF16  /* bfloat16: f32's 8-bit exponent, 7-bit mantissa */
-} ddp_dtype;
-
-/* Bytes per element of `t` (4 or 2); 0 for an unknown dtype. */
-DDP_API size_t ddp_dtype_size(ddp_dtype t);
-/* f32 -> f16, rounding to nearest even; overflow gives infinity, NaN stays NaN. */
-DDP_API uint16_t ddp_f32_to_f16(float f);
-/* f16 -> f32, exact (subnormals included). */
-DDP_API float ddp_f16_to_f32(uint16_t h);
-/* f32 -> bf16, rounding to nearest even; NaN stays NaN. */
-DDP_API uint16_t ddp_f32_to_bf16(float f);
-/* bf16 -> f32, exact. */
-DDP_API float ddp_bf16_to_f32(uint16_t h);
-
-/* ---------------------------------------------------------------------------------------------- */
-/* >>kernels: GPU kernels compiled at run time by NVRTC, and cuBLAS glue            (chapter 1)  */
-/* ---------------------------------------------------------------------------------------------- */
-
-
-/* ---------------------------------------------------------------------------------------------- */
-/* >>nn: parameters, layers, losses, optimizers, and the gradient-ready hook        (chapter 1)  */
-/* ---------------------------------------------------------------------------------------------- */
-
-typedef struct ddp_param ddp_param;
-/* Called once per backward for each parameter, the moment its gradient is final (accumulated
-   into p->grad), last layer first. This is where data parallelism plugs in: the reducer's hook
-   starts averaging a gradient while backward still computes the earlier layers'. */
-typedef void (*ddp_grad_hook_fn)(ddp_param* p, void* user);
-
-struct ddp_param {
-    char name[32];       /* "fc1.weight", "fc1.bias", ... in registration order */
-    int index;           /* position in the model's parameter list */
-    int ndim;            /* 2 for a weight [out, in], 1 for a bias [out] */
-    int shape[2];
-    size_t count;        /* elements */
-    ddp_device device;
-    float* data;         /* count floats on `device` */
-    float* grad;         /* count floats on `device`; accumulates until ddp_model_zero_grad */
-    int nhooks;
-    ddp_grad_hook_fn hooks[DDP_MAX_HOOKS];
-    void* hook_user[DDP_MAX_HOOKS];
-};
-
-/* Register `fn` to run each time p's gradient becomes final. DDP_ERR_INVALID_ARGUMENT when
-   p already has DDP_MAX_HOOKS hooks. */
-DDP_API ddp_status ddp_param_add_hook(ddp_param* p, ddp_grad_hook_fn fn, void* user);
-/* Announce that p->grad is final for this backward: runs p's hooks in registration order.
-   ddp_model_backward calls it; a hand-written backward must call it for each parameter. */
-DDP_API void ddp_param_grad_ready(ddp_param* p);
-
-typedef enum ddp_layer_kind {
-    DDP_LAYER_NONE = 0,
-    DDP_LAYER_LINEAR, /* y = x W^T + b, W is [out, in] as in PyTorch */
-    DDP_LAYER_RELU,
-    DDP_LAYER_GELU    /* the exact (erf) form, PyTorch's default */
-} ddp_layer_kind;
-
-typedef struct ddp_model_desc {
-    ddp_device device; /* default: DDP_DEVICE_AUTO (a GPU when usable, else the CPU) */
-    uint64_t seed;     /* initial weights; the same seed gives the same weights on CPU and GPU */
-} ddp_model_desc;
-
-typedef struct ddp_model ddp_model; /* a sequential stack of layers */
-
-/* A multilayer perceptron sizes[0] -> sizes[1] -> ... -> sizes[n-1] with activation `act`
-   between the Linear layers (none after the last), initialised as PyTorch's Linear does:
-   U(-1/sqrt(in), 1/sqrt(in)) for weight and bias, drawn from desc->seed. DDP_ERR_NO_GPU or
-   DDP_ERR_NOT_BUILT when desc->device is unusable, DDP_ERR_INVALID_ARGUMENT for a size < 1. */
-DDP_API ddp_status ddp_model_mlp(const ddp_model_desc* desc, const int* sizes, int n,
-                                 ddp_layer_kind act, ddp_model** out);
-/* Free the model and everything on its device. NULL is ignored. */
-DDP_API void ddp_model_destroy(ddp_model* m);
-
-/* The model's number of parameters, parameter i (NULL outside 0..n-1), and its compute stream
-   (NULL on the CPU). */
-DDP_API int ddp_model_num_params(const ddp_model* m);
-DDP_API ddp_param* ddp_model_param(ddp_model* m, int i);
-DDP_API ddp_stream* ddp_model_stream(ddp_model* m);
-/* Total number of parameter elements. */
-DDP_API size_t ddp_model_num_elements(const ddp_model* m);
-
-/* Run the layers on x, a host array [batch, in_features]. The output stays on the model's device
-   for the loss to read. DDP_ERR_INVALID_ARGUMENT for batch < 1 or an empty model. */
-DDP_API ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch);
-/* Mean softmax cross-entropy of the last forward's output against host labels[batch] (PyTorch's
-   F.cross_entropy), written to *loss; also prepares the output gradient for backward.
-   DDP_ERR_INVALID_ARGUMENT for a label outside 0..out_features-1; DDP_ERR_STATE before forward. */
-DDP_API ddp_status ddp_loss_cross_entropy(ddp_model* m, const int* labels, float* loss);
-/* Backpropagate the last loss, last layer first, ADDING each gradient into p->grad and calling
-   ddp_param_grad_ready(p) as soon as p's gradient is final. DDP_ERR_STATE without a loss, or
-   when backward already ran for this loss (one backward per loss, as in PyTorch). */
-DDP_API ddp_status ddp_model_backward(ddp_model* m);
-/* Run fn(m, user) at the end of every ddp_model_backward, after the last hook; its status becomes
-   backward's. The analogue of an autograd engine callback: the DDP wrapper waits for its
-   all-reduces here. NULL removes it. */
-typedef ddp_status (*ddp_post_backward_fn)(ddp_model* m, void* user);
-/* Set every p->grad to zero (call once per step, before backward, as optimizer.zero_grad()). */
-DDP_API ddp_status ddp_model_zero_grad(ddp_model* m);
-/* Accuracy (fraction of argmax == label) and mean cross-entropy over n samples, in batches.
-   Either output may be NULL. DDP_ERR_INVALID_ARGUMENT for a label outside 0..out_features-1;
-   otherwise errors as ddp_model_forward. */
-DDP_API ddp_status ddp_model_evaluate(ddp_model* m, const float* x, const int* labels, int n,
-                                      float* accuracy, float* mean_loss);
-
-typedef enum ddp_optim_kind {
-    DDP_OPTIM_DEFAULT = 0, /* Adam */
-    DDP_SGD,   /* torch.optim.SGD: momentum, dampening, nesterov, L2 weight decay */
-    DDP_ADAM,  /* torch.optim.Adam: L2 weight decay added to the gradient */
-    DDP_ADAMW  /* torch.optim.AdamW: decoupled weight decay */
-} ddp_optim_kind;
-
-typedef struct ddp_optim_desc {
-    ddp_optim_kind kind; /* default Adam */
-    float lr;            /* default 1e-3 */
-    float momentum;      /* SGD; default 0 */
-    float dampening;     /* SGD; default 0 */
-    int nesterov;        /* SGD; needs momentum > 0 */
-    float weight_decay;  /* default 0; AdamW: 0 means PyTorch's default 1e-2 (use Adam for none) */
-    float beta1, beta2;  /* Adam/AdamW; default 0.9, 0.999 */
-    float eps;           /* Adam/AdamW; default 1e-8 */
-} ddp_optim_desc;
-
-typedef struct ddp_optim ddp_optim;
-/* An optimizer over every parameter of m, its state on m's device. DDP_ERR_INVALID_ARGUMENT for a
-   negative rate, betas outside [0, 1), or nesterov without momentum. */
-DDP_API ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, ddp_optim** out);
-/* Update every parameter from its gradient: one torch.optim step. DDP_ERR_CUDA on a GPU failure. */
-DDP_API ddp_status ddp_optim_step(ddp_optim* o);
-/* Steps taken so far. */
-DDP_API long ddp_optim_steps(const ddp_optim* o);
-/* Free the optimizer and its state. NULL is ignored. */
-DDP_API void ddp_optim_destroy(ddp_optim* o);
-
-/* ---------------------------------------------------------------------------------------------- */
-/* >>store: the rendezvous key-value store                                       (chapters 2, 4) */
-/* ---------------------------------------------------------------------------------------------- */
-/* A small TCP key-value server that one process hosts (rank 0, at MASTER_ADDR:MASTER_PORT) and
-   every process uses as a client: the way ranks find each other before any collective exists.
-   The analogue of PyTorch's TCPStore. Every request carries the protocol version and the job
-   token; every length read from the network is bounded (DDP_STORE_MAX_KEY/VALUE); a connection
-   that sends garbage, the wrong token, or nothing at all is dropped with a log line. A job token
-   keeps stray jobs apart; it is not authentication against an attacker on your network. */
-
-#ifndef DDP_STORE_MAX_KEY
-#define DDP_STORE_MAX_KEY 256            /* bytes */
-#endif
-#ifndef DDP_STORE_MAX_VALUE
-#define DDP_STORE_MAX_VALUE (1 << 20)    /* bytes */
-#endif
-
-typedef struct ddp_store ddp_store;
-
-typedef struct ddp_store_desc {
-    const char* host;  /* where the server is; default MASTER_ADDR, else 127.0.0.1 */
-    int port;          /* default MASTER_PORT, else 29500; a server given port -1 picks a free one */
-    int is_server;     /* host the server in this process, on `port`: on 127.0.0.1 only when `host`
-                          is a loopback address (every client is on this machine), else on all
-                          interfaces */
-    double timeout_s;  /* connect and every operation; default DDP_TIMEOUT, else 300 s (TCPStore's) */
-    const char* token; /* default DDP_JOB_TOKEN, else "" */
-} ddp_store_desc;
-
-/* Set key to nbytes of value. DDP_ERR_INVALID_ARGUMENT for an oversized key or value;
-   DDP_ERR_STORE_LOST when the server is gone. */
-DDP_API ddp_status ddp_store_set(ddp_store* s, const char* key, const void* value, size_t nbytes);
-/* Wait until key exists (at most the timeout), then copy up to `capacity` bytes of its value into
-   buf; *nbytes gets the value's full size. DDP_ERR_TIMEOUT if it never appears. */
-DDP_API ddp_status ddp_store_get(ddp_store* s, const char* key, void* buf, size_t capacity, size_t* nbytes);
-
-/* ---------------------------------------------------------------------------------------------- */
-/* >>pg: the process group, its backends and collectives                        (chapters 2-5)   */
-/* ---------------------------------------------------------------------------------------------- */
-
-typedef enum ddp_backend {
-    DDP_BACKEND_DEFAULT = 0, /* DDP_BACKEND in the environment, else nccl on a GPU, else cpu */
-    DDP_BACKEND_CPU,         /* the ring written out over sockets, on a communication thread */
-    DDP_BACKEND_NCCL,        /* NVIDIA's library (one rank per GPU) */
-    DDP_BACKEND_MPI          /* MPI's own collectives under mpirun; only in a -DDDP_MPI build */
-} ddp_backend;
-
-typedef enum ddp_reduce_op { DDP_SUM = 0, DDP_AVG, DDP_MAX } ddp_reduce_op;
-
-typedef struct ddp_desc {
-    ddp_backend backend;
-    ddp_device device;       /* where collective buffers live; default: cuda:LOCAL_RANK when this
-                                machine has a GPU for every local rank, else cpu. DDP_DEVICE_CUDA
-                                with index 0 means cuda:(LOCAL_RANK mod GPUs) */
-    /* Explicit placement beats every environment variable. Rank 0 is a real rank, so the
-       numbers count only when `explicit_rank` is set. */
-    int explicit_rank;
-    int rank, world_size, local_rank, local_world_size;
-    const char* master_addr; /* default MASTER_ADDR (SLURM: the first host of the job) */
-    int master_port;         /* <= 0: MASTER_PORT, else (SLURM) 15000 + last 4 digits of
-                                SLURM_JOB_ID, else 29500 */
-    double timeout_s;        /* every store operation, connection and collective wait;
-                                default DDP_TIMEOUT, else 300 s */
-    const char* token;       /* default DDP_JOB_TOKEN, else "" */
-    ddp_log_fn log;          /* default: stderr */
-    void* log_user;
-} ddp_desc;
-
-/* Where this process sits in the job, as ddp_init reads it from the launcher's variables (>>launch). */
-typedef struct ddp_env {
-    int rank, world_size, local_rank, local_world_size, node_rank;
-    char master_addr[256];
-    int master_port;
-    const char* source;      /* "explicit", "torchrun", "openmpi", "slurm", "default", or "mpi"
-                                (the mpi backend: MPI_COMM_WORLD itself) */
-} ddp_env;
-
-
-typedef struct ddp_pg ddp_pg;     /* a process group: every rank of the job */
-typedef struct ddp_work ddp_work; /* a collective in flight */
-
-/* Join the job (collective: every rank calls it): resolve the environment, start or reach the
-   store, check every rank agrees on the world size, and connect the backend. While ranks are
-   missing, rank 0 logs which have joined and which are awaited (every 5 s, after the first half
-   minute every 30 s); a SIGTERM or SIGINT during ddp_init (unless the program handles or ignores
-   it) prints what the rank was waiting for before it ends the process. Errors: DDP_ERR_ENV, the
-   store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT (a rank never came: named),
-   DDP_ERR_NCCL. */
-DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
-/* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
-   timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
-   a ddp_init right after it, on the same address, starts the next job). On the CPU backend a
-   neighbour still inside a collective this rank never called is told at once (DDP_ERR_DESYNC:
-   "rank R has left the job"). NULL is ignored. */
-DDP_API void ddp_destroy(ddp_pg* pg);
-/* This process's rank, the world size, the backend in use, and the device collective buffers
-   live on. */
-DDP_API int ddp_rank(const ddp_pg* pg);
-DDP_API int ddp_world_size(const ddp_pg* pg);
-DDP_API ddp_backend ddp_pg_backend(const ddp_pg* pg);
-DDP_API ddp_device ddp_pg_device(const ddp_pg* pg);
-/* The store every rank shares (for your own keys; prefix them to avoid the library's "ddp/"). */
-DDP_API ddp_store* ddp_pg_store(ddp_pg* pg);
-/* Payload bytes this rank has sent and received through the backend since ddp_init (the CPU
-   ring's 32-byte header per collective is not counted). */
-DDP_API void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received);
-/* Collectives this rank has issued since ddp_init: the sequence number of the last one (the #N of
-   DDP_DEBUG=DETAIL and of the flight recorder). It counts at the call, before the collective runs,
-   so a hook can tell whether a call it made started one. */
-DDP_API uint64_t ddp_pg_collectives(const ddp_pg* pg);
-
-/* The collectives. Each is collective (every rank calls it, in the same order, with the same
-   count, dtype, op and root) and runs in the order issued. Buffers are on ddp_pg_device(pg);
-   counts are in elements. With work == NULL the call returns when the collective is done; with a
-   work pointer it returns at once and *work must be passed to ddp_work_wait. Errors:
-   DDP_ERR_INVALID_ARGUMENT before anything is sent; DDP_ERR_TIMEOUT, DDP_ERR_PEER_LOST naming the
-   collective, its sequence number and the peer. */
-/* buf[0..count) = op over all ranks of their buf (sum, average or maximum). */
-DDP_API ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
-                                  ddp_work** work);
-/* recv[r*count .. (r+1)*count) = rank r's send[0..count), for every r. */
-DDP_API ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
-                                  ddp_work** work);
-/* recv[0..count) = op over all ranks of their send[rank*count .. (rank+1)*count). */
-DDP_API ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv, size_t count,
-                                      ddp_dtype dtype, ddp_reduce_op op, ddp_work** work);
-/* Return when every rank has called it. */
-DDP_API ddp_status ddp_barrier(ddp_pg* pg);
-/* Wait for a collective (at most the group's timeout) and free the handle; returns its status. */
-DDP_API ddp_status ddp_work_wait(ddp_work* work);
-
-/* ---------------------------------------------------------------------------------------------- */
-/* >>data: data files, split, standardisation; the distributed sampler; batches (chapters 1-2) */
-/* ---------------------------------------------------------------------------------------------- */
-
-typedef struct ddp_dataset {
-    int n;          /* samples */
-    int nfeatures;  /* columns of x */
-    int nclasses;   /* labels are 0 .. nclasses-1 */
-    float* x;       /* [n, nfeatures], host memory */
-    int* y;         /* [n], host memory */
-} ddp_dataset;
-
-/* Find a bundled data set by name ("wine", "digits"), looking in `dir` when not NULL, else in
-   $DDP_DATA_DIR, else examples/data; or load `name` as a path when it ends in ".csv".
-   A CSV file has one header row, then one row per sample whose last column is an integer label
-   >= 0. DDP_ERR_IO (naming the places it looked) when it cannot be read, DDP_ERR_DATA_FORMAT
-   (naming line and column) when a row is malformed; *out is left empty on error. */
-DDP_API ddp_status ddp_dataset_load(const char* name, const char* dir, ddp_dataset* out);
-/* Shuffle with `seed` and cut ceil(test_fraction * n) samples into *test, the rest into *train
-   (scikit-learn's train_test_split rule; a double, as Python computes it: 0.2 of 100 is 20). DDP_ERR_INVALID_ARGUMENT unless 0 < fraction < 1 and
-   both parts are non-empty. */
-DDP_API ddp_status ddp_dataset_split(const ddp_dataset* all, double test_fraction, uint64_t seed,
-                                     ddp_dataset* train, ddp_dataset* test);
-/* Scale each feature to mean 0, variance 1 using the TRAINING set's statistics, applied to both
-   (test may be NULL): the test set must not leak into training. Constant features become 0. */
-DDP_API void ddp_dataset_standardize(ddp_dataset* train, ddp_dataset* test);
-/* Free a data set's arrays and zero it. */
-DDP_API void ddp_dataset_free(ddp_dataset* d);
-
-/* The distributed sampler (PyTorch's DistributedSampler): which samples this rank visits in an
-   epoch. With shuffling, every rank draws the same permutation of 0..n-1 from seed + epoch; the
-   list is padded with its own first entries up to a multiple of the number of replicas (or, with
-   drop_last, cut down to one); rank r then takes positions r, r + R, r + 2R, ... So the ranks'
-   samples are disjoint apart from the padding, and together they cover the data set. With one
-   replica it is simply a seeded shuffle, which is how chapter 1 uses it. */
-typedef struct ddp_sampler_desc {
-    const ddp_pg* pg;  /* replicas and rank from this group; NULL: num_replicas and rank below */
-    int num_replicas;  /* without pg; 0 means 1 */
-    int rank;          /* without pg */
-    uint64_t seed;     /* must be the same on every rank; default 0 */
-    int in_order;      /* 1: keep the data set's order (PyTorch's shuffle=False); default: shuffle */
-    int drop_last;     /* 1: drop the tail instead of padding */
-} ddp_sampler_desc;
-
-typedef struct ddp_sampler {
-    int n, num_replicas, rank, shuffle, drop_last, epoch;
-    uint64_t seed;
-    int num_samples;   /* indices per rank per epoch: ceil(n/R), or floor(n/R) with drop_last */
-    int total_size;    /* num_samples * R: n plus the padding, or less the dropped tail */
-} ddp_sampler;
-
-/* Set up a sampler over n samples. DDP_ERR_INVALID_ARGUMENT for n < 0, num_replicas < 1, or
-   rank outside 0..num_replicas-1 (the message names the field). */
-DDP_API ddp_status ddp_sampler_init(ddp_sampler* s, int n, const ddp_sampler_desc* desc);
-/* Choose the epoch whose order ddp_sampler_indices gives. Call it before every epoch: without
-   it every epoch repeats the same order (PyTorch's set_epoch). */
-DDP_API void ddp_sampler_set_epoch(ddp_sampler* s, int epoch);
-/* Write this rank's s->num_samples indices for the current epoch into out. */
-DDP_API void ddp_sampler_indices(const ddp_sampler* s, int* out);
-/* How many of this rank's indices in the current epoch are padding (repeats of samples another
-   position already holds): 0 or 1, the last one, to leave out of an evaluation. 0 with drop_last. */
-DDP_API int ddp_sampler_padding(const ddp_sampler* s);
-
-/* Batches from a data set in a sampler's order (PyTorch's DataLoader over a sampler). */
-typedef struct ddp_loader {
-    const ddp_dataset* data;
-    int batch_size;
-    int drop_last;     /* 1: skip a last batch smaller than batch_size */
-    int* order;        /* this epoch's indices */
-    int count, pos;
-    int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start of epoch resume_epoch
-                          begins here (a start at another epoch begins at that epoch's first batch) */
-    int last_epoch;    /* the sampler's epoch + 1 at this loader's previous shuffled start (0:
-                          none); the same epoch twice means ddp_sampler_set_epoch was not called */
-    float* x;          /* the current batch, [batch_size, nfeatures] */
-    int* y;
-    int epoch;         /* the sampler's epoch at this loader's last start: where pos belongs */
-    int resume_epoch;  /* the epoch resume_pos belongs to */
-    int resume;        /* 1: ddp_snapshot_load left resume_pos for the next start; 2: the same, from
-                          a file that does not say which epoch the position belongs to */
-} ddp_loader;
-
-/* What a loader cuts an epoch into (torch.utils.data.DataLoader's arguments of the same names). */
-typedef struct ddp_loader_desc {
-    int batch_size;    /* samples per batch; default 1, as PyTorch's */
-    int drop_last;     /* 1: skip a last batch smaller than batch_size */
-} ddp_loader_desc;
-
-/* Prepare a loader over data (allocates its batch buffers once); desc NULL takes the defaults.
-   DDP_ERR_INVALID_ARGUMENT for a NULL data set or a negative batch_size. */
-DDP_API ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, const ddp_loader_desc* desc);
-/* Start an epoch in the sampler's current order (call ddp_sampler_set_epoch first). After
-   ddp_snapshot_load, the first start resumes at the snapshot's position when the sampler is at the
-   snapshot's epoch (a position at the epoch's end then leaves no batch: that epoch is done); at
-   any other epoch it begins at the first batch, with a warning if that leaves the snapshot's epoch
-   unfinished. A shuffling sampler at the same epoch as this loader's previous start logs a
-   warning (once per process) naming ddp_sampler_set_epoch: every epoch would repeat one order. */
-DDP_API ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s);
-/* The next batch: *x and *y point into the loader; returns its size, 0 when the epoch is over. */
-DDP_API int ddp_loader_next(ddp_loader* l, const float** x, const int** y);
-/* Batches per epoch for the current order. */
-DDP_API int ddp_loader_batches(const ddp_loader* l);
-/* Free the loader's buffers. */
-DDP_API void ddp_loader_free(ddp_loader* l);
-
-/* ---------------------------------------------------------------------------------------------- */
-/* >>reducer: the DDP wrapper: buckets, hooks, overlap, no_sync                   (chapters 2, 7-8) */
-/* ---------------------------------------------------------------------------------------------- */
-/* ddp_wrap makes a model data-parallel, as torch.nn.parallel.DistributedDataParallel does: it
-   checks that every rank has the same model, copies rank 0's parameters to every rank, groups the
-   gradients into buckets (last layer first) and hooks every parameter. During backward each
-   gradient is scaled by 1/world size into its bucket; a full bucket is all-reduced at once, on
-   the communication thread or stream, while backward goes on with earlier layers. At the end of
-   backward the wrapper waits for the buckets and writes the averaged gradients back into p->grad,
-   so the optimizer step that follows is the same on every rank. The training loop itself does
-   not change. */
-
-typedef struct ddp_wrap_desc {
-    size_t bucket_cap_bytes;      /* default 25 MiB (PyTorch's bucket_cap_mb) */
-    size_t first_bucket_bytes;    /* default 1 MiB: a small first bucket starts communication early */
-    int gradient_as_bucket_view;  /* 1: p->grad lives inside the bucket (saves a copy and memory) */
-    int find_unused_parameters;   /* 1: a parameter without a gradient counts as zero, not an error */
-    ddp_dtype compress;           /* DDP_F16 or DDP_BF16: all-reduce in 16 bits (PyTorch's
-                                     fp16/bf16_compress_hook); default: no compression */
-} ddp_wrap_desc;
-
-typedef struct ddp_wrapper ddp_wrapper;
-
-/* What the wrapper has done, for a student to print. Times in seconds, sizes in bytes. */
-typedef struct ddp_wrap_stats {
-    int buckets;                  /* number of buckets */
-    size_t bucket_bytes[64];      /* the first 64 buckets' sizes, bucket 0 first (reduced first) */
-    int bucket_params[64];        /* parameters in each */
-    long steps;                   /* synchronised backward passes */
-    long all_reduces;             /* all-reduce calls issued */
-    uint64_t bytes_reduced;       /* bytes handed to all-reduce */
-    double wait_s;                /* time backward spent waiting for communication after its
-                                     last layer: the communication overlap did not hide (on a
-                                     GPU, counted from when backward's kernels have finished) */
-    double backward_s;            /* time from each synchronised backward's first ready gradient to
-                                     its end, for comparison */
-} ddp_wrap_stats;
-
-/* Wrap model m for data-parallel training on group pg (collective). Errors: DDP_ERR_MODEL_MISMATCH
-   on every rank naming the first difference and the ranks when the models differ;
-   DDP_ERR_INVALID_ARGUMENT for a bad desc; the group's errors. */
-DDP_API ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out);
-/* Unhook the model and free the wrapper (the model keeps its weights). NULL is ignored. */
-DDP_API void ddp_wrapper_destroy(ddp_wrapper* w);
-/* on = 1: the following backward passes only accumulate gradients locally (PyTorch's no_sync());
-   on = 0: the next backward all-reduces the accumulated sum. An optimizer step on gradients that
-   no_sync backward passes added after the last all-reduce logs a warning (once per process; not
-   with one rank, whose one replica cannot drift from another). */
-DDP_API void ddp_no_sync(ddp_wrapper* w, int on);
-/* Copy the counters into *out. */
-DDP_API void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out);
-
-/* ---------------------------------------------------------------------------------------------- */
-/* >>snapshot: everything needed to resume training, in a safetensors file          (chapters 1, 6) */
-/* ---------------------------------------------------------------------------------------------- */
-/* A snapshot is the state a job needs to carry on exactly where it stopped. The file is in the
-   safetensors format, so Python reads it in a few lines (TUTORIAL.md, chapter 6):
-     8 bytes      little-endian length N of the JSON header
-     N bytes      {"__metadata__":{...},"fc1.weight":{"dtype":"F32","shape":[64,13],
-                  "data_offsets":[0,3328]},...}  padded with spaces to a multiple of 8
-     the rest     the tensors' raw little-endian bytes, back to back
-   Tensors: each parameter under its own name, and the optimizer's state under
-   "optim.<param>.exp_avg", ".exp_avg_sq" (Adam, AdamW) or ".momentum_buffer" (SGD), PyTorch's
-   names. The metadata (strings, as the format requires) holds the counters, the optimizer's kind
-   and step count, the sampler's settings and epoch, the loader's position and the random
-   generator, and "checksum": 16 hex digits of FNV-1a-64 over the whole file with those 16 digits
-   written as zeros. The model has no buffers (no batch norm), so there are none to save.
-
-   Only pointers that are set are saved; load restores what both the file and the struct have,
-   and refuses a file whose parameters, optimizer or sampler do not match the struct's. */
-typedef struct ddp_snapshot {
-    ddp_model* model;     /* required */
-    ddp_optim* optim;     /* optional: moments or momentum buffers, and the step count */
-    ddp_sampler* sampler; /* optional: its epoch (seed, size and replicas are checked on load) */
-    ddp_loader* loader;   /* optional: how far into which epoch; the next ddp_loader_start of that
-                             epoch skips on (a save after an epoch's last batch: the next epoch
-                             starts at its first batch). Without it a resumed epoch starts afresh */
-    ddp_rng* rng;         /* optional: a generator the program draws from (the same on every rank) */
-    int epoch;            /* the program's counters, saved and restored as they are */
-    long step;
-} ddp_snapshot;
-
-/* Write s to `path`: a temporary file in the same folder, flushed and fsynced, then renamed over
-   `path`, so a crash mid-write leaves the previous snapshot intact. Call it on one rank only
-   (rank 0: every replica holds the same state). Save after the optimizer step, not between
-   no_sync backward passes (gradients are not saved). DDP_ERR_INVALID_ARGUMENT without a model,
-   DDP_ERR_IO when the file cannot be written (the message names the path and the reason). */
-DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
-/* Read `path` into what s points to, and s->epoch/s->step. Under DDP, call it on every rank after
-   ddp_wrap (whose broadcast of rank 0's initial weights would overwrite what was loaded) and after
-   ddp_optim_create. Checks the whole file first (length, header, offsets, checksum, names, shapes,
-   optimizer kind, sampler settings, the number of ranks) and changes nothing unless all of it
-   matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated or foreign file,
-   or one of a job with another number of ranks; DDP_ERR_IO when it cannot be read (DDP_ERR_IO with
-   errno ENOENT: no file). */
-DDP_API ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path);
-/* 1 if `path` exists (a snapshot to resume from), 0 if nothing is there (or path is NULL); -1
-   when it cannot be checked (a symlink loop, a folder this user may not search): ddp_error_string()
-   names the path and the reason, and a load would fail the same way. Also removes the temporary
-   files that writers on this host killed mid-save left beside it. */
-DDP_API int ddp_snapshot_exists(const char* path);
-
-/* ---------------------------------------------------------------------------------------------- */
-/* >>launch: reading the launcher's environment, spawning ranks, supervising them (chapters 3-5) */
-/* ---------------------------------------------------------------------------------------------- */
-
-/* The function each spawned rank runs; its return value is the process's exit status. */
-typedef int (*ddp_spawn_fn)(int rank, void* arg);
-/* Run fn(rank, arg) in nproc new processes on this machine (torch.multiprocessing.spawn), each
-   with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT
-   a fresh DDP_JOB_TOKEN and GROUP_RANK=0 set, each in its own session. Returns when all have
-   ended: DDP_OK if every one returned 0, else DDP_ERR_LAUNCH naming the first rank that failed,
-   after stopping the others (SIGTERM, then SIGKILL after DDP_KILL_GRACE_S, default 5 s); a
-   guardian process stops them the same way if this process is killed, even by SIGKILL. Call
-   it early, before starting threads or any CUDA work: it forks, and a forked child can use
-   neither its parent's other threads nor its GPU context. */
-DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
-
-#ifdef __cplusplus
-} /* extern "C" */
-#endif
-#endif /* DDP_H_INCLUDED */
-
-/* ============================================================================================== */
-/*  You can stop reading here if you only use the library. The implementation follows, in the    */
-/*  same section order as the declarations above.                                                 */
-/* ============================================================================================== */
-
-#if (defined(DDP_IMPLEMENTATION) || defined(__INTELLISENSE__) || defined(__JETBRAINS_IDE__)) && \
-    !defined(DDP__IMPLEMENTED)
-#define DDP__IMPLEMENTED
-
-/* ============================================================================================== */
-/* >>config: includes, allocation, status table, errors, logging, random numbers   (chapter 1)   */
-/* ============================================================================================== */
+#endif /* DDP__DECLARE */
+#if DDP__IMPLEMENT
 
 #include <assert.h>
 #include <ctype.h>
@@ -992,14 +471,29 @@ DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
 #define DDP__DEF
 #endif
 
-/* Internal functions that a section calls before the section that owns them defines them. */
-DDP__PRIVATE void ddp__store_destroy(ddp_store* s);
-DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out);
-DDP__PRIVATE ddp_status ddp__slurm_first_host(const char* nodelist, char* out, size_t outsize);
-DDP__PRIVATE void ddp__dataset_gather(const ddp_dataset* d, const int* idx, int count, float* x, int* y);
-DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w);
-
+/* The largest data or snapshot file read into memory (1 GiB). */
+#ifndef DDP_MAX_DATA_FILE
+#define DDP_MAX_DATA_FILE ((size_t)1 << 30)
+#endif
 #define DDP__MAX_GPUS 64
+
+#if defined(DDP_MPI)
+#define DDP__MPI 1 /* the mpi backend is built in (>>mpi) */
+#else
+#define DDP__MPI 0
+#endif
+
+/* The GPU kernels (>>kernels): the name used in their source and the index used to launch one. */
+#define DDP__KERNEL_LIST(X)                                                                        \
+    X(bias_add) X(bias_grad) X(relu_fwd) X(relu_bwd) X(gelu_fwd) X(gelu_bwd) X(xent) X(mse)        \
+    X(sgd) X(adam) X(f32_to_f16) X(f16_to_f32) X(f32_to_bf16) X(bf16_to_f32) X(reduce) X(scale)
+
+#define DDP__KERNEL_ENUM(name) DDP__K_##name,
+enum { DDP__KERNEL_LIST(DDP__KERNEL_ENUM) DDP__K_COUNT };
+#undef DDP__KERNEL_ENUM
+
+/* The two rows of the DDP_TRACE timeline (>>trace): computation and communication. */
+enum { DDP__TRACE_COMPUTE = 1, DDP__TRACE_COMM = 2 };
 
 /* Counters one thread adds to while another reads them (ddp_pg_bytes). */
 #if defined(__GNUC__) || defined(__clang__)
@@ -1375,168 +869,100 @@ DDP__PRIVATE void ddp__sleep(double s) {
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
 }
-
-/* ---- the trace (DDP_TRACE=prefix) ----------------------------------------------------------------- */
-/* With DDP_TRACE set, every forward, every layer's backward, every collective, the wait at the end
-   of backward and every optimizer step is recorded, and prefix.rank<R>.json is written when the
-   process group is destroyed (or at exit without one): Chrome's trace-event format, which
-   Perfetto (ui.perfetto.dev) and chrome://tracing draw as a timeline, one row for computation and
-   one for communication, so the overlap of the two can be seen. */
-enum { DDP__TRACE_COMPUTE = 1, DDP__TRACE_COMM = 2 };
-typedef struct ddp__tev { char name[48]; int tid; double t0, t1; } ddp__tev;
-static struct {
-    pthread_once_t once;
-    int state; /* 0: DDP_TRACE not read yet, 1: off, 2: on */
-    char prefix[512];
-    ddp__tev* ev;
-    size_t n, cap;
-    double origin;
-    pthread_mutex_t lock;
-} ddp__tr = {PTHREAD_ONCE_INIT, 0, "", NULL, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
-
-DDP__PRIVATE void ddp__trace_write(void);
-static void ddp__trace_atexit(void) { ddp__trace_write(); }
-
-/* Read DDP_TRACE once per process, whichever thread (training or communication) asks first. */
-static void ddp__trace_init(void) {
-    const char* v = getenv("DDP_TRACE");
-    if (v && *v) {
-        snprintf(ddp__tr.prefix, sizeof ddp__tr.prefix, "%s", v);
-        ddp__tr.origin = ddp__now();
-        atexit(ddp__trace_atexit);
-    }
-    ddp__tr.state = (v && *v) ? 2 : 1;
-}
-
-DDP__PRIVATE int ddp__trace_on(void) {
-    pthread_once(&ddp__tr.once, ddp__trace_init);
-    return ddp__tr.state == 2;
-}
-
-/* Record one span [t0, t1] (seconds of ddp__now) on a row; cheap no-op when tracing is off. */
-DDP__PRIVATE void ddp__trace(const char* name, int tid, double t0, double t1) {
-    ddp__tev* e;
-    if (!ddp__trace_on()) return;
-    pthread_mutex_lock(&ddp__tr.lock);
-    if (ddp__tr.n == ddp__tr.cap) {
-        size_t cap = ddp__tr.cap ? 2 * ddp__tr.cap : 4096;
-        ddp__tev* grown = (ddp__tev*)ddp__malloc(cap * sizeof *grown);
-        if (!grown) {
-            pthread_mutex_unlock(&ddp__tr.lock);
-            return;
-        }
-        if (ddp__tr.n) memcpy(grown, ddp__tr.ev, ddp__tr.n * sizeof *grown);
-        if (ddp__tr.ev) DDP_FREE(ddp__tr.ev);
-        ddp__tr.ev = grown;
-        ddp__tr.cap = cap;
-    }
-    e = &ddp__tr.ev[ddp__tr.n++];
-    snprintf(e->name, sizeof e->name, "%s", name);
-    e->tid = tid, e->t0 = t0, e->t1 = t1;
-    pthread_mutex_unlock(&ddp__tr.lock);
-}
-
-/* Write and forget the events recorded so far (a rank writes its own file). */
-DDP__PRIVATE void ddp__trace_write(void) {
-    char path[600];
-    FILE* f;
-    size_t i;
-    if (ddp__tr.state != 2) return;
-    pthread_mutex_lock(&ddp__tr.lock);
-    if (ddp__tr.n == 0) {
-        pthread_mutex_unlock(&ddp__tr.lock);
-        return;
-    }
-    snprintf(path, sizeof path, "%s.rank%d.json", ddp__tr.prefix, ddp__g.rank);
-    f = fopen(path, "w");
-    if (f) {
-        fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-        fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n",
-                ddp__g.rank, ddp__g.rank);
-        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": "
-                "\"compute\"}},\n", ddp__g.rank);
-        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 2, \"args\": {\"name\": "
-                "\"communication\"}}", ddp__g.rank);
-        for (i = 0; i < ddp__tr.n; i++) {
-            const ddp__tev* e = &ddp__tr.ev[i];
-            fprintf(f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.1f, \"dur\": %.1f}",
-                    e->name, ddp__g.rank, e->tid, (e->t0 - ddp__tr.origin) * 1e6, (e->t1 - e->t0) * 1e6);
-        }
-        fprintf(f, "\n]}\n");
-        fclose(f);
-        ddp__log(DDP_LOG_INFO, "trace: wrote %zu events to %s (open it in ui.perfetto.dev)", ddp__tr.n, path);
-    } else {
-        ddp__log(DDP_LOG_WARN, "trace: cannot write %s: %s", path, strerror(errno));
-    }
-    ddp__tr.n = 0;
-    pthread_mutex_unlock(&ddp__tr.lock);
-}
+#endif /* DDP__IMPLEMENT */
 
 /* ============================================================================================== */
-/* >>device: devices, memory, copies, streams, events, dtypes                      (chapter 1)   */
+/* >>device: where tensors live: devices, memory, copies, dtypes                     (chapter 1)  */
 /* ============================================================================================== */
+#if DDP__DECLARE
+
+typedef enum ddp_device_type {
+    DDP_DEVICE_AUTO = 0, /* a GPU when one is usable, else the CPU */
+    DDP_DEVICE_CPU,
+    DDP_DEVICE_CUDA
+} ddp_device_type;
+
+typedef struct ddp_device {
+    ddp_device_type type;
+    int index; /* CUDA device number; with DDP_DEVICE_AUTO it is the local rank's GPU */
+} ddp_device;
+
+/* Parse "cpu", "cuda", "cuda:N" or "auto" into *out. DDP_ERR_INVALID_ARGUMENT on anything else. */
+DDP_API ddp_status ddp_device_parse(const char* text, ddp_device* out);
+/* Turn DDP_DEVICE_AUTO into a concrete device and check that a CUDA device exists (a CPU device
+   never starts CUDA, so a program may still fork GPU ranks afterwards).
+   DDP_ERR_NO_GPU or DDP_ERR_NOT_BUILT when CUDA was asked for but cannot be used. */
+DDP_API ddp_status ddp_device_resolve(ddp_device want, ddp_device* out);
+/* "cpu" or "cuda:N" into buf (at least 16 bytes); returns buf. */
+DDP_API const char* ddp_device_name(ddp_device d, char* buf, size_t bufsize);
+
+/* Allocate nbytes on `d`, zero-filled. *out is NULL for nbytes 0. DDP_ERR_OUT_OF_MEMORY or
+   DDP_ERR_CUDA (a full GPU) on failure. */
+DDP_API ddp_status ddp_alloc(ddp_device d, size_t nbytes, void** out);
+/* Free memory from ddp_alloc on the same device. NULL is ignored. */
+DDP_API void ddp_free(ddp_device d, void* p);
+/* Allocate page-locked host memory (plain host memory in a CPU-only build or without a GPU):
+   copies to and from a GPU run at full speed and can overlap compute. */
+DDP_API ddp_status ddp_alloc_pinned(size_t nbytes, void** out);
+/* Free memory from ddp_alloc_pinned. NULL is ignored. */
+DDP_API void ddp_free_pinned(void* p);
+
+typedef struct ddp_stream ddp_stream; /* an ordered queue of GPU work; immediate on the CPU */
+typedef struct ddp_event ddp_event;   /* a marker in a stream that other streams can wait for */
+
+/* Block until all work queued on `s` is done. Returns the first error the work raised. */
+DDP_API ddp_status ddp_stream_sync(ddp_stream* s);
+
+/* Copy nbytes from src on src_dev to dst on dst_dev, in order on `s`; with s NULL, now: after all
+   work queued on the GPU, and landed when it returns. Any pair of CPU and CUDA devices.
+   DDP_ERR_CUDA on failure. */
+DDP_API ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, const void* src,
+                            size_t nbytes, ddp_stream* s);
+
+typedef enum ddp_dtype {
+    DDP_DTYPE_DEFAULT = 0, /* f32 */
+    DDP_F32,
+    DDP_F16,  /* IEEE half: 5-bit exponent, 10-bit mantissa; max 65504 */
+    DDP_BF16  /* bfloat16: f32's 8-bit exponent, 7-bit mantissa */
+} ddp_dtype;
+
+/* Bytes per element of `t` (4 or 2); 0 for an unknown dtype. */
+DDP_API size_t ddp_dtype_size(ddp_dtype t);
+/* f32 -> f16, rounding to nearest even; overflow gives infinity, NaN stays NaN. */
+DDP_API uint16_t ddp_f32_to_f16(float f);
+/* f16 -> f32, exact (subnormals included). */
+DDP_API float ddp_f16_to_f32(uint16_t h);
+/* f32 -> bf16, rounding to nearest even; NaN stays NaN. */
+DDP_API uint16_t ddp_f32_to_bf16(float f);
+/* bf16 -> f32, exact. */
+DDP_API float ddp_bf16_to_f32(uint16_t h);
+
+#endif /* DDP__DECLARE */
+#if DDP__IMPLEMENT
+/* On the CPU a stream is a name for "now": work runs as it is issued, in order. */
+struct ddp_stream {
+    ddp_device dev;
+#if DDP__CUDA
+    cudaStream_t s;
+#endif
+};
+struct ddp_event {
+    ddp_device dev;
+#if DDP__CUDA
+    cudaEvent_t e;
+#endif
+};
+
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE int ddp__cuda_device_count(void); /* >>cuda */
+DDP__PRIVATE int ddp__cuda_driver_too_old(void); /* >>cuda */
+DDP__PRIVATE const char* ddp__cuda_unavailable_reason(void); /* >>cuda */
 
 DDP__PRIVATE ddp_device ddp__cpu(void) {
     ddp_device d;
     d.type = DDP_DEVICE_CPU;
     d.index = 0;
     return d;
-}
-
-/* The CUDA probe runs once per process: asking the runtime is slow the first time, and its
-   answer (no driver, no device) does not change while we run. */
-static struct {
-    pthread_once_t once;
-    int count;
-    int driver_too_old; /* a driver is there, but older than this program's CUDA runtime */
-    char reason[320];
-} ddp__cuda_probe_state = {PTHREAD_ONCE_INIT, 0, 0, {0}};
-
-static void ddp__cuda_probe(void) {
-#if DDP__CUDA
-    int n = 0, drv = 0, rt = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0 &&
-            cudaRuntimeGetVersion(&rt) == cudaSuccess) {
-            /* CUDA versions are 1000 * major + 10 * minor */
-            ddp__cuda_probe_state.driver_too_old = 1;
-            snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
-                     "the NVIDIA driver here supports CUDA %d.%d, older than the CUDA %d.%d this program was built "
-                     "with: update the driver (CUDA 13 needs driver R580 or later; nvidia-smi shows the version), or "
-                     "build with a CUDA toolkit no newer than %d.%d (make CUDA_HOME=...)", drv / 1000, drv % 1000 / 10,
-                     rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
-        } else if (e == cudaErrorInsufficientDriver)
-            snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
-                     "no NVIDIA driver is installed on this machine (CUDA reports %s)",
-                     cudaGetErrorName(e));
-        else if (e == cudaErrorNoDevice)
-            snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
-                     "the NVIDIA driver sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES)");
-        else
-            snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
-                     "CUDA could not start: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
-        n = 0;
-    } else if (n == 0) {
-        snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
-                 "the NVIDIA driver sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES)");
-    }
-    ddp__cuda_probe_state.count = n;
-#else
-    snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
-             "this program was built without CUDA (DDP_NO_CUDA)");
-#endif
-}
-
-/* Number of usable CUDA devices; 0 with no GPU, no driver, or DDP_NO_CUDA. Never fails. */
-DDP__PRIVATE int ddp__cuda_device_count(void) {
-    pthread_once(&ddp__cuda_probe_state.once, ddp__cuda_probe);
-    return ddp__cuda_probe_state.count;
-}
-/* Why ddp__cuda_device_count() is 0, in plain words ("" when it is not). Never NULL. */
-DDP__PRIVATE const char* ddp__cuda_unavailable_reason(void) {
-    return ddp__cuda_device_count() > 0 ? "" : ddp__cuda_probe_state.reason;
 }
 
 DDP__DEF ddp_status ddp_device_parse(const char* text, ddp_device* out) {
@@ -1585,7 +1011,7 @@ DDP__DEF ddp_status ddp_device_resolve(ddp_device want, ddp_device* out) {
             out->type = DDP_DEVICE_CPU;
             out->index = 0;
             /* a laptop without a GPU is normal; a GPU machine whose driver is too old is a surprise */
-            ddp__log(ddp__cuda_probe_state.driver_too_old ? DDP_LOG_WARN : DDP_LOG_INFO, "no GPU: using the CPU (%s)",
+            ddp__log(ddp__cuda_driver_too_old() ? DDP_LOG_WARN : DDP_LOG_INFO, "no GPU: using the CPU (%s)",
                     ddp__cuda_unavailable_reason());
         }
         return DDP_OK;
@@ -1688,153 +1114,6 @@ DDP__DEF void ddp_free_pinned(void* p) {
 /* Free host memory the library handed out (PTX text). NULL is ignored. */
 DDP__PRIVATE void ddp__free_host(void* p) {
     if (p) DDP_FREE(p);
-}
-
-/* On the CPU a stream is a name for "now": work runs as it is issued, in order. */
-struct ddp_stream {
-    ddp_device dev;
-#if DDP__CUDA
-    cudaStream_t s;
-#endif
-};
-struct ddp_event {
-    ddp_device dev;
-#if DDP__CUDA
-    cudaEvent_t e;
-#endif
-};
-
-/* Create a stream on `d`. DDP_ERR_CUDA on failure. */
-DDP__PRIVATE ddp_status ddp__stream_create(ddp_device d, ddp_stream** out) {
-    ddp_stream* s = (ddp_stream*)ddp__calloc(sizeof *s);
-    *out = NULL;
-    if (!s) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a stream failed");
-    s->dev = d;
-#if DDP__CUDA
-    if (d.type == DDP_DEVICE_CUDA) {
-        cudaError_t e = cudaSetDevice(d.index);
-        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking);
-        if (e != cudaSuccess) {
-            DDP_FREE(s);
-            return ddp__fail_cuda(e, "cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)", __LINE__);
-        }
-    }
-#endif
-    *out = s;
-    return DDP_OK;
-}
-
-/* Destroy a stream (waits for its work first). NULL is ignored. */
-DDP__PRIVATE void ddp__stream_destroy(ddp_stream* s) {
-    if (!s) return;
-#if DDP__CUDA
-    if (s->dev.type == DDP_DEVICE_CUDA) {
-        cudaSetDevice(s->dev.index);
-        cudaStreamSynchronize(s->s);
-        cudaStreamDestroy(s->s);
-    }
-#endif
-    DDP_FREE(s);
-}
-
-DDP__DEF ddp_status ddp_stream_sync(ddp_stream* s) {
-#if DDP__CUDA
-    if (s && s->dev.type == DDP_DEVICE_CUDA) DDP__CU(cudaStreamSynchronize(s->s));
-#else
-    (void)s;
-#endif
-    return DDP_OK;
-}
-
-/* The cudaStream_t behind `s` as void* (NULL on the CPU): an escape hatch for your own kernels. */
-DDP__PRIVATE void* ddp__stream_native(ddp_stream* s) {
-#if DDP__CUDA
-    if (s && s->dev.type == DDP_DEVICE_CUDA) return (void*)s->s;
-#else
-    (void)s;
-#endif
-    return NULL;
-}
-
-/* Create an event on `d`. DDP_ERR_CUDA on failure. */
-DDP__PRIVATE ddp_status ddp__event_create(ddp_device d, ddp_event** out) {
-    ddp_event* e = (ddp_event*)ddp__calloc(sizeof *e);
-    *out = NULL;
-    if (!e) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating an event failed");
-    e->dev = d;
-#if DDP__CUDA
-    if (d.type == DDP_DEVICE_CUDA) {
-        cudaError_t c = cudaSetDevice(d.index);
-        /* timing off: an event used only for ordering is cheaper to record and wait on */
-        if (c == cudaSuccess) c = cudaEventCreateWithFlags(&e->e, cudaEventDisableTiming);
-        if (c != cudaSuccess) {
-            DDP_FREE(e);
-            return ddp__fail_cuda(c, "cudaEventCreateWithFlags(&e, cudaEventDisableTiming)", __LINE__);
-        }
-    }
-#endif
-    *out = e;
-    return DDP_OK;
-}
-
-/* Destroy an event. NULL is ignored. */
-DDP__PRIVATE void ddp__event_destroy(ddp_event* e) {
-    if (!e) return;
-#if DDP__CUDA
-    if (e->dev.type == DDP_DEVICE_CUDA) cudaEventDestroy(e->e);
-#endif
-    DDP_FREE(e);
-}
-
-/* Mark the current end of stream `s` with `e`. DDP_ERR_CUDA on failure. */
-DDP__PRIVATE ddp_status ddp__event_record(ddp_event* e, ddp_stream* s) {
-#if DDP__CUDA
-    if (e->dev.type == DDP_DEVICE_CUDA) DDP__CU(cudaEventRecord(e->e, s ? s->s : 0));
-#else
-    (void)e;
-    (void)s;
-#endif
-    return DDP_OK;
-}
-
-/* Make later work on `s` wait until `e` has happened, without blocking the host. */
-DDP__PRIVATE ddp_status ddp__stream_wait_event(ddp_stream* s, ddp_event* e) {
-#if DDP__CUDA
-    if (e->dev.type == DDP_DEVICE_CUDA && s && s->dev.type == DDP_DEVICE_CUDA)
-        DDP__CU(cudaStreamWaitEvent(s->s, e->e, 0));
-#else
-    (void)e;
-    (void)s;
-#endif
-    return DDP_OK;
-}
-
-/* Block the host until `e` has happened. DDP_ERR_CUDA on failure. */
-DDP__PRIVATE ddp_status ddp__event_sync(ddp_event* e) {
-#if DDP__CUDA
-    if (e->dev.type == DDP_DEVICE_CUDA) DDP__CU(cudaEventSynchronize(e->e));
-#else
-    (void)e;
-#endif
-    return DDP_OK;
-}
-
-/* *done = 1 if `e` has happened, else 0, without blocking. DDP_ERR_CUDA on failure. */
-DDP__PRIVATE ddp_status ddp__event_query(ddp_event* e, int* done) {
-    *done = 1;
-#if DDP__CUDA
-    if (e->dev.type == DDP_DEVICE_CUDA) {
-        cudaError_t c = cudaEventQuery(e->e);
-        if (c == cudaErrorNotReady) {
-            *done = 0;
-            return DDP_OK;
-        }
-        DDP__CU(c);
-    }
-#else
-    (void)e;
-#endif
-    return DDP_OK;
 }
 
 /* A copy that the caller has already ordered after the work producing src (an event waited for):
@@ -1979,397 +1258,1727 @@ DDP__DEF float ddp_f16_to_f32(uint16_t h) { return ddp__cv_f16_to_f32(h); }
 DDP__DEF uint16_t ddp_f32_to_bf16(float f) { return ddp__cv_f32_to_bf16(ddp__bits(f)); }
 DDP__DEF float ddp_bf16_to_f32(uint16_t h) { return ddp__cv_bf16_to_f32(h); }
 
+#endif /* DDP__IMPLEMENT */
+
 /* ============================================================================================== */
-/* >>kernels: GPU kernels compiled at run time by NVRTC; cuBLAS and CPU matrix products (ch. 1)  */
+/* >>pg: the process group: joining the job, collectives, work handles            (chapters 2-5)  */
 /* ============================================================================================== */
+#if DDP__DECLARE
+
+/* A small TCP key-value server that one process hosts (rank 0, at MASTER_ADDR:MASTER_PORT) and
+   every process uses as a client: the way ranks find each other before any collective exists.
+   The analogue of PyTorch's TCPStore. Every request carries the protocol version and the job
+   token; every length read from the network is bounded (DDP_STORE_MAX_KEY/VALUE); a connection
+   that sends garbage, the wrong token, or nothing at all is dropped with a log line. A job token
+   keeps stray jobs apart; it is not authentication against an attacker on your network. */
+
+#ifndef DDP_STORE_MAX_KEY
+#define DDP_STORE_MAX_KEY 256            /* bytes */
+#endif
+#ifndef DDP_STORE_MAX_VALUE
+#define DDP_STORE_MAX_VALUE (1 << 20)    /* bytes */
+#endif
+
+typedef struct ddp_store ddp_store;
+
+typedef struct ddp_store_desc {
+    const char* host;  /* where the server is; default MASTER_ADDR, else 127.0.0.1 */
+    int port;          /* default MASTER_PORT, else 29500; a server given port -1 picks a free one */
+    int is_server;     /* host the server in this process, on `port`: on 127.0.0.1 only when `host`
+                          is a loopback address (every client is on this machine), else on all
+                          interfaces */
+    double timeout_s;  /* connect and every operation; default DDP_TIMEOUT, else 300 s (TCPStore's) */
+    const char* token; /* default DDP_JOB_TOKEN, else "" */
+} ddp_store_desc;
+
+/* Set key to nbytes of value. DDP_ERR_INVALID_ARGUMENT for an oversized key or value;
+   DDP_ERR_STORE_LOST when the server is gone. */
+DDP_API ddp_status ddp_store_set(ddp_store* s, const char* key, const void* value, size_t nbytes);
+/* Wait until key exists (at most the timeout), then copy up to `capacity` bytes of its value into
+   buf; *nbytes gets the value's full size. DDP_ERR_TIMEOUT if it never appears. */
+DDP_API ddp_status ddp_store_get(ddp_store* s, const char* key, void* buf, size_t capacity, size_t* nbytes);
+
+typedef enum ddp_backend {
+    DDP_BACKEND_DEFAULT = 0, /* DDP_BACKEND in the environment, else nccl on a GPU, else cpu */
+    DDP_BACKEND_CPU,         /* the ring written out over sockets, on a communication thread */
+    DDP_BACKEND_NCCL,        /* NVIDIA's library (one rank per GPU) */
+    DDP_BACKEND_MPI          /* MPI's own collectives under mpirun; only in a -DDDP_MPI build */
+} ddp_backend;
+
+typedef enum ddp_reduce_op { DDP_SUM = 0, DDP_AVG, DDP_MAX } ddp_reduce_op;
+
+typedef struct ddp_desc {
+    ddp_backend backend;
+    ddp_device device;       /* where collective buffers live; default: cuda:LOCAL_RANK when this
+                                machine has a GPU for every local rank, else cpu. DDP_DEVICE_CUDA
+                                with index 0 means cuda:(LOCAL_RANK mod GPUs) */
+    /* Explicit placement beats every environment variable. Rank 0 is a real rank, so the
+       numbers count only when `explicit_rank` is set. */
+    int explicit_rank;
+    int rank, world_size, local_rank, local_world_size;
+    const char* master_addr; /* default MASTER_ADDR (SLURM: the first host of the job) */
+    int master_port;         /* <= 0: MASTER_PORT, else (SLURM) 15000 + last 4 digits of
+                                SLURM_JOB_ID, else 29500 */
+    double timeout_s;        /* every store operation, connection and collective wait;
+                                default DDP_TIMEOUT, else 300 s */
+    const char* token;       /* default DDP_JOB_TOKEN, else "" */
+    ddp_log_fn log;          /* default: stderr */
+    void* log_user;
+} ddp_desc;
+
+/* Where this process sits in the job, as ddp_init reads it from the launcher's variables (>>launch). */
+typedef struct ddp_env {
+    int rank, world_size, local_rank, local_world_size, node_rank;
+    char master_addr[256];
+    int master_port;
+    const char* source;      /* "explicit", "torchrun", "openmpi", "slurm", "default", or "mpi"
+                                (the mpi backend: MPI_COMM_WORLD itself) */
+} ddp_env;
+
+typedef struct ddp_pg ddp_pg;     /* a process group: every rank of the job */
+typedef struct ddp_work ddp_work; /* a collective in flight */
+
+/* Join the job (collective: every rank calls it): resolve the environment, start or reach the
+   store, check every rank agrees on the world size, and connect the backend. While ranks are
+   missing, rank 0 logs which have joined and which are awaited (every 5 s, after the first half
+   minute every 30 s); a SIGTERM or SIGINT during ddp_init (unless the program handles or ignores
+   it) prints what the rank was waiting for before it ends the process. Errors: DDP_ERR_ENV, the
+   store's errors, DDP_ERR_WORLD_MISMATCH, DDP_ERR_TIMEOUT (a rank never came: named),
+   DDP_ERR_NCCL. */
+DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
+/* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
+   timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
+   a ddp_init right after it, on the same address, starts the next job). On the CPU backend a
+   neighbour still inside a collective this rank never called is told at once (DDP_ERR_DESYNC:
+   "rank R has left the job"). NULL is ignored. */
+DDP_API void ddp_destroy(ddp_pg* pg);
+/* This process's rank, the world size, the backend in use, and the device collective buffers
+   live on. */
+DDP_API int ddp_rank(const ddp_pg* pg);
+DDP_API int ddp_world_size(const ddp_pg* pg);
+DDP_API ddp_backend ddp_pg_backend(const ddp_pg* pg);
+DDP_API ddp_device ddp_pg_device(const ddp_pg* pg);
+/* The store every rank shares (for your own keys; prefix them to avoid the library's "ddp/"). */
+DDP_API ddp_store* ddp_pg_store(ddp_pg* pg);
+/* Payload bytes this rank has sent and received through the backend since ddp_init (the CPU
+   ring's 32-byte header per collective is not counted). */
+DDP_API void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received);
+/* Collectives this rank has issued since ddp_init: the sequence number of the last one (the #N of
+   DDP_DEBUG=DETAIL and of the flight recorder). It counts at the call, before the collective runs,
+   so a hook can tell whether a call it made started one. */
+DDP_API uint64_t ddp_pg_collectives(const ddp_pg* pg);
+
+/* The collectives. Each is collective (every rank calls it, in the same order, with the same
+   count, dtype, op and root) and runs in the order issued. Buffers are on ddp_pg_device(pg);
+   counts are in elements. With work == NULL the call returns when the collective is done; with a
+   work pointer it returns at once and *work must be passed to ddp_work_wait. Errors:
+   DDP_ERR_INVALID_ARGUMENT before anything is sent; DDP_ERR_TIMEOUT, DDP_ERR_PEER_LOST naming the
+   collective, its sequence number and the peer. */
+/* buf[0..count) = op over all ranks of their buf (sum, average or maximum). */
+DDP_API ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
+                                  ddp_work** work);
+/* recv[r*count .. (r+1)*count) = rank r's send[0..count), for every r. */
+DDP_API ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
+                                  ddp_work** work);
+/* recv[0..count) = op over all ranks of their send[rank*count .. (rank+1)*count). */
+DDP_API ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv, size_t count,
+                                      ddp_dtype dtype, ddp_reduce_op op, ddp_work** work);
+/* Return when every rank has called it. */
+DDP_API ddp_status ddp_barrier(ddp_pg* pg);
+/* Wait for a collective (at most the group's timeout) and free the handle; returns its status. */
+DDP_API ddp_status ddp_work_wait(ddp_work* work);
+
+#endif /* DDP__DECLARE */
+#if DDP__IMPLEMENT
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE ddp_status ddp__own_gpu(ddp_pg* pg, ddp_device want, ddp_device* out); /* >>gpus */
+DDP__PRIVATE ddp_status ddp__nccl_gpu_own(ddp_pg* pg); /* >>gpus */
+
 /*
-   Why NVRTC: the kernels below are CUDA C source in a string, compiled when a program first
-   uses a GPU. A student's file therefore stays plain C built by `cc` (no nvcc, no second
-   compilation unit, no build-system knowledge), and because NVRTC compiles to PTX without a GPU
-   or driver, `make test` proves on any machine that every kernel compiles
-   (ddp__kernels_compile_ptx). The cost is a compile of a few hundred milliseconds at the first
-   GPU use, paid once per process and device. Kernels are launched through the runtime API
-   (cudaLibraryLoadData + cudaLaunchKernel), so a program links against cudart and never against
-   libcuda directly: the same binary starts, and runs on the CPU, on a machine without a driver.
-   Every kernel is a grid-stride loop so that any launch size covers any element count.
+   A collective is described by a ddp_work and handed to the backend. The CPU backend queues it
+   for its communication thread, which runs collectives one at a time in the order they were
+   issued (the order every rank must agree on) while the caller goes on computing; the NCCL
+   backend queues it on a CUDA stream. ddp_work_wait waits for one.
+
+   Backends sit behind one small table of function pointers, so that one binary runs the CPU ring
+   on a laptop and NCCL on a GPU node, and one test suite can run every backend:
+     connect  set up connections once the store is up (collective);
+     submit   start one collective (must not block on peers);
+     wait     block until that collective is done or its deadline passes;
+     test     whether it is done, without blocking;
+     destroy  close everything.
 */
 
-/* The kernel list: the name used in the source and the index used to launch it. */
-#define DDP__KERNEL_LIST(X)                                                                        \
-    X(bias_add) X(bias_grad) X(relu_fwd) X(relu_bwd) X(gelu_fwd) X(gelu_bwd) X(xent) X(mse)        \
-    X(sgd) X(adam) X(f32_to_f16) X(f16_to_f32) X(f32_to_bf16) X(bf16_to_f32) X(reduce) X(scale)
+#define DDP__RING_MAGIC 0x52504444u /* "DDPR": the first word of every ring header */
+enum { DDP__ALL_REDUCE = 1, DDP__BROADCAST, DDP__ALL_GATHER, DDP__REDUCE_SCATTER,
+       DDP__LEAVE /* not a collective: the ring header a rank sends its right neighbour in ddp_destroy */ };
 
-#define DDP__KERNEL_ENUM(name) DDP__K_##name,
-enum { DDP__KERNEL_LIST(DDP__KERNEL_ENUM) DDP__K_COUNT };
-#undef DDP__KERNEL_ENUM
-#define DDP__KERNEL_NAME(name) "ddp_k_" #name,
-static const char* const ddp__kernel_names[] = {DDP__KERNEL_LIST(DDP__KERNEL_NAME)};
-#undef DDP__KERNEL_NAME
-
-#if DDP__CUDA
-/* The kernel source, in pieces (C99 promises string literals only up to 4095 characters);
-   ddp__kernel_source_joined() concatenates them for NVRTC. */
-static const char* const ddp__kernel_source[] = {
-    "#define GRID_LOOP(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;"
-    " i < (n); i += (long long)gridDim.x * blockDim.x)\n",
-    /* y[r, c] += b[c]: the bias of a Linear layer, broadcast over the batch */
-    "extern \"C\" __global__ void ddp_k_bias_add(float* y, const float* b, int rows, int cols) {\n"
-    "  GRID_LOOP(i, (long long)rows * cols) y[i] += b[i % cols]; }\n",
-    /* db[c] += sum over rows of dy[r, c]: one thread per column, rows summed in order so the
-       result is the same on every run */
-    "extern \"C\" __global__ void ddp_k_bias_grad(const float* dy, float* db, int rows, int cols) {\n"
-    "  GRID_LOOP(c, cols) { float s = 0.f; for (int r = 0; r < rows; r++) s += dy[(long long)r * cols + c];"
-    " db[c] += s; } }\n",
-    "extern \"C\" __global__ void ddp_k_relu_fwd(const float* x, float* y, long long n) {\n"
-    "  GRID_LOOP(i, n) y[i] = x[i] > 0.f ? x[i] : 0.f; }\n",
-    /* dx = dy where the output was positive: the output alone decides, no need to keep x */
-    "extern \"C\" __global__ void ddp_k_relu_bwd(const float* y, const float* dy, float* dx, long long n) {\n"
-    "  GRID_LOOP(i, n) dx[i] = y[i] > 0.f ? dy[i] : 0.f; }\n",
-    "extern \"C\" __global__ void ddp_k_gelu_fwd(const float* x, float* y, long long n) {\n"
-    "  GRID_LOOP(i, n) y[i] = 0.5f * x[i] * (1.f + erff(x[i] * 0.70710678118654752f)); }\n",
-    "extern \"C\" __global__ void ddp_k_gelu_bwd(const float* x, const float* dy, float* dx, long long n) {\n"
-    "  GRID_LOOP(i, n) { float v = x[i];\n"
-    "    float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));\n"
-    "    float pdf = 0.39894228040143268f * expf(-0.5f * v * v);\n"
-    "    dx[i] = dy[i] * (cdf + v * pdf); } }\n",
-    /* softmax cross-entropy, one thread per row: the loss of each row, and the gradient of the
-       batch mean, (softmax - onehot) / rows */
-    "extern \"C\" __global__ void ddp_k_xent(const float* z, const int* label, float* dz, float* loss,"
-    " int rows, int cols) {\n"
-    "  GRID_LOOP(r, rows) { const float* zr = z + r * (long long)cols; float* dr = dz + r * (long long)cols;\n"
-    "    float mx = zr[0]; for (int c = 1; c < cols; c++) mx = fmaxf(mx, zr[c]);\n"
-    "    float s = 0.f; for (int c = 0; c < cols; c++) s += expf(zr[c] - mx);\n"
-    "    loss[r] = mx + logf(s) - zr[label[r]];\n"
-    "    for (int c = 0; c < cols; c++) dr[c] = (expf(zr[c] - mx) / s - (c == label[r] ? 1.f : 0.f)) / rows; } }\n",
-    /* squared error: each row's sum, and the gradient of the mean over rows*cols elements */
-    "extern \"C\" __global__ void ddp_k_mse(const float* p, const float* t, float* dp, float* loss,"
-    " int rows, int cols) {\n"
-    "  GRID_LOOP(r, rows) { float s = 0.f; float k = 2.f / ((float)rows * cols);\n"
-    "    for (int c = 0; c < cols; c++) { long long i = r * (long long)cols + c; float d = p[i] - t[i];"
-    " s += d * d; dp[i] = k * d; }\n"
-    "    loss[r] = s; } }\n",
-    /* torch.optim.SGD, one element per thread; `first` is 1 on the first step with momentum,
-       when the momentum buffer starts as a copy of the gradient */
-    "extern \"C\" __global__ void ddp_k_sgd(float* p, const float* g, float* buf, long long n, float lr,"
-    " float momentum, float dampening, float wd, int nesterov, int first) {\n"
-    "  GRID_LOOP(i, n) { float d = g[i]; if (wd != 0.f) d += wd * p[i];\n"
-    "    if (momentum != 0.f) { float b = first ? d : momentum * buf[i] + (1.f - dampening) * d;"
-    " buf[i] = b; d = nesterov ? d + momentum * b : b; }\n"
-    "    p[i] -= lr * d; } }\n",
-    /* torch.optim.Adam / AdamW in the order PyTorch's single-tensor path computes them */
-    "extern \"C\" __global__ void ddp_k_adam(float* p, const float* g, float* m, float* v, long long n,"
-    " float lr, float b1, float b2, float eps, float wd, int decoupled, float step_size, float bc2_sqrt) {\n"
-    "  GRID_LOOP(i, n) { float d = g[i];\n"
-    "    if (decoupled) p[i] *= 1.f - lr * wd; else if (wd != 0.f) d += wd * p[i];\n"
-    "    m[i] += (1.f - b1) * (d - m[i]);\n"
-    "    v[i] = b2 * v[i] + (1.f - b2) * d * d;\n"
-    "    p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps); } }\n",
-    /* dtype conversions: the text of DDP__CONVERSIONS (>>device), the CPU's own code */
-    "#define DDP__ON_GPU __device__\n"
-    "__device__ unsigned ddp__bits(float f) { return __float_as_uint(f); }\n"
-    "__device__ float ddp__flt(unsigned u) { return __uint_as_float(u); }\n"
-    "__device__ float ddp__add_half(float a) { return __fadd_rn(a, 0.5f); }\n",
-    DDP__XSTR(DDP__CONVERSIONS(DDP__ON_GPU)) "\n", /* DDP__ON_GPU: a name no host header defines */
-    "extern \"C\" __global__ void ddp_k_f32_to_f16(const float* s, unsigned short* d, long long n) {\n"
-    "  GRID_LOOP(i, n) d[i] = ddp__cv_f32_to_f16(__float_as_uint(s[i])); }\n",
-    "extern \"C\" __global__ void ddp_k_f16_to_f32(const unsigned short* s, float* d, long long n) {\n"
-    "  GRID_LOOP(i, n) d[i] = ddp__cv_f16_to_f32(s[i]); }\n",
-    "extern \"C\" __global__ void ddp_k_f32_to_bf16(const float* s, unsigned short* d, long long n) {\n"
-    "  GRID_LOOP(i, n) d[i] = ddp__cv_f32_to_bf16(__float_as_uint(s[i])); }\n",
-    "extern \"C\" __global__ void ddp_k_bf16_to_f32(const unsigned short* s, float* d, long long n) {\n"
-    "  GRID_LOOP(i, n) d[i] = ddp__cv_bf16_to_f32(s[i]); }\n",
-    /* dst = (dst op src) / divisor for the NCCL ring: dtype 1 f32, 2 f16, 3 bf16; op 0 sum, 1 max.
-       Values are widened to f32, combined, and rounded back, as the CPU ring does. */
-    "__device__ float ddp_ld(const void* p, long long i, int t) {\n"
-    "  if (t == 2) return ddp__cv_f16_to_f32(((const unsigned short*)p)[i]);\n"
-    "  if (t == 3) return ddp__cv_bf16_to_f32(((const unsigned short*)p)[i]);\n"
-    "  return ((const float*)p)[i]; }\n"
-    "__device__ void ddp_st(void* p, long long i, int t, float v) {\n"
-    "  if (t == 2) ((unsigned short*)p)[i] = ddp__cv_f32_to_f16(__float_as_uint(v));\n"
-    "  else if (t == 3) ((unsigned short*)p)[i] = ddp__cv_f32_to_bf16(__float_as_uint(v));\n"
-    "  else ((float*)p)[i] = v; }\n"
-    "extern \"C\" __global__ void ddp_k_reduce(void* dst, const void* src, long long n, int t, int op, float divisor) {\n"
-    "  GRID_LOOP(i, n) { float a = ddp_ld(dst, i, t), b = ddp_ld(src, i, t);\n"
-    "    float r = op == 1 ? fmaxf(a, b) : a + b; if (divisor != 1.f) r /= divisor;\n"
-    "    ddp_st(dst, i, t, r); } }\n",
-    /* dst = src * a: a gradient scaled by 1/world size on its way into a bucket */
-    "extern \"C\" __global__ void ddp_k_scale(float* dst, const float* src, long long n, float a) {\n"
-    "  GRID_LOOP(i, n) dst[i] = src[i] * a; }\n"
+struct ddp_work {
+    ddp_pg* pg;
+    int kind;
+    void* buf;             /* all-reduce and broadcast: in place; others: the output */
+    const void* send;      /* all-gather, reduce-scatter: the input */
+    size_t count;          /* elements (per rank for all-gather and reduce-scatter) */
+    ddp_dtype dtype;
+    ddp_reduce_op op;
+    int root;
+    uint64_t seq;          /* 1, 2, 3, ...: the same on every rank for the same collective */
+    ddp_event* ready;      /* GPU buffers: recorded on the producer's stream at submit */
+    int done;              /* guarded by pg->lock */
+    int abandoned;         /* the waiter gave up: the communication thread frees it */
+    int lazy;              /* queued without waking the communication thread (see ddp__cpu_submit) */
+    ddp_status status;
+    char msg[sizeof ddp__err_msg]; /* the failure's message, carried to the waiting thread */
+    ddp_work* next;
 };
-#endif
 
-/* Number of GPU kernels in this library (0 in a CPU-only build). */
-DDP__PRIVATE int ddp__kernel_count(void) { return DDP__CUDA ? (int)DDP__K_COUNT : 0; }
-/* The name of kernel i, 0 <= i < ddp__kernel_count(); NULL outside that range. */
-DDP__PRIVATE const char* ddp__kernel_name(int i) {
-    return (i >= 0 && i < ddp__kernel_count()) ? ddp__kernel_names[i] : NULL;
-}
+/* The flight recorder: each rank remembers its last DDP__FLIGHT_N collectives, printed when one
+   times out and on SIGUSR1, so a hang can be read rank by rank: where did each one stop? */
+#define DDP__FLIGHT_N 16
+enum { DDP__FL_QUEUED = 1, DDP__FL_RUNNING, DDP__FL_DONE, DDP__FL_FAILED };
+typedef struct ddp__flight {
+    uint64_t seq;      /* 0: empty */
+    int kind, state;
+    size_t count;
+    ddp_dtype dtype;
+    double t_issue, t_start, t_end;
+} ddp__flight;
 
-#if DDP__CUDA
-/* Compile the kernel source for one architecture: "compute_XY" gives PTX, "sm_XY" the GPU's own
-   binary code (CUBIN) when cubin is 1. *img is host memory from DDP_MALLOC. */
-DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, int cubin, char** img, size_t* nbytes) {
-    nvrtcProgram prog;
-    char opt_arch[64];
-    const char* opts[2];
-    nvrtcResult r;
-    *img = NULL;
-    *nbytes = 0;
-    snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
-    opts[0] = opt_arch;
-    opts[1] = "--std=c++17";
-    {
-        size_t i, total = 1, pos = 0, n = sizeof ddp__kernel_source / sizeof ddp__kernel_source[0];
-        char* src;
-        for (i = 0; i < n; i++) total += strlen(ddp__kernel_source[i]);
-        src = (char*)ddp__malloc(total);
-        if (!src) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the kernel source failed");
-        for (i = 0; i < n; i++) {
-            memcpy(src + pos, ddp__kernel_source[i], strlen(ddp__kernel_source[i]));
-            pos += strlen(ddp__kernel_source[i]);
-        }
-        src[pos] = 0;
-        r = nvrtcCreateProgram(&prog, src, "ddp_kernels.cu", 0, NULL, NULL);
-        DDP_FREE(src);
-        if (r != NVRTC_SUCCESS)
-            return ddp__fail(DDP_ERR_NVRTC, "nvrtcCreateProgram failed: %s", nvrtcGetErrorString(r));
-    }
-    r = nvrtcCompileProgram(prog, 2, opts);
-    if (r != NVRTC_SUCCESS) {
-        size_t logsize = 0;
-        char log[1024] = "";
-        if (nvrtcGetProgramLogSize(prog, &logsize) == NVRTC_SUCCESS && logsize > 1) {
-            char* full = (char*)ddp__malloc(logsize);
-            if (full && nvrtcGetProgramLog(prog, full) == NVRTC_SUCCESS)
-                snprintf(log, sizeof log, "%s", full);
-            if (full) DDP_FREE(full);
-        }
-        nvrtcDestroyProgram(&prog);
-        return ddp__fail(DDP_ERR_NVRTC, "nvrtcCompileProgram(%s) failed: %s; compiler log: %s",
-                         arch, nvrtcGetErrorString(r), log);
-    }
-    r = cubin ? nvrtcGetCUBINSize(prog, nbytes) : nvrtcGetPTXSize(prog, nbytes);
-    if (r == NVRTC_SUCCESS && *nbytes == 0) r = NVRTC_ERROR_INVALID_INPUT; /* no CUBIN for a compute_XY */
-    if (r == NVRTC_SUCCESS) {
-        *img = (char*)ddp__malloc(*nbytes);
-        if (!*img) {
-            nvrtcDestroyProgram(&prog);
-            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes for the compiled kernels failed", *nbytes);
-        }
-        r = cubin ? nvrtcGetCUBIN(prog, *img) : nvrtcGetPTX(prog, *img);
-    }
-    nvrtcDestroyProgram(&prog);
-    if (r != NVRTC_SUCCESS) {
-        if (*img) DDP_FREE(*img);
-        *img = NULL;
-        return ddp__fail(DDP_ERR_NVRTC, "reading the %s for %s failed: %s", cubin ? "CUBIN" : "PTX", arch,
-                         nvrtcGetErrorString(r));
-    }
-    return DDP_OK;
-}
-#endif
+typedef struct ddp__backend_vt {
+    const char* name;
+    ddp_status (*connect)(ddp_pg* pg);
+    ddp_status (*submit)(ddp_pg* pg, ddp_work* w);
+    ddp_status (*wait)(ddp_pg* pg, ddp_work* w);
+    ddp_status (*test)(ddp_pg* pg, ddp_work* w, int* done);
+    void (*destroy)(ddp_pg* pg);
+} ddp__backend_vt;
 
-/* Compile every kernel with NVRTC for `arch` (e.g. "compute_80") into PTX text. Needs no GPU:
-   this is how a machine without one proves the kernels compile. *ptx is freed with ddp__free_host.
-   DDP_ERR_NVRTC with the compiler log on failure; DDP_ERR_NOT_BUILT in a CPU-only build. */
-DDP__PRIVATE ddp_status ddp__kernels_compile_ptx(const char* arch, char** ptx, size_t* nbytes) {
-#if DDP__CUDA
-    return ddp__nvrtc_compile(arch ? arch : "compute_80", 0, ptx, nbytes);
-#else
-    (void)arch;
-    *ptx = NULL;
-    *nbytes = 0;
-    return ddp__fail(DDP_ERR_NOT_BUILT, "no GPU kernels in a CPU-only build (DDP_NO_CUDA)");
-#endif
-}
-
-#if DDP__CUDA
-/* Loaded kernels, one set per GPU, compiled on first use for that GPU's architecture. */
-static struct {
+struct ddp_pg {
+    ddp_env env;
+    int rank, world;
+    ddp_backend backend;
+    ddp_device device;
+    double timeout;
+    ddp_store* store;
+    const ddp__backend_vt* vt;
+    uint64_t seq;              /* collectives issued */
+    ddp_stream* user_stream;   /* later collectives wait for work queued here */
+    uint64_t bytes_sent, bytes_received;
+    ddp_status broken;         /* after a failed collective the group cannot be trusted */
+    char broken_msg[sizeof ddp__err_msg];
+    /* the CPU backend */
+    int left_fd, right_fd;     /* ring: we receive from rank-1 and send to rank+1 */
+    pthread_t thread;
+    int thread_started, stop;
     pthread_mutex_t lock;
-    int loaded[DDP__MAX_GPUS];
-    cudaLibrary_t lib[DDP__MAX_GPUS];
-    cudaKernel_t k[DDP__MAX_GPUS][DDP__K_COUNT];
-} ddp__kern = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, {{0}}};
+    pthread_cond_t cond;       /* the communication thread waits here for work */
+    pthread_cond_t done_cond;  /* callers wait here for their collectives */
+    ddp_work *head, *tail;
+    int inline_busy;           /* a collective is running on the caller's thread */
+    ddp_work* running;         /* the collective the communication thread is running */
+    int wraps;                 /* models wrapped so far: names the store keys of each ddp_wrap */
+    int joined;                /* ddp_init completed: ddp_destroy waits for the others */
+    float* one;                /* ddp_barrier's number, on the group's device */
+    unsigned char* staging;    /* host copy of GPU buffers and scratch space */
+    size_t staging_bytes;
+    unsigned char* piece;      /* one received piece before it is reduced */
+    size_t piece_elems;
+    double sim_s_per_byte;     /* DDP_SIMULATE_NS_PER_BYTE: pretend the network is this slow */
+    double sim_latency_s;      /* DDP_SIMULATE_LATENCY_US: and this slow to start each collective */
+    unsigned char* shm;        /* the shared-memory transport's segment (>>shm), NULL: the TCP ring */
+    size_t shm_bytes, shm_chunk; /* its size; bytes per slot */
+    uint32_t shm_phase;        /* this rank's phase counter, as published */
+    uint64_t shm_chunks;       /* chunks done: picks the slot set */
+    double shm_spin_s;         /* how long a wait spins before it sleeps */
+    size_t shm_stream_bytes;   /* collectives this large copy their result out with streaming stores */
+    size_t shm_slot_stream;    /* all-reduces smaller than this write their slots with streaming stores */
+    void* nccl;                /* the NCCL backend's state */
+    void* mpi;                 /* the MPI backend's state (>>mpi) */
+    ddp__flight flight[DDP__FLIGHT_N]; /* the last collectives, slot seq % N; under `lock` */
+};
 
-DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
-    int major = 0, minor = 0, narch = 0, best = 0, i, want, nv_major = 0, nv_minor = 0, drv = 0;
-    int archs[128];
-    char arch[32], *img = NULL;
-    size_t nbytes = 0;
-    cudaError_t e = cudaErrorInvalidValue;
-    DDP__CU(cudaSetDevice(dev));
-    DDP__CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    DDP__CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    want = major * 10 + minor;
-    DDP__NVRTC(nvrtcGetNumSupportedArchs(&narch));
-    if (narch > 128) narch = 128;
-    DDP__NVRTC(nvrtcGetSupportedArchs(archs));
-    for (i = 0; i < narch; i++)
-        if (archs[i] <= want && archs[i] > best) best = archs[i];
-    if (best == 0)
-        return ddp__fail(DDP_ERR_NVRTC, "GPU %d has compute capability %d.%d, older than any "
-                         "architecture this NVRTC supports", dev, major, minor);
-    /* Binary code (CUBIN) for this GPU's own architecture when NVRTC knows one of its family: it
-       needs no compile by the driver, so a driver older than this NVRTC still runs it. Else PTX for
-       the newest architecture both know, which the driver compiles for the exact chip. */
-    if (best / 10 == major) {
-        snprintf(arch, sizeof arch, "sm_%d", best);
-        if (ddp__nvrtc_compile(arch, 1, &img, &nbytes) == DDP_OK) {
-            e = cudaLibraryLoadData(&ddp__kern.lib[dev], img, NULL, NULL, 0, NULL, NULL, 0);
-            DDP_FREE(img);
-            if (e != cudaSuccess) (void)cudaGetLastError();
-        }
-    }
-    if (e != cudaSuccess) {
-        snprintf(arch, sizeof arch, "compute_%d", best);
-        DDP__TRY(ddp__nvrtc_compile(arch, 0, &img, &nbytes));
-        e = cudaLibraryLoadData(&ddp__kern.lib[dev], img, NULL, NULL, 0, NULL, NULL, 0);
-        DDP_FREE(img);
-        if (e == cudaErrorUnsupportedPtxVersion) {
-            (void)cudaGetLastError();
-            nvrtcVersion(&nv_major, &nv_minor);
-            cudaDriverGetVersion(&drv);
-            return ddp__fail(DDP_ERR_CUDA, "GPU %d (compute capability %d.%d) needs its kernels compiled by the driver "
-                             "from PTX, and this PTX comes from NVRTC %d.%d, newer than the driver (CUDA %d.%d) can "
-                             "read (cudaErrorUnsupportedPtxVersion): update the NVIDIA driver, or build with the CUDA "
-                             "toolkit that matches it (make CUDA_HOME=...)", dev, major, minor, nv_major, nv_minor,
-                             drv / 1000, drv % 1000 / 10);
-        }
-        if (e != cudaSuccess) return ddp__fail_cuda(e, "cudaLibraryLoadData(kernels PTX)", __LINE__);
-    }
-    for (i = 0; i < DDP__K_COUNT; i++)
-        DDP__CU(cudaLibraryGetKernel(&ddp__kern.k[dev][i], ddp__kern.lib[dev], ddp__kernel_names[i]));
-    ddp__kern.loaded[dev] = 1;
-    ddp__log(DDP_LOG_INFO, "compiled %d GPU kernels for cuda:%d (%s)", (int)DDP__K_COUNT, dev, arch);
-    return DDP_OK;
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE ddp_status ddp__store_add(ddp_store* s, const char* key, int64_t delta,
+                                       int64_t* value); /* >>store */
+DDP__PRIVATE ddp_status ddp__store_check(ddp_store* s, const char* const* keys, int n,
+                                         int* present); /* >>store */
+DDP__PRIVATE ddp_status ddp__store_barrier(ddp_store* s, const char* name, int count); /* >>store */
+DDP__PRIVATE ddp_status ddp__timeout(double from_desc, double* out); /* >>store */
+DDP__PRIVATE ddp_status ddp__store_create(const ddp_store_desc* desc, ddp_store** out); /* >>store */
+DDP__PRIVATE int ddp__store_wait_closed(ddp_store* s, double deadline); /* >>store */
+DDP__PRIVATE void ddp__store_destroy(ddp_store* s); /* >>store */
+DDP__PRIVATE void ddp__wait_note(const char* fmt, ...); /* >>signals */
+DDP__PRIVATE void ddp__wait_watch(int on); /* >>signals */
+DDP__PRIVATE void ddp__usr1_follow(ddp_pg* pg); /* >>signals */
+DDP__PRIVATE void ddp__usr1_forget(ddp_pg* pg); /* >>signals */
+DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out); /* >>launch */
+DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg); /* >>bind */
+DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg); /* >>cpu */
+DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w); /* >>cpu */
+DDP__PRIVATE void* ddp__comm_main(void* arg); /* >>cpu */
+DDP__PRIVATE const ddp__backend_vt* ddp__cpu_vt(void); /* >>cpu */
+DDP__PRIVATE void ddp__trace_write(void); /* >>trace */
+DDP__PRIVATE ddp_status ddp__event_create(ddp_device d, ddp_event** out); /* >>cuda */
+DDP__PRIVATE ddp_status ddp__event_record(ddp_event* e, ddp_stream* s); /* >>cuda */
+DDP__PRIVATE void ddp__event_destroy(ddp_event* e); /* >>cuda */
+#if DDP__CUDA
+DDP__PRIVATE const ddp__backend_vt* ddp__nccl_vt(void); /* >>nccl */
+#endif
+#if DDP__MPI
+DDP__PRIVATE const ddp__backend_vt* ddp__mpi_vt(void); /* >>mpi */
+DDP__PRIVATE ddp_status ddp__mpi_join(const ddp_desc* d, ddp_pg* pg); /* >>mpi */
+#endif
+
+DDP__DEF int ddp_rank(const ddp_pg* pg) { return pg->rank; }
+DDP__DEF int ddp_world_size(const ddp_pg* pg) { return pg->world; }
+DDP__PRIVATE int ddp__local_rank(const ddp_pg* pg) { return pg->env.local_rank; }
+DDP__PRIVATE int ddp__local_world_size(const ddp_pg* pg) { return pg->env.local_world_size; }
+DDP__DEF ddp_backend ddp_pg_backend(const ddp_pg* pg) { return pg->backend; }
+DDP__DEF ddp_device ddp_pg_device(const ddp_pg* pg) { return pg->device; }
+DDP__DEF ddp_store* ddp_pg_store(ddp_pg* pg) { return pg->store; }
+/* Order later collectives after the work queued so far on `s` (e.g. the model's compute stream);
+   NULL: no ordering beyond the host's. */
+DDP__PRIVATE void ddp__pg_set_stream(ddp_pg* pg, ddp_stream* s) { pg->user_stream = s; }
+DDP__DEF void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received) {
+    if (sent) *sent = DDP__READ_COUNT(pg->bytes_sent);
+    if (received) *received = DDP__READ_COUNT(pg->bytes_received);
 }
 
-DDP__PRIVATE ddp_status ddp__kernels_ready(int dev) {
-    ddp_status s = DDP_OK;
-    if (dev < 0 || dev >= DDP__MAX_GPUS)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "GPU index %d out of range", dev);
-    pthread_mutex_lock(&ddp__kern.lock);
-    if (!ddp__kern.loaded[dev]) s = ddp__kernels_load_locked(dev);
-    pthread_mutex_unlock(&ddp__kern.lock);
+DDP__DEF uint64_t ddp_pg_collectives(const ddp_pg* pg) { return pg->seq; }
+
+DDP__PRIVATE const char* ddp__coll_name(int kind) {
+    switch (kind) {
+    case DDP__ALL_REDUCE: return "all_reduce";
+    case DDP__BROADCAST: return "broadcast";
+    case DDP__ALL_GATHER: return "all_gather";
+    case DDP__REDUCE_SCATTER: return "reduce_scatter";
+    }
+    return "?";
+}
+
+/* How messages name a collective: "all_reduce #42 (1091 x f32, sum)", "broadcast #7 (13 x f32, root 0)". */
+DDP__PRIVATE void ddp__fingerprint(const ddp_work* w, char* out, size_t n) {
+    if (w->kind == DDP__BROADCAST)
+        snprintf(out, n, "%s #%llu (%zu x %s, root %d)", ddp__coll_name(w->kind), (unsigned long long)w->seq,
+                 w->count, ddp__dtype_name(w->dtype), w->root);
+    else
+        snprintf(out, n, "%s #%llu (%zu x %s, %s)", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
+                 ddp__dtype_name(w->dtype), w->op == DDP_SUM ? "sum" : w->op == DDP_AVG ? "avg" : "max");
+}
+
+/* A failed or timed-out collective breaks the group: later calls fail at once with its message
+   (the first failure's, kept under the lock that the communication thread also takes). Returns s. */
+DDP__PRIVATE ddp_status ddp__pg_break(ddp_pg* pg, ddp_status s) {
+    pthread_mutex_lock(&pg->lock);
+    if (!pg->broken) {
+        pg->broken = s;
+        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+    }
+    pthread_mutex_unlock(&pg->lock);
     return s;
 }
 
-/* Launch kernel `k` over n elements (a grid-stride loop covers any n) on stream `s`. */
-DDP__PRIVATE ddp_status ddp__launch(ddp_device d, ddp_stream* s, int k, long long n, void** args) {
-    long long blocks = (n + 255) / 256;
-    dim3 grid, block;
-    cudaError_t e;
-    DDP__TRY(ddp__kernels_ready(d.index));
-    if (blocks < 1) blocks = 1;
-    if (blocks > 65535) blocks = 65535;
-    grid.x = (unsigned)blocks, grid.y = grid.z = 1;
-    block.x = 256, block.y = block.z = 1;
-    e = cudaLaunchKernel((const void*)ddp__kern.k[d.index][k], grid, block, args, 0, s ? s->s : 0);
-    if (e != cudaSuccess) {
-        char what[96];
-        snprintf(what, sizeof what, "cudaLaunchKernel(%s)", ddp__kernel_names[k]);
-        return ddp__fail_cuda(e, what, __LINE__);
+/* Record that collective w reached `state`. */
+DDP__PRIVATE void ddp__flight_note(ddp_pg* pg, const ddp_work* w, int state) {
+    ddp__flight* f = &pg->flight[w->seq % DDP__FLIGHT_N];
+    double t = ddp__now();
+    pthread_mutex_lock(&pg->lock);
+    if (state == DDP__FL_QUEUED) {
+        f->seq = w->seq, f->kind = w->kind, f->count = w->count, f->dtype = w->dtype;
+        f->t_issue = t, f->t_start = f->t_end = 0;
     }
-    /* DETAIL mode waits for each kernel so an error points at the kernel that caused it. */
-    if (ddp__log_level_enabled() >= DDP_LOG_DETAIL) {
-        e = cudaStreamSynchronize(s ? s->s : 0);
-        if (e != cudaSuccess) {
-            char what[96];
-            snprintf(what, sizeof what, "%s (synchronised under DDP_DEBUG=DETAIL)", ddp__kernel_names[k]);
-            return ddp__fail_cuda(e, what, __LINE__);
+    if (f->seq == w->seq) {
+        f->state = state;
+        if (state == DDP__FL_RUNNING) f->t_start = t;
+        if (state >= DDP__FL_DONE) f->t_end = t;
+    }
+    pthread_mutex_unlock(&pg->lock);
+}
+
+/* Log this rank's last collectives, oldest first, at `level`. */
+DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* why) {
+    ddp__flight copy[DDP__FLIGHT_N];
+    uint64_t newest = 0;
+    int i, n = 0;
+    double now = ddp__now();
+    pthread_mutex_lock(&pg->lock);
+    memcpy(copy, pg->flight, sizeof copy);
+    pthread_mutex_unlock(&pg->lock);
+    for (i = 0; i < DDP__FLIGHT_N; i++)
+        if (copy[i].seq > newest) newest = copy[i].seq;
+    ddp__log(level, "the last collectives of rank %d (%s), oldest first:", pg->rank, why);
+    for (i = 0; i < DDP__FLIGHT_N; i++) {
+        const ddp__flight* f = &copy[(newest + 1 + (uint64_t)i) % DDP__FLIGHT_N];
+        char when[64];
+        if (!f->seq) continue;
+        n++;
+        if (f->state == DDP__FL_QUEUED) snprintf(when, sizeof when, "queued %.3f s ago, not started", now - f->t_issue);
+        else if (f->state == DDP__FL_RUNNING) snprintf(when, sizeof when, "RUNNING for %.3f s", now - f->t_start);
+        else snprintf(when, sizeof when, "%s in %.3f ms, %.3f s ago", f->state == DDP__FL_DONE ? "done" : "FAILED",
+                      (f->t_end - f->t_start) * 1e3, now - f->t_end);
+        ddp__log(level, "  #%llu %s (%zu x %s): %s", (unsigned long long)f->seq, ddp__coll_name(f->kind), f->count,
+                ddp__dtype_name(f->dtype), when);
+    }
+    if (!n) ddp__log(level, "  (none yet)");
+}
+DDP__PRIVATE const char* ddp__op_name(ddp_reduce_op op) {
+    return op == DDP_SUM ? "sum" : op == DDP_AVG ? "avg" : op == DDP_MAX ? "max" : "?";
+}
+
+/* ---- joining the job --------------------------------------------------------------------------- */
+
+/* The first caller for `key` stores `value` under it; a later one gets the first one's value in
+   `first` (n bytes) and *taken = 1. The store has no compare-and-set: a counter decides. */
+DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* value, char* first, size_t n, int* taken) {
+    char count[DDP_STORE_MAX_KEY + 8];
+    int64_t claims = 0;
+    size_t got = 0;
+    snprintf(count, sizeof count, "%s/claims", key);
+    DDP__TRY(ddp__store_add(pg->store, count, 1, &claims));
+    *taken = claims > 1;
+    if (!*taken) return ddp_store_set(pg->store, key, value, strlen(value));
+    memset(first, 0, n);
+    return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
+}
+
+/* The ranks 0..n-1 whose flag equals `want`, compactly ("0-3, 7, 9-12"), cut short with "..." when
+   they do not fit in out. Returns how many there are. */
+DDP__PRIVATE int ddp__rank_list(const unsigned char* flags, int n, int want, char* out, size_t cap) {
+    int i = 0, count = 0;
+    size_t len = 0;
+    out[0] = 0;
+    while (i < n) {
+        int j = i;
+        if ((flags[i] != 0) != (want != 0)) { i++; continue; }
+        while (j + 1 < n && (flags[j + 1] != 0) == (want != 0)) j++;
+        count += j - i + 1;
+        if (len + 32 < cap) {
+            int k = j == i ? snprintf(out + len, cap - len, "%s%d", len ? ", " : "", i)
+                           : snprintf(out + len, cap - len, "%s%d-%d", len ? ", " : "", i, j);
+            len += k > 0 ? (size_t)k : 0;
+        } else if (len + 5 < cap && strcmp(out + len - 3, "...") != 0) {
+            len += (size_t)snprintf(out + len, cap - len, ", ...");
         }
+        i = j + 1;
     }
-    return DDP_OK;
-}
-#endif
-
-/* Convert `count` elements between dtypes on device `d` (both buffers there), in order on `s`.
-   DDP_ERR_INVALID_ARGUMENT for an unknown dtype; DDP_ERR_CUDA on a GPU failure. */
-DDP__PRIVATE ddp_status ddp__convert(ddp_device d, ddp_dtype dst_type, void* dst, ddp_dtype src_type,
-                                const void* src, size_t count, ddp_stream* s) {
-    size_t i;
-    if (dst_type == DDP_DTYPE_DEFAULT) dst_type = DDP_F32;
-    if (src_type == DDP_DTYPE_DEFAULT) src_type = DDP_F32;
-    if (ddp_dtype_size(dst_type) == 0 || ddp_dtype_size(src_type) == 0 ||
-        (dst_type != DDP_F32 && src_type != DDP_F32))
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
-                         "ddp__convert supports f32 <-> f16 and f32 <-> bf16, not %s -> %s",
-                         ddp__dtype_name(src_type), ddp__dtype_name(dst_type));
-    if (dst_type == src_type) return ddp_copy(d, dst, d, src, count * ddp_dtype_size(dst_type), s);
-    if (d.type == DDP_DEVICE_CUDA) {
-#if DDP__CUDA
-        long long n = (long long)count;
-        int k = dst_type == DDP_F16 ? DDP__K_f32_to_f16 : dst_type == DDP_BF16 ? DDP__K_f32_to_bf16
-              : src_type == DDP_F16 ? DDP__K_f16_to_f32 : DDP__K_bf16_to_f32;
-        void* args[3];
-        args[0] = (void*)&src;
-        args[1] = (void*)&dst;
-        args[2] = (void*)&n;
-        if (count == 0) return DDP_OK;
-        return ddp__launch(d, s, k, n, args);
-#else
-        return ddp__fail(DDP_ERR_NOT_BUILT, "cannot convert on a GPU: %s", ddp__cuda_unavailable_reason());
-#endif
-    }
-    for (i = 0; i < count; i++) {
-        if (dst_type == DDP_F16) ((uint16_t*)dst)[i] = ddp_f32_to_f16(((const float*)src)[i]);
-        else if (dst_type == DDP_BF16) ((uint16_t*)dst)[i] = ddp_f32_to_bf16(((const float*)src)[i]);
-        else if (src_type == DDP_F16) ((float*)dst)[i] = ddp_f16_to_f32(((const uint16_t*)src)[i]);
-        else ((float*)dst)[i] = ddp_bf16_to_f32(((const uint16_t*)src)[i]);
-    }
-    return DDP_OK;
+    return count;
 }
 
-/* ---- matrix product: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, row-major ----------- */
+/* While ranks are missing from the rendezvous: which have joined (published their world size)
+   and which are awaited. Rank 0, which hosts the store, says so every few seconds (as torchrun's
+   rendezvous does), so that a WORLD_SIZE larger than the processes started is not 300 s of
+   silence; every rank notes it for a SIGTERM to print. */
+DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say) {
+    unsigned char* joined = (unsigned char*)ddp__calloc((size_t)pg->world);
+    char have[160], missing[160], key[64];
+    int i, nj, nm, present = 0;
+    if (!joined) return;
+    for (i = 0; i < pg->world; i++) {
+        const char* k[1];
+        snprintf(key, sizeof key, "ddp/world/%d", i);
+        k[0] = key;
+        if (ddp__store_check(pg->store, k, 1, &present) != DDP_OK) break;
+        joined[i] = (unsigned char)(present != 0);
+    }
+    if (i == pg->world) {
+        nj = ddp__rank_list(joined, pg->world, 1, have, sizeof have);
+        nm = ddp__rank_list(joined, pg->world, 0, missing, sizeof missing);
+        ddp__wait_note("waiting for rank%s %s to join the job: %d of %d (WORLD_SIZE) had joined after %.0f s (rank%s %s)",
+                       nm == 1 ? "" : "s", missing, nj, pg->world, ddp__now() - started, nj == 1 ? "" : "s", have);
+        if (say)
+            ddp__log(DDP_LOG_WARN, "waiting for rank%s %s to join the job: %d of %d ranks (WORLD_SIZE=%d) have joined "
+                    "after %.0f s (rank%s %s). Start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+                    "or fix WORLD_SIZE if fewer processes belong to the job; DDP_TIMEOUT ends the wait after %.0f s",
+                    nm == 1 ? "" : "s", missing, nj, pg->world, pg->world, ddp__now() - started, nj == 1 ? "" : "s",
+                    have, pg->timeout);
+    }
+    DDP_FREE(joined);
+}
 
-/* The built-in CPU product. op(B) is copied block by block into a small contiguous panel, so the
-   innermost loop runs over consecutive memory whatever B's layout, and a KC x NC panel
-   (64 x 256 floats, 64 KiB) stays in the L2 cache while every row of A streams past it. The
-   summation order is fixed, so results repeat exactly from run to run. */
-#define DDP__KC 64
-#define DDP__NC 256
-DDP__PRIVATE void ddp__gemm_loop(int ta, int tb, int M, int N, int K, float alpha, const float* A,
-                                 int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-    float panel[DDP__KC * DDP__NC];
-    int i, j, jc, pc, kk;
-    for (i = 0; i < M; i++)
-        for (j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
-    for (jc = 0; jc < N; jc += DDP__NC) {
-        int nc = N - jc < DDP__NC ? N - jc : DDP__NC;
-        for (pc = 0; pc < K; pc += DDP__KC) {
-            int kc = K - pc < DDP__KC ? K - pc : DDP__KC;
-            for (kk = 0; kk < kc; kk++)
-                for (j = 0; j < nc; j++)
-                    panel[kk * DDP__NC + j] = tb ? B[(size_t)(jc + j) * ldb + pc + kk]
-                                                 : B[(size_t)(pc + kk) * ldb + jc + j];
-            for (i = 0; i < M; i++) {
-                float* crow = C + (size_t)i * ldc + jc;
-                for (kk = 0; kk < kc; kk++) {
-                    float a = alpha * (ta ? A[(size_t)(pc + kk) * lda + i] : A[(size_t)i * lda + pc + kk]);
-                    const float* prow = panel + kk * DDP__NC;
-                    for (j = 0; j < nc; j++) crow[j] += a * prow[j];
-                }
+/* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
+   disagreement publishes it under ddp/abort so that the others fail at once with the same
+   explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
+   for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
+#define DDP__JOIN_REPORT_S 5.0 /* seconds between rank 0's first reports of who is missing */
+DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
+    char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
+    const char* abort_key[1] = {"ddp/abort"};
+    const char* launch = getenv("DDP_LAUNCH_ID");
+    int i, present, taken = 0;
+    double started = ddp__now(), deadline = started + pg->timeout, report = started + DDP__JOIN_REPORT_S;
+    gethostname(host, sizeof host - 1);
+    /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
+       launch that started that node's first rank, or two launches given one MASTER_PORT and one
+       DDP_JOB_TOKEN would mix their ranks (the later one's rank 1 taking the free slot). */
+    if (launch && *launch) {
+        snprintf(me, sizeof me, "%.200s", launch);
+        snprintf(key, sizeof key, "ddp/launch/%d", pg->env.node_rank);
+        DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
+        if (taken && strcmp(holder, me) != 0)
+            return ddp__fail(DDP_ERR_STORE_REFUSED, "the store at %s:%d refused this rank: it belongs to another "
+                             "launch. Node %d of the job there was started by launch %s (host:launcher pid:start time), "
+                             "this rank by launch %s: two jobs share MASTER_PORT %d and DDP_JOB_TOKEN. Give each job its "
+                             "own MASTER_PORT (ddprun --standalone picks a free one) or its own DDP_JOB_TOKEN",
+                             pg->env.master_addr, pg->env.master_port, pg->env.node_rank, holder, me, pg->env.master_port);
+    }
+    snprintf(me, sizeof me, "pid %ld on host %.250s", (long)getpid(), host);
+    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
+    DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
+    if (taken)
+        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "two processes were started with RANK=%d: %s holds rank %d (it "
+                         "came first), and this process, %s, came later. Give each process its own rank 0..%d; if "
+                         "another job uses this MASTER_PORT with the same DDP_JOB_TOKEN, give each job its own port",
+                         pg->rank, holder, pg->rank, me, pg->world - 1);
+    snprintf(mine, sizeof mine, "%d", pg->world);
+    snprintf(key, sizeof key, "ddp/world/%d", pg->rank);
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
+    for (i = 0; i < pg->world; i++) {
+        const char* k[1];
+        size_t n = 0;
+        snprintf(key, sizeof key, "ddp/world/%d", i);
+        k[0] = key;
+        ddp__wait_note("waiting for rank %d to join the job (WORLD_SIZE=%d)", i, pg->world);
+        for (;;) {
+            DDP__TRY(ddp__store_check(pg->store, abort_key, 1, &present));
+            if (present) {
+                char why[256] = "";
+                ddp_store_get(pg->store, "ddp/abort", why, sizeof why - 1, &n);
+                return ddp__fail(DDP_ERR_WORLD_MISMATCH, "another rank stopped the job: %s", why);
             }
+            DDP__TRY(ddp__store_check(pg->store, k, 1, &present));
+            if (present) break;
+            if (ddp__now() >= deadline)
+                return ddp__fail(DDP_ERR_TIMEOUT, "rank %d never joined within %.0f s (this rank expects WORLD_SIZE=%d): "
+                                 "start all %d processes, or fix WORLD_SIZE", i, pg->timeout, pg->world, pg->world);
+            if (ddp__now() >= report) { /* every 5 s, and every 30 s after the first half minute */
+                ddp__join_progress(pg, started, pg->rank == 0);
+                report = ddp__now() + (ddp__now() - started < 30 ? DDP__JOIN_REPORT_S : 6 * DDP__JOIN_REPORT_S);
+            }
+            ddp__sleep(0.02);
         }
+        memset(theirs, 0, sizeof theirs);
+        DDP__TRY(ddp_store_get(pg->store, key, theirs, 15, &n)); /* a world size: a few digits */
+        if (strcmp(theirs, mine) != 0) {
+            char why[256];
+            snprintf(why, sizeof why, "rank %d was started with WORLD_SIZE=%s but rank %d with WORLD_SIZE=%s: every "
+                     "rank needs the same WORLD_SIZE", i, theirs, pg->rank, mine);
+            ddp_store_set(pg->store, "ddp/abort", why, strlen(why));
+            return ddp__fail(DDP_ERR_WORLD_MISMATCH, "%s", why);
+        }
+    }
+    return DDP_OK;
+}
+
+/* Ranks of one machine each get their own share of the cores this process may use (Linux; as
+   mpirun's --bind-to core does): a rank that waits by spinning then never sits on the core of the
+   rank it waits for, and the scheduler stops moving ranks between cores, which costs them their
+   caches. Shares are whole physical cores (a core's hyper-threads go together: two ranks on the
+   two threads of one core would share its units), and a rank on a GPU takes its share of the
+   cores next to that GPU (its PCI device's local_cpulist, the GPU's NUMA node), shared with the
+   local ranks whose GPUs sit there too. Only when every rank can have a core of its own;
+   DDP_BIND=none leaves placement to the system. The raw system call needs no _GNU_SOURCE. Threads
+   already running (a BLAS library's, the store's) are moved too; threads started later inherit
+   the mask. */
+#define DDP__BIND_MAXCPU 1024
+DDP__PRIVATE ddp_status ddp__named_backend(const ddp_desc* d, ddp_backend* out) {
+    const char* env = getenv("DDP_BACKEND");
+    *out = d->backend;
+    if (*out == DDP_BACKEND_DEFAULT && env && *env) {
+        if (!strcmp(env, "cpu") || !strcmp(env, "gloo")) *out = DDP_BACKEND_CPU;
+        else if (!strcmp(env, "nccl")) *out = DDP_BACKEND_NCCL;
+        else if (!strcmp(env, "mpi")) *out = DDP_BACKEND_MPI;
+        else return ddp__fail(DDP_ERR_ENV, "DDP_BACKEND=%s is not cpu, nccl or mpi", env);
+    }
+    if (*out == DDP_BACKEND_MPI && !DDP__MPI)
+        return ddp__fail(DDP_ERR_NOT_BUILT, "the mpi backend was asked for (%s), but this program was built without "
+                         "it: compile with -DDDP_MPI and mpicc's flags (make builds the _mpi programs when it finds "
+                         "mpicc; " DDP__HINT_INSTALL_MPI "), or use the cpu backend",
+                         d->backend == DDP_BACKEND_MPI ? "desc.backend" : "DDP_BACKEND=mpi");
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__pick_backend(const ddp_desc* d, ddp_device dev, ddp_backend* out) {
+    DDP__TRY(ddp__named_backend(d, out));
+    if (*out == DDP_BACKEND_DEFAULT) *out = dev.type == DDP_DEVICE_CUDA ? DDP_BACKEND_NCCL : DDP_BACKEND_CPU;
+    if (*out == DDP_BACKEND_NCCL && dev.type != DDP_DEVICE_CUDA)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "the nccl backend needs GPU buffers, but this rank's device is "
+                         "the CPU (%s): use the cpu backend", ddp__cuda_unavailable_reason());
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_store_desc sd;
+    ddp_device want;
+    ddp_status s;
+    char devname[32];
+    *out = NULL;
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (d.log) ddp__set_log(d.log, d.log_user);
+    pg = (ddp_pg*)ddp__calloc(sizeof *pg);
+    if (!pg) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a process group failed");
+    ddp__wait_watch(1); /* a SIGTERM or SIGINT from here to the end says what init waited for */
+    pg->left_fd = pg->right_fd = -1;
+    pthread_mutex_init(&pg->lock, NULL);
+    pthread_cond_init(&pg->cond, NULL);
+    pthread_cond_init(&pg->done_cond, NULL);
+    s = ddp__named_backend(&d, &pg->backend);
+#if DDP__MPI
+    if (s == DDP_OK && pg->backend == DDP_BACKEND_MPI) {
+        pg->vt = ddp__mpi_vt(); /* from here on ddp_destroy cleans MPI up */
+        s = ddp__mpi_join(&d, pg);  /* placement from MPI_COMM_WORLD; also creates the store */
+    } else
+#endif
+    if (s == DDP_OK) s = ddp__env_resolve(&d, &pg->env);
+    if (s != DDP_OK) goto fail;
+    pg->rank = pg->env.rank;
+    pg->world = pg->env.world_size;
+    s = ddp__timeout(d.timeout_s, &pg->timeout);
+    if (s != DDP_OK) goto fail;
+    want = d.device;
+    if (want.type == DDP_DEVICE_AUTO) {
+        /* One GPU per rank when this machine shows enough of them (NCCL refuses two ranks on one
+           GPU), else the CPU for every rank. Fewer GPUs than local ranks may still be one each:
+           CUDA_VISIBLE_DEVICES set per rank (SLURM's --gpus-per-task) shows each rank only its
+           own. That is settled with the other ranks, once the store is up. */
+        int gpus = ddp__cuda_device_count();
+        want.type = gpus >= pg->env.local_world_size ? DDP_DEVICE_CUDA : gpus > 0 ? DDP_DEVICE_AUTO : DDP_DEVICE_CPU;
+        want.index = gpus > 0 ? pg->env.local_rank % gpus : 0;
+    } else if (want.type == DDP_DEVICE_CUDA && ddp__cuda_device_count() > 0) {
+        int gpus = ddp__cuda_device_count();
+        if (d.device.index == 0) /* "cuda" means this rank's GPU: LOCAL_RANK picks it */
+            want.index = pg->env.local_rank % gpus;
+        else if (gpus == 1 && d.device.index == pg->env.local_rank) {
+            /* cuda:LOCAL_RANK where each rank is shown only its own GPU */
+            ddp__log(DDP_LOG_INFO, "device cuda:%d is this rank's LOCAL_RANK, and this process sees one GPU "
+                    "(CUDA_VISIBLE_DEVICES=%s): using it", d.device.index,
+                    getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+            want.index = 0;
+        }
+    }
+    /* torch.cuda.set_device(rank): fine on one machine, where RANK == LOCAL_RANK; past this
+       machine's GPUs on the next one. Said before the device is even looked at, so a machine
+       without that GPU (or without any) shows the cause next to the error. */
+    if (d.device.type == DDP_DEVICE_CUDA && d.device.index > 0 && d.device.index == pg->env.rank &&
+        pg->env.rank != pg->env.local_rank)
+        ddp__log(DDP_LOG_WARN, "device cuda:%d is this process's RANK, but a GPU is picked by LOCAL_RANK (%d here): "
+                "RANK counts the ranks of every machine, so from the second machine on it points past this "
+                "machine's GPUs. Use cuda:LOCAL_RANK, or \"cuda\", which picks this rank's GPU",
+                d.device.index, pg->env.local_rank);
+    s = want.type == DDP_DEVICE_AUTO ? DDP_OK : ddp_device_resolve(want, &pg->device);
+    if (s != DDP_OK) goto fail;
+    memset(&sd, 0, sizeof sd);
+    sd.host = pg->env.master_addr;
+    sd.port = pg->env.master_port;
+    sd.is_server = pg->rank == 0;
+    sd.timeout_s = pg->timeout;
+    sd.token = d.token;
+    if (pg->rank == 0) ddp__wait_note("starting the rendezvous store on port %d", sd.port);
+    else ddp__wait_note("connecting to the rendezvous store at %s:%d, which rank 0 hosts", sd.host, sd.port);
+    s = pg->store ? DDP_OK : ddp__store_create(&sd, &pg->store); /* the mpi backend made it already */
+    if (s == DDP_OK) s = ddp__agree(pg);
+    if (s == DDP_OK && want.type == DDP_DEVICE_AUTO) s = ddp__own_gpu(pg, want, &pg->device);
+    if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
+    if (s == DDP_OK && want.type != DDP_DEVICE_AUTO && pg->backend == DDP_BACKEND_NCCL) s = ddp__nccl_gpu_own(pg);
+    if (s != DDP_OK) goto fail;
+    ddp__bind_cores(pg); /* now that this rank's GPU, and so its NUMA node, is known */
+#if DDP__CUDA
+    if (pg->backend == DDP_BACKEND_NCCL) pg->vt = ddp__nccl_vt();
+    else
+#endif
+#if DDP__MPI
+    if (pg->backend == DDP_BACKEND_MPI) pg->vt = ddp__mpi_vt();
+    else
+#endif
+        pg->vt = ddp__cpu_vt();
+    ddp__wait_note("connecting to the other ranks (backend %s)", pg->vt->name);
+    s = pg->vt->connect(pg);
+    if (s != DDP_OK) goto fail;
+    if (pg->vt == ddp__cpu_vt()) {
+        if (pthread_create(&pg->thread, NULL, ddp__comm_main, pg) != 0) {
+            s = ddp__fail(DDP_ERR_IO, "starting the communication thread failed");
+            goto fail;
+        }
+        pg->thread_started = 1;
+    }
+#if defined(DDP_CBLAS) && defined(OPENBLAS_VERSION)
+    {
+        /* ranks on one machine share its cores: give each its share of BLAS threads, unless the
+           user chose (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS) */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int share = (int)(cores / (pg->env.local_world_size > 0 ? pg->env.local_world_size : 1));
+        if (!getenv("OPENBLAS_NUM_THREADS") && !getenv("OMP_NUM_THREADS")) openblas_set_num_threads(share > 0 ? share : 1);
+    }
+#endif
+    /* Nobody leaves init before everyone has read what it needs from the store. */
+    ddp__wait_note("waiting for every rank to finish ddp_init");
+    s = ddp__store_barrier(pg->store, "init", pg->world);
+    if (s != DDP_OK) goto fail;
+    pg->joined = 1;
+    ddp__usr1_follow(pg); /* SIGUSR1 prints this group's last collectives */
+    {
+        char host[256] = "?";
+        gethostname(host, sizeof host - 1);
+        ddp__log(DDP_LOG_INFO, "joined the job on host %s: backend %s, device %s, store %s:%d (placement from %s)",
+                host, pg->vt->name, ddp_device_name(pg->device, devname, sizeof devname), pg->env.master_addr,
+                pg->env.master_port, pg->env.source);
+    }
+    ddp__wait_watch(0);
+    *out = pg;
+    return DDP_OK;
+fail:
+    {
+        char msg[sizeof ddp__err_msg];
+        const char* fix = ddp__err_fix;
+        memcpy(msg, ddp__err_msg, sizeof msg);
+        ddp_destroy(pg);
+        ddp__fail(s, "%s", msg);
+        ddp__err_fix = fix;
+    }
+    ddp__wait_watch(0);
+    return s;
+}
+
+DDP__DEF void ddp_destroy(ddp_pg* pg) {
+    int wait_store = 0;
+    double deadline = 0;
+    if (!pg) return;
+    ddp__usr1_forget(pg);
+    if (pg->joined) {
+        /* Rank 0 hosts the store: it stays until every rank has left, or a rank still on its way
+           out of ddp_init, or reading a key, would find the store gone (torchrun's exit barrier). */
+        int64_t left = 0;
+        if (pg->vt == ddp__cpu_vt()) ddp__cpu_leave(pg);
+        deadline = ddp__now() + pg->timeout;
+        if (ddp__store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
+            if (pg->rank != 0) wait_store = 1;
+            while (pg->rank == 0 && left < pg->world && ddp__now() < deadline &&
+                   ddp__store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
+                ddp__sleep(0.002);
+            if (left < pg->world && pg->rank == 0)
+                ddp__log(DDP_LOG_WARN, "ddp_destroy: only %lld of %d ranks reached ddp_destroy within %.0f s; the others "
+                        "are still inside a collective or have failed (see their output)", (long long)left, pg->world,
+                        pg->timeout);
+        }
+    }
+    if (pg->vt) pg->vt->destroy(pg);
+    /* The other ranks return only once rank 0 has stopped the store (it closes their connections
+       after its listening socket): a program that calls ddp_init again at once then reaches the
+       next job's store, never this one on its way out, where its rank would already be taken. */
+    if (wait_store && !ddp__store_wait_closed(pg->store, deadline))
+        ddp__log(DDP_LOG_WARN, "ddp_destroy: rank 0 has not closed the store within %.0f s of this rank leaving (it is "
+                "still busy, or waiting for a rank that never called ddp_destroy); a ddp_init now on the same port could "
+                "meet that store", pg->timeout);
+    ddp__trace_write(); /* DDP_TRACE: this rank's file, while its rank is still known */
+    ddp_free(pg->device, pg->one);
+    ddp__store_destroy(pg->store);
+    pthread_mutex_destroy(&pg->lock);
+    pthread_cond_destroy(&pg->cond);
+    pthread_cond_destroy(&pg->done_cond);
+    DDP_FREE(pg);
+}
+
+/* ---- desync detection (DDP_DEBUG=DETAIL) ------------------------------------------------------------ */
+/* Before each collective every rank publishes what it is about to call, "all_reduce #42 (1091 x
+   f32, sum)", under ddp/fp/<rank>/<seq % 4>, and reads every other rank's entry for the same
+   sequence number. Different entries mean the ranks have fallen out of step (the classic cause
+   of a DDP hang); an entry that never comes means a rank is not calling this collective at all.
+   Four slots per rank suffice: no rank can get more than one collective ahead of another,
+   because each waits here for all the others. Costs a few store round trips per collective. */
+DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w) {
+    char mine[128], theirs[128], key[64], seqtag[32];
+    size_t n;
+    int r;
+    double deadline = ddp__now() + pg->timeout;
+    ddp__fingerprint(w, mine, sizeof mine);
+    snprintf(seqtag, sizeof seqtag, " #%llu ", (unsigned long long)w->seq);
+    snprintf(key, sizeof key, "ddp/fp/%d/%d", pg->rank, (int)(w->seq % 4));
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
+    snprintf(key, sizeof key, "ddp/fp/%d/last", pg->rank);
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
+    for (r = 0; r < pg->world; r++) {
+        const char* k = key;
+        int present = 0;
+        if (r == pg->rank) continue;
+        snprintf(key, sizeof key, "ddp/fp/%d/%d", r, (int)(w->seq % 4));
+        for (;;) { /* until rank r's slot holds this sequence number */
+            DDP__TRY(ddp__store_check(pg->store, &k, 1, &present));
+            if (present) {
+                memset(theirs, 0, sizeof theirs);
+                DDP__TRY(ddp_store_get(pg->store, key, theirs, sizeof theirs - 1, &n));
+                if (strstr(theirs, seqtag)) break;
+            }
+            if (ddp__now() >= deadline) {
+                char lastkey[64];
+                const char* lk = lastkey;
+                snprintf(lastkey, sizeof lastkey, "ddp/fp/%d/last", r);
+                memset(theirs, 0, sizeof theirs);
+                if (ddp__store_check(pg->store, &lk, 1, &present) == DDP_OK && present)
+                    ddp_store_get(pg->store, lastkey, theirs, sizeof theirs - 1, &n);
+                return ddp__fail(DDP_ERR_TIMEOUT, "desync: this rank (%d) is calling %s, but rank %d has not reached "
+                                 "collective #%llu within %.0f s; its last collective was %s. A collective must be "
+                                 "called by every rank: look for one that only some ranks reach (inside an if on "
+                                 "the rank, or a loop with a different number of batches per rank)", pg->rank, mine,
+                                 r, (unsigned long long)w->seq, pg->timeout, theirs[0] ? theirs : "none yet");
+            }
+            ddp__sleep(0.0005);
+        }
+        if (strcmp(theirs, mine) != 0)
+            return ddp__fail(DDP_ERR_DESYNC, "desync at collective #%llu: this rank (%d) calls %s, rank %d calls %s. "
+                             "Every rank must call the same collectives in the same order with the same sizes",
+                             (unsigned long long)w->seq, pg->rank, mine, r, theirs);
+    }
+    return DDP_OK;
+}
+
+/* ---- the collectives' common entrance -------------------------------------------------------------- */
+
+DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const void* send, size_t count,
+                                        ddp_dtype dtype, ddp_reduce_op op, int root, int lazy, ddp_work** work) {
+    ddp_work* w;
+    ddp_status s;
+    if (work) *work = NULL;
+    if (dtype == DDP_DTYPE_DEFAULT) dtype = DDP_F32;
+    if (ddp_dtype_size(dtype) == 0)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", ddp__coll_name(kind), (int)dtype);
+    if (op != DDP_SUM && op != DDP_AVG && op != DDP_MAX)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", ddp__coll_name(kind), (int)op);
+    if (root < 0 || root >= pg->world)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d is not a rank (0..%d)", root, pg->world - 1);
+    if (count > 0 && (!buf || ((kind == DDP__ALL_GATHER || kind == DDP__REDUCE_SCATTER) && !send)))
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: a buffer is NULL", ddp__coll_name(kind));
+    pthread_mutex_lock(&pg->lock); /* the communication thread sets broken under it */
+    s = pg->broken;
+    if (s != DDP_OK) {
+        char msg[sizeof pg->broken_msg];
+        memcpy(msg, pg->broken_msg, sizeof msg);
+        pthread_mutex_unlock(&pg->lock);
+        return ddp__fail(s, "an earlier collective failed, so this group can no longer be used: %s", msg);
+    }
+    pthread_mutex_unlock(&pg->lock);
+    w = (ddp_work*)ddp__calloc(sizeof *w);
+    if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a work handle failed");
+    w->pg = pg, w->kind = kind, w->buf = buf, w->send = send, w->count = count;
+    w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq, w->lazy = lazy;
+    ddp__flight_note(pg, w, DDP__FL_QUEUED);
+    if (ddp__log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
+        ddp__flight_note(pg, w, DDP__FL_FAILED);
+        DDP_FREE(w);
+        return ddp__pg_break(pg, s);
+    }
+    if (pg->device.type == DDP_DEVICE_CUDA && pg->vt == ddp__cpu_vt()) {
+        /* the host thread must not read GPU memory before the kernels writing it are done */
+        s = ddp__event_create(pg->device, &w->ready);
+        if (s == DDP_OK) s = ddp__event_record(w->ready, pg->user_stream);
+        if (s != DDP_OK) {
+            ddp__event_destroy(w->ready);
+            DDP_FREE(w);
+            return s;
+        }
+    }
+    if (!work && pg->vt == ddp__cpu_vt()) {
+        /* A blocking call with nothing queued runs right here: handing it to the communication
+           thread and waiting for it to finish would only add two thread switches. */
+        int idle;
+        pthread_mutex_lock(&pg->lock);
+        idle = !pg->head && !pg->inline_busy;
+        if (idle) pg->inline_busy = 1;
+        pthread_mutex_unlock(&pg->lock);
+        if (idle) {
+            s = ddp__cpu_run(pg, w);
+            pthread_mutex_lock(&pg->lock);
+            pg->inline_busy = 0;
+            if (s != DDP_OK && !pg->broken) {
+                pg->broken = s;
+                snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
+            }
+            if (pg->head) pthread_cond_signal(&pg->cond); /* queued by another thread meanwhile */
+            pthread_mutex_unlock(&pg->lock);
+            ddp__event_destroy(w->ready);
+            DDP_FREE(w);
+            return s;
+        }
+    }
+    s = pg->vt->submit(pg, w);
+    if (s != DDP_OK) {
+        ddp__event_destroy(w->ready);
+        DDP_FREE(w);
+        return s;
+    }
+    if (work) {
+        *work = w;
+        return DDP_OK;
+    }
+    return ddp_work_wait(w);
+}
+
+DDP__DEF ddp_status ddp_work_wait(ddp_work* w) {
+    ddp_status s;
+    ddp_pg* pg;
+    if (!w) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_work_wait: work is NULL");
+    pg = w->pg;
+    s = pg->vt->wait(pg, w);
+    /* the CPU backend's wait frees w, or (abandoned) leaves it to the communication thread */
+    if (pg->vt != ddp__cpu_vt()) {
+        ddp__event_destroy(w->ready);
+        DDP_FREE(w);
+    }
+    return s;
+}
+
+/* *done = 1 when the collective has finished (successfully or not), without blocking. */
+DDP__PRIVATE ddp_status ddp__work_test(ddp_work* w, int* done) {
+    if (!w) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp__work_test: work is NULL");
+    return w->pg->vt->test(w->pg, w, done);
+}
+
+DDP__DEF ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
+                                   ddp_work** work) {
+    return ddp__collective(pg, DDP__ALL_REDUCE, buf, NULL, count, dtype, op, 0, 0, work);
+}
+/* buf[0..count) = root's buf, on every rank. */
+DDP__PRIVATE ddp_status ddp__broadcast(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, int root, ddp_work** work) {
+    return ddp__collective(pg, DDP__BROADCAST, buf, NULL, count, dtype, DDP_SUM, root, 0, work);
+}
+DDP__DEF ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
+                                   ddp_work** work) {
+    return ddp__collective(pg, DDP__ALL_GATHER, recv, send, count, dtype, DDP_SUM, 0, 0, work);
+}
+DDP__DEF ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
+                                       ddp_reduce_op op, ddp_work** work) {
+    return ddp__collective(pg, DDP__REDUCE_SCATTER, recv, send, count, dtype, op, 0, 0, work);
+}
+DDP__DEF ddp_status ddp_barrier(ddp_pg* pg) {
+    /* an all-reduce of one number: ordered with the other collectives, and done by every rank
+       only when every rank has contributed */
+    if (!pg->one) DDP__TRY(ddp_alloc(pg->device, sizeof(float), (void**)&pg->one)); /* kept: no malloc per call */
+    return ddp_all_reduce(pg, pg->one, 1, DDP_F32, DDP_SUM, NULL);
+}
+
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>launch: reading the launcher's environment                                   (chapters 3-5)  */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE ddp_status ddp__slurm_first_host(const char* nodelist, char* out, size_t outsize); /* >>slurm */
+
+/*
+   Three jobs live here, in the order a process meets them:
+     1. ddp__env_resolve: "who am I in this job?" A launcher (ddprun, torchrun, mpirun, srun) puts
+        the answer in environment variables, each launcher under its own names.
+     2. ddp_spawn: start N copies of a C function on this machine (torch.multiprocessing.spawn).
+     3. the supervision of child processes that ddp_spawn and the ddprun program share: reap
+        children without blocking, stop the others when one fails (SIGTERM, then SIGKILL after a
+        grace period), pass the launcher's own SIGINT/SIGTERM on, and keep a guardian process
+        that stops the ranks if the launcher itself is killed.
+   ddprun itself (torchrun's analogue: flags, restarts, output prefixed by rank) is a user of this
+   header, in tools/ddprun.c; it is not compiled into a training program.
+*/
+
+#include <fcntl.h>      /* open, fcntl(FD_CLOEXEC) */
+#include <limits.h>     /* INT_MAX */
+#include <poll.h>       /* poll over the children's pipes */
+#include <signal.h>     /* sigaction, kill */
+#include <sys/types.h>
+#include <sys/socket.h> /* a free port: bind to port 0 and ask which one we got */
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <sys/wait.h>   /* waitpid and the W* macros */
+#include <time.h>       /* clock_gettime, nanosleep */
+#if DDP__LINUX
+#include <sys/prctl.h>  /* PR_SET_PDEATHSIG: a rank dies with its launcher */
+#endif
+
+#define DDP__MAX_SPAWN 256          /* ranks one ddp_spawn or ddprun starts on a machine */
+#define DDP__DEFAULT_PORT 29500     /* torchrun's and TCPStore's default MASTER_PORT */
+
+/* ---- reading the environment -------------------------------------------------------------------- */
+
+/* The variable names one launcher uses. The first one that is present decides everything: mixing
+   torchrun's RANK with SLURM's SLURM_NTASKS would give nonsense. */
+typedef struct ddp__env_src {
+    const char* source;                                        /* ddp_env.source */
+    const char *rank, *world, *local_rank, *local_world, *node; /* node may be NULL */
+    const char* setter;                                        /* who normally sets them */
+} ddp__env_src;
+
+static const char* const ddp__env_what_rank = "this process's number, 0 to the world size - 1";
+static const char* const ddp__env_what_world = "the number of processes";
+static const char* const ddp__env_what_local_rank = "this process's number on its machine";
+static const char* const ddp__env_what_local_world = "the number of processes on this machine";
+static const char* const ddp__env_what_node = "this machine's number, 0 to the number of machines - 1";
+
+/* A whole decimal number: strtol must use every character, so "3x", "" and " 3" are refused. */
+DDP__PRIVATE int ddp__env_parse_int(const char* s, long* out) {
+    char* end;
+    long v;
+    if (!s || !*s || isspace((unsigned char)*s)) return 0;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno != 0 || *end != 0 || v > INT_MAX || v < -INT_MAX) return 0;
+    *out = v;
+    return 1;
+}
+
+/* Read the integer variable `name` (at least `min`) into *out. `because` names the variable that
+   made this source count (for "X is not set but Y is"); `what` completes "set X to ...". */
+DDP__PRIVATE ddp_status ddp__env_read(const ddp__env_src* s, const char* name, const char* because,
+                                      const char* what, int min, int* out) {
+    const char* v = getenv(name);
+    long x;
+    if (!v)
+        return ddp__fail(DDP_ERR_ENV, "%s is not set but %s is: set %s to %s (%s sets it)", name,
+                         because, name, what, s->setter);
+    if (!*v)
+        return ddp__fail(DDP_ERR_ENV, "%s is set but empty: set %s to %s (%s sets it)", name, name,
+                         what, s->setter);
+    if (!ddp__env_parse_int(v, &x))
+        return ddp__fail(DDP_ERR_ENV, "%s=%s is not a whole number: set %s to %s (%s sets it)", name, v,
+                         name, what, s->setter);
+    if (x < min)
+        return ddp__fail(DDP_ERR_ENV, "%s=%s is %s: set %s to %s (%s sets it)", name, v,
+                         min == 0 ? "negative" : "below 1", name, what, s->setter);
+    *out = (int)x;
+    return DDP_OK;
+}
+
+/* The numbers must fit together: rank below world size, local rank below local world size. The
+   names are the variables' (or desc fields') so the message points at what to change. */
+DDP__PRIVATE ddp_status ddp__env_check(const ddp__env_src* s, const ddp_env* e, ddp_status bad) {
+    if (e->world_size < 1)
+        return ddp__fail(bad, "%s=%d is below 1: set it to %s", s->world, e->world_size, ddp__env_what_world);
+    if (e->rank < 0 || e->rank >= e->world_size)
+        return ddp__fail(bad, "%s=%d is not below %s=%d: ranks run 0..%d", s->rank, e->rank, s->world,
+                         e->world_size, e->world_size - 1);
+    if (e->local_world_size < 1 || e->local_world_size > e->world_size)
+        return ddp__fail(bad, "%s=%d is not between 1 and %s=%d: set it to %s", s->local_world,
+                         e->local_world_size, s->world, e->world_size, ddp__env_what_local_world);
+    if (e->local_rank < 0 || e->local_rank >= e->local_world_size)
+        return ddp__fail(bad, "%s=%d is not below %s=%d: local ranks run 0..%d", s->local_rank,
+                         e->local_rank, s->local_world, e->local_world_size, e->local_world_size - 1);
+    return DDP_OK;
+}
+
+/* Explicit placement from ddp_desc. A desc without local numbers means one machine. */
+DDP__PRIVATE ddp_status ddp__env_explicit(const ddp_desc* d, ddp_env* e) {
+    static const ddp__env_src src = {"explicit", "desc.rank", "desc.world_size", "desc.local_rank",
+                                     "desc.local_world_size", NULL, "your program"};
+    e->rank = d->rank;
+    e->world_size = d->world_size;
+    e->local_rank = d->local_world_size > 0 ? d->local_rank : d->rank;
+    e->local_world_size = d->local_world_size > 0 ? d->local_world_size : d->world_size;
+    if (d->local_world_size <= 0 && d->local_rank != 0)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "desc.local_rank=%d is set but desc.local_world_size "
+                         "is not: set both, or neither for ranks that all run on this machine", d->local_rank);
+    DDP__TRY(ddp__env_check(&src, e, DDP_ERR_INVALID_ARGUMENT));
+    e->node_rank = e->rank / e->local_world_size;
+    e->source = src.source;
+    return DDP_OK;
+}
+
+/* torchrun's (and ddprun's) variables. LOCAL_RANK and LOCAL_WORLD_SIZE may both be missing (a
+   hand-made launch on one machine); one without the other is a mistake. */
+DDP__PRIVATE ddp_status ddp__env_torchrun(ddp_env* e) {
+    static const ddp__env_src s = {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                   "GROUP_RANK", "ddprun"};
+    int has_lr = getenv("LOCAL_RANK") != NULL, has_lw = getenv("LOCAL_WORLD_SIZE") != NULL;
+    DDP__TRY(ddp__env_read(&s, "RANK", "RANK", ddp__env_what_rank, 0, &e->rank));
+    DDP__TRY(ddp__env_read(&s, "WORLD_SIZE", "RANK", ddp__env_what_world, 1, &e->world_size));
+    if (!has_lr && !has_lw) {
+        e->local_rank = e->rank;
+        e->local_world_size = e->world_size;
+        ddp__log(DDP_LOG_INFO, "LOCAL_RANK and LOCAL_WORLD_SIZE are not set: assuming all %d ranks run on "
+                "this machine (local rank = rank)", e->world_size);
+    } else {
+        DDP__TRY(ddp__env_read(&s, "LOCAL_RANK", has_lr ? "RANK" : "LOCAL_WORLD_SIZE",
+                               ddp__env_what_local_rank, 0, &e->local_rank));
+        DDP__TRY(ddp__env_read(&s, "LOCAL_WORLD_SIZE", "LOCAL_RANK", ddp__env_what_local_world, 1,
+                               &e->local_world_size));
+    }
+    DDP__TRY(ddp__env_check(&s, e, DDP_ERR_ENV));
+    if (getenv("GROUP_RANK")) DDP__TRY(ddp__env_read(&s, "GROUP_RANK", "RANK", ddp__env_what_node, 0, &e->node_rank));
+    else e->node_rank = e->rank / e->local_world_size;
+    e->source = s.source;
+    return DDP_OK;
+}
+
+/* Open MPI's variables (mpirun -np N): all four are always exported together. */
+DDP__PRIVATE ddp_status ddp__env_openmpi(ddp_env* e) {
+    static const ddp__env_src s = {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                   "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL, "mpirun"};
+    DDP__TRY(ddp__env_read(&s, s.rank, s.rank, ddp__env_what_rank, 0, &e->rank));
+    DDP__TRY(ddp__env_read(&s, s.world, s.rank, ddp__env_what_world, 1, &e->world_size));
+    DDP__TRY(ddp__env_read(&s, s.local_rank, s.rank, ddp__env_what_local_rank, 0, &e->local_rank));
+    DDP__TRY(ddp__env_read(&s, s.local_world, s.rank, ddp__env_what_local_world, 1, &e->local_world_size));
+    DDP__TRY(ddp__env_check(&s, e, DDP_ERR_ENV));
+    e->node_rank = e->rank / e->local_world_size; /* mpirun fills each node's slots in turn */
+    e->source = s.source;
+    return DDP_OK;
+}
+
+/* SLURM writes tasks per node as "2", "2(x3)" (2 on each of 3 nodes) or "3,2" (3 on the first
+   node, 2 on the second). We take the first number: the usual case is the same on every node. */
+DDP__PRIVATE ddp_status ddp__env_slurm_local_world(ddp__env_src* s, int* out) {
+    const char* name = getenv("SLURM_NTASKS_PER_NODE") ? "SLURM_NTASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+    const char* v = getenv(name);
+    char* end;
+    long x;
+    s->local_world = name;
+    if (!v)
+        return ddp__fail(DDP_ERR_ENV, "neither SLURM_NTASKS_PER_NODE nor SLURM_TASKS_PER_NODE is set but "
+                         "SLURM_PROCID is: run the program through srun, which sets them");
+    errno = 0;
+    x = isdigit((unsigned char)v[0]) ? strtol(v, &end, 10) : -1;
+    if (x < 1 || errno != 0 || x > INT_MAX || (*end != 0 && *end != '(' && *end != ','))
+        return ddp__fail(DDP_ERR_ENV, "%s=%s is not a task count such as 2 or 2(x3): set it to %s "
+                         "(srun sets it)", name, v, ddp__env_what_local_world);
+    *out = (int)x;
+    return DDP_OK;
+}
+
+/* SLURM's variables under srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID. */
+DDP__PRIVATE ddp_status ddp__env_slurm(ddp_env* e) {
+    ddp__env_src s = {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE",
+                      "SLURM_NODEID", "srun"};
+    DDP__TRY(ddp__env_read(&s, s.rank, s.rank, ddp__env_what_rank, 0, &e->rank));
+    DDP__TRY(ddp__env_read(&s, s.world, s.rank, ddp__env_what_world, 1, &e->world_size));
+    DDP__TRY(ddp__env_read(&s, s.local_rank, s.rank, ddp__env_what_local_rank, 0, &e->local_rank));
+    DDP__TRY(ddp__env_slurm_local_world(&s, &e->local_world_size));
+    DDP__TRY(ddp__env_read(&s, s.node, s.rank, ddp__env_what_node, 0, &e->node_rank));
+    DDP__TRY(ddp__env_check(&s, e, DDP_ERR_ENV));
+    e->source = s.source;
+    return DDP_OK;
+}
+
+/* Where rank 0's store listens: desc, MASTER_ADDR, SLURM's first host, or this machine for a job
+   that cannot span machines. A multi-machine job without an address is an error, never a guess. */
+DDP__PRIVATE ddp_status ddp__env_master_addr(const ddp_desc* d, ddp_env* e) {
+    const char* a = d && d->master_addr && *d->master_addr ? d->master_addr : getenv("MASTER_ADDR");
+    const char* list = getenv("SLURM_JOB_NODELIST") ? getenv("SLURM_JOB_NODELIST") : getenv("SLURM_NODELIST");
+    if (a && *a) {
+        const char* colon = strchr(a, ':');
+        if (strlen(a) >= sizeof e->master_addr)
+            return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is %d characters long; at most %d fit",
+                             (int)strlen(a), (int)sizeof e->master_addr - 1);
+        /* one colon is "host:port" (an IPv6 address has several): a common slip */
+        if (colon && !strchr(colon + 1, ':'))
+            return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR=%s holds a port: give only the host in MASTER_ADDR "
+                             "(MASTER_ADDR=%.*s) and the port in MASTER_PORT (MASTER_PORT=%s)", a, (int)(colon - a),
+                             a, colon + 1);
+        strcpy(e->master_addr, a);
+        return DDP_OK;
+    }
+    if (!strcmp(e->source, "slurm") && list)
+        return ddp__slurm_first_host(list, e->master_addr, sizeof e->master_addr);
+    if (e->world_size > 1 && !strcmp(e->source, "openmpi"))
+        return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is not set: Open MPI exports no master address, so "
+                         "MASTER_ADDR and MASTER_PORT must be set and passed on, e.g. "
+                         "mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500 ...");
+    if (e->world_size > 1 && !strcmp(e->source, "torchrun"))
+        return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is not set but WORLD_SIZE=%d: set MASTER_ADDR to the "
+                         "address of rank 0's machine, 127.0.0.1 when every rank runs here (ddprun sets it)",
+                         e->world_size);
+    if (e->world_size > 1 && !strcmp(e->source, "slurm"))
+        return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is not set and neither is SLURM_JOB_NODELIST: set "
+                         "MASTER_ADDR to the host of rank 0");
+    strcpy(e->master_addr, "127.0.0.1"); /* one process, or explicit ranks: all on this machine */
+    return DDP_OK;
+}
+
+/* The store's port: desc, MASTER_PORT, SLURM's job id (Lightning's rule, so that two jobs sharing
+   a node get different ports), else 29500. */
+DDP__PRIVATE ddp_status ddp__env_master_port(const ddp_desc* d, ddp_env* e) {
+    const char* p = getenv("MASTER_PORT");
+    const char* job = getenv("SLURM_JOB_ID");
+    long x;
+    if (d && d->master_port > 0) {
+        if (d->master_port > 65535)
+            return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "desc.master_port=%d is not a port: use 1..65535",
+                             d->master_port);
+        e->master_port = d->master_port;
+    } else if (p) {
+        if (!ddp__env_parse_int(p, &x) || x < 1 || x > 65535)
+            return ddp__fail(DDP_ERR_ENV, "MASTER_PORT=%s is not a port number: set MASTER_PORT to a free TCP "
+                             "port, 1..65535 (ddprun --standalone picks one)", p);
+        e->master_port = (int)x;
+    } else if (!strcmp(e->source, "slurm") && job && *job) {
+        size_t n = strlen(job);
+        const char* last4 = n > 4 ? job + n - 4 : job;
+        e->master_port = ddp__env_parse_int(last4, &x) && x >= 0 ? 15000 + (int)x : DDP__DEFAULT_PORT;
+    } else {
+        e->master_port = DDP__DEFAULT_PORT;
+    }
+    return DDP_OK;
+}
+
+/* Resolve rank, world size, local rank and the master address from desc and the environment:
+   explicit beats torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK),
+   beats Open MPI's (OMPI_COMM_WORLD_*; MASTER_ADDR must be exported when there is more than one
+   process), beats SLURM's (counted when SLURM_PROCID and SLURM_NTASKS are set; the master is
+   the first host of SLURM_JOB_NODELIST and, without MASTER_PORT, the port is 15000 + the last
+   four digits of SLURM_JOB_ID); nothing set means a single process. Also sets the "[rank R/W]"
+   prefix of log lines. DDP_ERR_ENV naming the variable and what to set when one is missing,
+   non-numeric, out of range or inconsistent with the others; DDP_ERR_INVALID_ARGUMENT naming
+   the desc field for explicit values. */
+DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out) {
+    ddp_env e;
+    ddp_status s;
+    if (!out) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp__env_resolve: out is NULL");
+    memset(&e, 0, sizeof e);
+    if (desc && desc->explicit_rank) s = ddp__env_explicit(desc, &e);
+    else if (getenv("RANK")) s = ddp__env_torchrun(&e);
+    else if (getenv("OMPI_COMM_WORLD_RANK")) s = ddp__env_openmpi(&e);
+    else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS")) s = ddp__env_slurm(&e);
+    else if (getenv("WORLD_SIZE"))
+        /* Half a torchrun setup: without this check the process would quietly run alone. */
+        s = ddp__fail(DDP_ERR_ENV, "WORLD_SIZE=%s is set but RANK is not: set RANK to %s (ddprun sets it)",
+                      getenv("WORLD_SIZE"), ddp__env_what_rank);
+    else {
+        e.world_size = e.local_world_size = 1; /* nothing set: a single process */
+        e.source = "default";
+        s = DDP_OK;
+    }
+    if (s == DDP_OK) s = ddp__env_master_addr(desc, &e);
+    if (s == DDP_OK) s = ddp__env_master_port(desc, &e);
+    if (s != DDP_OK) return s;
+    *out = e;
+    ddp__g.rank = e.rank; /* from now on log lines read "[rank R/W]" */
+    ddp__g.world = e.world_size;
+    ddp__g.placed = 1;
+    ddp__log(DDP_LOG_INFO, "placement from %s: rank %d of %d, local rank %d of %d, node %d, master %s:%d",
+            e.source, e.rank, e.world_size, e.local_rank, e.local_world_size, e.node_rank, e.master_addr,
+            e.master_port);
+    return DDP_OK;
+}
+
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>data: data files, the distributed sampler, batches                           (chapters 1-2)  */
+/* ============================================================================================== */
+#if DDP__DECLARE
+
+typedef struct ddp_dataset {
+    int n;          /* samples */
+    int nfeatures;  /* columns of x */
+    int nclasses;   /* labels are 0 .. nclasses-1 */
+    float* x;       /* [n, nfeatures], host memory */
+    int* y;         /* [n], host memory */
+} ddp_dataset;
+
+/* Find a bundled data set by name ("wine", "digits"), looking in `dir` when not NULL, else in
+   $DDP_DATA_DIR, else examples/data; or load `name` as a path when it ends in ".csv".
+   A CSV file has one header row, then one row per sample whose last column is an integer label
+   >= 0. DDP_ERR_IO (naming the places it looked) when it cannot be read, DDP_ERR_DATA_FORMAT
+   (naming line and column) when a row is malformed; *out is left empty on error. */
+DDP_API ddp_status ddp_dataset_load(const char* name, const char* dir, ddp_dataset* out);
+/* Shuffle with `seed` and cut ceil(test_fraction * n) samples into *test, the rest into *train
+   (scikit-learn's train_test_split rule; a double, as Python computes it: 0.2 of 100 is 20). DDP_ERR_INVALID_ARGUMENT unless 0 < fraction < 1 and
+   both parts are non-empty. */
+DDP_API ddp_status ddp_dataset_split(const ddp_dataset* all, double test_fraction, uint64_t seed,
+                                     ddp_dataset* train, ddp_dataset* test);
+/* Scale each feature to mean 0, variance 1 using the TRAINING set's statistics, applied to both
+   (test may be NULL): the test set must not leak into training. Constant features become 0. */
+DDP_API void ddp_dataset_standardize(ddp_dataset* train, ddp_dataset* test);
+/* Free a data set's arrays and zero it. */
+DDP_API void ddp_dataset_free(ddp_dataset* d);
+
+/* The distributed sampler (PyTorch's DistributedSampler): which samples this rank visits in an
+   epoch. With shuffling, every rank draws the same permutation of 0..n-1 from seed + epoch; the
+   list is padded with its own first entries up to a multiple of the number of replicas (or, with
+   drop_last, cut down to one); rank r then takes positions r, r + R, r + 2R, ... So the ranks'
+   samples are disjoint apart from the padding, and together they cover the data set. With one
+   replica it is simply a seeded shuffle, which is how chapter 1 uses it. */
+typedef struct ddp_sampler_desc {
+    const ddp_pg* pg;  /* replicas and rank from this group; NULL: num_replicas and rank below */
+    int num_replicas;  /* without pg; 0 means 1 */
+    int rank;          /* without pg */
+    uint64_t seed;     /* must be the same on every rank; default 0 */
+    int in_order;      /* 1: keep the data set's order (PyTorch's shuffle=False); default: shuffle */
+    int drop_last;     /* 1: drop the tail instead of padding */
+} ddp_sampler_desc;
+
+typedef struct ddp_sampler {
+    int n, num_replicas, rank, shuffle, drop_last, epoch;
+    uint64_t seed;
+    int num_samples;   /* indices per rank per epoch: ceil(n/R), or floor(n/R) with drop_last */
+    int total_size;    /* num_samples * R: n plus the padding, or less the dropped tail */
+} ddp_sampler;
+
+/* Set up a sampler over n samples. DDP_ERR_INVALID_ARGUMENT for n < 0, num_replicas < 1, or
+   rank outside 0..num_replicas-1 (the message names the field). */
+DDP_API ddp_status ddp_sampler_init(ddp_sampler* s, int n, const ddp_sampler_desc* desc);
+/* Choose the epoch whose order ddp_sampler_indices gives. Call it before every epoch: without
+   it every epoch repeats the same order (PyTorch's set_epoch). */
+DDP_API void ddp_sampler_set_epoch(ddp_sampler* s, int epoch);
+/* Write this rank's s->num_samples indices for the current epoch into out. */
+DDP_API void ddp_sampler_indices(const ddp_sampler* s, int* out);
+/* How many of this rank's indices in the current epoch are padding (repeats of samples another
+   position already holds): 0 or 1, the last one, to leave out of an evaluation. 0 with drop_last. */
+DDP_API int ddp_sampler_padding(const ddp_sampler* s);
+
+/* Batches from a data set in a sampler's order (PyTorch's DataLoader over a sampler). */
+typedef struct ddp_loader {
+    const ddp_dataset* data;
+    int batch_size;
+    int drop_last;     /* 1: skip a last batch smaller than batch_size */
+    int* order;        /* this epoch's indices */
+    int count, pos;
+    int resume_pos;    /* set by ddp_snapshot_load: the next ddp_loader_start of epoch resume_epoch
+                          begins here (a start at another epoch begins at that epoch's first batch) */
+    int last_epoch;    /* the sampler's epoch + 1 at this loader's previous shuffled start (0:
+                          none); the same epoch twice means ddp_sampler_set_epoch was not called */
+    float* x;          /* the current batch, [batch_size, nfeatures] */
+    int* y;
+    int epoch;         /* the sampler's epoch at this loader's last start: where pos belongs */
+    int resume_epoch;  /* the epoch resume_pos belongs to */
+    int resume;        /* 1: ddp_snapshot_load left resume_pos for the next start; 2: the same, from
+                          a file that does not say which epoch the position belongs to */
+} ddp_loader;
+
+/* What a loader cuts an epoch into (torch.utils.data.DataLoader's arguments of the same names). */
+typedef struct ddp_loader_desc {
+    int batch_size;    /* samples per batch; default 1, as PyTorch's */
+    int drop_last;     /* 1: skip a last batch smaller than batch_size */
+} ddp_loader_desc;
+
+/* Prepare a loader over data (allocates its batch buffers once); desc NULL takes the defaults.
+   DDP_ERR_INVALID_ARGUMENT for a NULL data set or a negative batch_size. */
+DDP_API ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, const ddp_loader_desc* desc);
+/* Start an epoch in the sampler's current order (call ddp_sampler_set_epoch first). After
+   ddp_snapshot_load, the first start resumes at the snapshot's position when the sampler is at the
+   snapshot's epoch (a position at the epoch's end then leaves no batch: that epoch is done); at
+   any other epoch it begins at the first batch, with a warning if that leaves the snapshot's epoch
+   unfinished. A shuffling sampler at the same epoch as this loader's previous start logs a
+   warning (once per process) naming ddp_sampler_set_epoch: every epoch would repeat one order. */
+DDP_API ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s);
+/* The next batch: *x and *y point into the loader; returns its size, 0 when the epoch is over. */
+DDP_API int ddp_loader_next(ddp_loader* l, const float** x, const int** y);
+/* Batches per epoch for the current order. */
+DDP_API int ddp_loader_batches(const ddp_loader* l);
+/* Free the loader's buffers. */
+DDP_API void ddp_loader_free(ddp_loader* l);
+
+#endif /* DDP__DECLARE */
+#if DDP__IMPLEMENT
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE void ddp__dataset_gather(const ddp_dataset* d, const int* idx, int count,
+                                      float* x, int* y); /* >>data */
+DDP__PRIVATE ddp_status ddp__dataset_load_csv(const char* path, ddp_dataset* out); /* >>files */
+
+DDP__DEF void ddp_dataset_free(ddp_dataset* d) {
+    if (!d) return;
+    if (d->x) DDP_FREE(d->x);
+    if (d->y) DDP_FREE(d->y);
+    memset(d, 0, sizeof *d);
+}
+
+/* The largest data file we agree to read: far above the bundled sets, far below a mistake such
+   as pointing the loader at a disk image. */
+DDP__DEF ddp_status ddp_dataset_load(const char* name, const char* dir, ddp_dataset* out) {
+    char path[1024];
+    size_t len = name ? strlen(name) : 0;
+    const char* env = getenv("DDP_DATA_DIR");
+    ddp_status s;
+    memset(out, 0, sizeof *out); /* empty on every error, as ddp__dataset_load_csv */
+    if (!name) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_dataset_load: name is NULL");
+    if (len > 4 && !strcmp(name + len - 4, ".csv")) return ddp__dataset_load_csv(name, out);
+    if (strchr(name, '/') || len == 0 || len > 64)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "data set \"%s\" is neither a bundled name (wine, digits) nor a .csv path", name);
+    if (!dir) dir = (env && *env) ? env : "examples/data";
+    snprintf(path, sizeof path, "%s/%s.csv", dir, name);
+    s = ddp__dataset_load_csv(path, out);
+    if (s == DDP_ERR_IO) {
+        char first[sizeof ddp__err_msg];
+        memcpy(first, ddp__err_msg, sizeof first);
+        return ddp__fail(DDP_ERR_IO,
+                         "%s. The bundled data sets are wine and digits in examples/data: run from "
+                         "the repository's top folder, or set DDP_DATA_DIR (or --data-dir) to that "
+                         "folder", first);
+    }
+    return s;
+}
+
+DDP__DEF ddp_status ddp_dataset_split(const ddp_dataset* all, double test_fraction, uint64_t seed,
+                                      ddp_dataset* train, ddp_dataset* test) {
+    int ntest, ntrain, *perm;
+    ddp_dataset parts[2];
+    int k;
+    memset(train, 0, sizeof *train);
+    memset(test, 0, sizeof *test);
+    if (!(test_fraction > 0.0 && test_fraction < 1.0))
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "test_fraction is %g; it must be between 0 and 1",
+                         test_fraction);
+    ntest = (int)ceil(test_fraction * all->n);
+    ntrain = all->n - ntest;
+    if (ntest < 1 || ntrain < 1)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "splitting %d samples with test_fraction %g leaves an empty part", all->n,
+                         test_fraction);
+    perm = (int*)ddp__malloc((size_t)all->n * sizeof(int));
+    if (!perm) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a permutation failed");
+    ddp_permutation(all->n, seed, perm);
+    for (k = 0; k < 2; k++) {
+        ddp_dataset* d = &parts[k];
+        d->n = k == 0 ? ntest : ntrain;
+        d->nfeatures = all->nfeatures;
+        d->nclasses = all->nclasses;
+        d->x = (float*)ddp__malloc((size_t)d->n * d->nfeatures * sizeof(float));
+        d->y = (int*)ddp__malloc((size_t)d->n * sizeof(int));
+        if (!d->x || !d->y) {
+            if (k == 1) ddp_dataset_free(&parts[0]);
+            ddp_dataset_free(d);
+            DDP_FREE(perm);
+            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the split failed");
+        }
+        ddp__dataset_gather(all, perm + (k == 0 ? 0 : ntest), d->n, d->x, d->y);
+    }
+    DDP_FREE(perm);
+    *test = parts[0];
+    *train = parts[1];
+    return DDP_OK;
+}
+
+DDP__DEF void ddp_dataset_standardize(ddp_dataset* train, ddp_dataset* test) {
+    int j, i, f = train->nfeatures;
+    for (j = 0; j < f; j++) {
+        double mean = 0, var = 0, sd;
+        for (i = 0; i < train->n; i++) mean += train->x[(size_t)i * f + j];
+        mean /= train->n;
+        for (i = 0; i < train->n; i++) {
+            double dv = train->x[(size_t)i * f + j] - mean;
+            var += dv * dv;
+        }
+        sd = sqrt(var / train->n); /* population deviation, as scikit-learn's StandardScaler */
+        if (sd == 0) sd = 1;       /* a constant feature carries no information: map it to 0 */
+        for (i = 0; i < train->n; i++)
+            train->x[(size_t)i * f + j] = (float)((train->x[(size_t)i * f + j] - mean) / sd);
+        if (test)
+            for (i = 0; i < test->n; i++)
+                test->x[(size_t)i * f + j] = (float)((test->x[(size_t)i * f + j] - mean) / sd);
     }
 }
 
-DDP__PRIVATE void ddp__gemm_cpu(int ta, int tb, int M, int N, int K, float alpha, const float* A,
-                                int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-    if (M == 0 || N == 0) return;
-#if defined(DDP_CBLAS)
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-                K, alpha, A, lda, B, ldb, beta, C, ldc);
-#else
-    ddp__gemm_loop(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-#endif
+/* Copy the samples idx[0..count) into x [count, nfeatures] and y [count]. */
+DDP__PRIVATE void ddp__dataset_gather(const ddp_dataset* d, const int* idx, int count, float* x, int* y) {
+    int i;
+    for (i = 0; i < count; i++) {
+        memcpy(x + (size_t)i * d->nfeatures, d->x + (size_t)idx[i] * d->nfeatures,
+               (size_t)d->nfeatures * sizeof(float));
+        y[i] = d->y[idx[i]];
+    }
 }
 
+/* ---- the distributed sampler (PyTorch's DistributedSampler) ---------------------------------- */
+
+DDP__DEF ddp_status ddp_sampler_init(ddp_sampler* s, int n, const ddp_sampler_desc* desc) {
+    ddp_sampler_desc d;
+    long long total;
+    memset(s, 0, sizeof *s);
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (d.pg) {
+        d.num_replicas = ddp_world_size(d.pg);
+        d.rank = ddp_rank(d.pg);
+    } else if (d.num_replicas == 0) {
+        d.num_replicas = 1;
+    }
+    if (n < 0) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_init: n is %d; it must be >= 0", n);
+    if (d.num_replicas < 1)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_init: num_replicas is %d; it must be >= 1",
+                         d.num_replicas);
+    if (d.rank < 0 || d.rank >= d.num_replicas)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "ddp_sampler_init: rank is %d; it must be in 0..%d (num_replicas is %d)", d.rank,
+                         d.num_replicas - 1, d.num_replicas);
+    s->n = n;
+    s->num_replicas = d.num_replicas;
+    s->rank = d.rank;
+    s->shuffle = !d.in_order;
+    s->drop_last = d.drop_last;
+    s->seed = d.seed;
+    /* PyTorch's rule: ceil((n - R) / R) with drop_last is floor(n / R); else ceil(n / R) */
+    s->num_samples = n / d.num_replicas + (!d.drop_last && n % d.num_replicas != 0);
+    total = (long long)s->num_samples * d.num_replicas;
+    if (total > 0x7fffffff) {
+        memset(s, 0, sizeof *s);
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "ddp_sampler_init: n = %d padded for %d replicas is more than 2^31 - 1 positions", n,
+                         d.num_replicas);
+    }
+    s->total_size = (int)total;
+    return DDP_OK;
+}
+
+DDP__DEF void ddp_sampler_set_epoch(ddp_sampler* s, int epoch) { s->epoch = epoch; }
+
+/* Padding never reaches a whole round (total_size < n + R), so a rank holds at most one padded
+   position, and it is its last. */
+DDP__DEF int ddp_sampler_padding(const ddp_sampler* s) {
+    if (s->drop_last || s->num_samples == 0) return 0;
+    return s->rank + (s->num_samples - 1) * s->num_replicas >= s->n;
+}
+
+/* Entry q of ddp_permutation(n, seed) without the array, for when memory for it is short: follow
+   position q back through the Fisher-Yates swaps, the last swap first. splitmix64 advances its
+   state by a constant, so the draw of each swap can be made directly. O(n) per entry. */
+DDP__PRIVATE int ddp__permutation_at(int n, uint64_t seed, int q) {
+    int i;
+    for (i = 1; i < n; i++) { /* the swap at i is the (n - i)-th draw */
+        ddp_rng r = ddp_rng_seed(seed + (uint64_t)(n - 1 - i) * 0x9E3779B97F4A7C15ull);
+        int j = (int)ddp_rng_below(&r, (uint32_t)i + 1);
+        if (q == i) q = j;
+        else if (q == j) q = i;
+    }
+    return q;
+}
+
+/* This rank's indices into out, using work[0..n) for the epoch's order. work may be out itself
+   (when out has room for n): position r + kR is never before k, so the strided reads stay ahead of
+   the writes, apart from the padded last one, read first. */
+DDP__PRIVATE void ddp__sampler_fill(const ddp_sampler* s, int* work, int* out) {
+    int k, ns = s->num_samples, R = s->num_replicas, pad = ddp_sampler_padding(s), last = 0;
+    if (ns == 0) return;
+    if (s->shuffle) ddp_permutation(s->n, s->seed + (uint64_t)s->epoch, work);
+    else
+        for (k = 0; k < s->n; k++) work[k] = k;
+    /* the padded list repeats the order from its front: position p holds order[p % n] */
+    if (pad) last = work[(s->rank + (ns - 1) * R) % s->n];
+    for (k = 0; k < ns - pad; k++) out[k] = work[s->rank + k * R];
+    if (pad) out[ns - 1] = last;
+}
+
+DDP__DEF void ddp_sampler_indices(const ddp_sampler* s, int* out) {
+    int k, *work;
+    if (s->num_samples == 0) return;
+    if (!s->shuffle) {
+        for (k = 0; k < s->num_samples; k++) out[k] = (s->rank + k * s->num_replicas) % s->n;
+        return;
+    }
+    if (s->num_samples >= s->n) { /* one replica, or n < R: out holds the whole order */
+        ddp__sampler_fill(s, out, out);
+        return;
+    }
+    work = (int*)ddp__malloc((size_t)s->n * sizeof(int));
+    if (work) {
+        ddp__sampler_fill(s, work, out);
+        DDP_FREE(work);
+        return;
+    }
+    /* no memory for the order: slower, but every rank still gets the same answer */
+    for (k = 0; k < s->num_samples; k++)
+        out[k] = ddp__permutation_at(s->n, s->seed + (uint64_t)s->epoch,
+                                     (s->rank + k * s->num_replicas) % s->n);
+}
+
+/* ---- batches (PyTorch's DataLoader over a sampler) ----------------------------------------- */
+
+DDP__DEF ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, const ddp_loader_desc* desc) {
+    int rows, batch_size = desc ? desc->batch_size : 0, drop_last = desc ? desc->drop_last : 0;
+    memset(l, 0, sizeof *l);
+    if (!data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: data is NULL");
+    if (batch_size < 0)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: batch_size is %d; it must be >= 1 (0: the "
+                         "default, 1)", batch_size);
+    if (batch_size == 0) batch_size = 1;
+    rows = batch_size < data->n ? batch_size : data->n; /* a batch never holds more than the data set */
+    if (rows < 1) rows = 1;
+    l->x = (float*)ddp__malloc((size_t)rows * (size_t)data->nfeatures * sizeof(float));
+    l->y = (int*)ddp__malloc((size_t)rows * sizeof(int));
+    if ((!l->x && data->nfeatures > 0) || !l->y) {
+        ddp_loader_free(l);
+        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_loader_init: allocating a batch of %d x %d failed", rows,
+                         data->nfeatures);
+    }
+    l->data = data;
+    l->batch_size = batch_size;
+    l->drop_last = drop_last;
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
+    if (!l->data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_start: the loader is not initialised");
+    if (s->n > l->data->n)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "ddp_loader_start: the sampler is over %d samples, the data set has only %d", s->n,
+                         l->data->n);
+    /* n entries: enough for any sampler over this data set (num_samples <= n) and for the whole
+       order as scratch, so no epoch allocates again */
+    if (!l->order && l->data->n > 0) {
+        l->order = (int*)ddp__malloc((size_t)l->data->n * sizeof(int));
+        if (!l->order)
+            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_loader_start: allocating %d indices failed", l->data->n);
+    }
+    ddp__sampler_fill(s, l->order, l->order);
+    l->count = s->num_samples;
+    l->pos = 0;
+    /* A snapshot's position belongs to the epoch it was taken in. A program that resumes at the
+       next epoch (it saved after an epoch's last batch, with the next epoch as its counter) starts
+       that epoch at its first batch; only a position in the middle of its epoch is then lost, and
+       said so. */
+    if (l->resume == 1 && s->epoch != l->resume_epoch) {
+        if (l->resume_pos > 0 && l->resume_pos < l->count &&
+            !(l->drop_last && l->count - l->resume_pos < l->batch_size))
+            ddp__log(DDP_LOG_WARN, "ddp_loader_start: the snapshot was taken %d samples into epoch %d (of %d on this "
+                    "rank), but the sampler is at epoch %d: epoch %d starts at its first batch, and the last %d samples "
+                    "of epoch %d are skipped. A snapshot taken inside the batch loop names the epoch it is in "
+                    "(snap.epoch = epoch); one taken after the loop names the next", l->resume_pos, l->resume_epoch,
+                    l->count, s->epoch, s->epoch, l->count - l->resume_pos, l->resume_epoch);
+    } else if (l->resume) {
+        l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
+    }
+    l->resume = 0, l->resume_pos = 0;
+    l->epoch = s->epoch;
+    /* PyTorch's most common sampler slip: no set_epoch, so every epoch draws the same order (the
+       order is a function of the seed and the epoch). A resumed epoch (ddp_snapshot_load) starts
+       afresh. */
+    if (s->shuffle && s->num_samples > 0) {
+        if (s->epoch + 1 == l->last_epoch && ddp__first_time(&ddp__warned_set_epoch))
+            ddp__log(DDP_LOG_WARN, "ddp_loader_start: the sampler's epoch is %d again, as at this loader's previous "
+                    "start, so this epoch visits the samples in the same order as the last one. Call "
+                    "ddp_sampler_set_epoch(&sampler, epoch) before each ddp_loader_start (PyTorch: "
+                    "sampler.set_epoch(epoch)). Printed once per process", s->epoch);
+        l->last_epoch = s->epoch + 1;
+    } else {
+        l->last_epoch = 0;
+    }
+    return DDP_OK;
+}
+
+DDP__DEF int ddp_loader_next(ddp_loader* l, const float** x, const int** y) {
+    int b = l->count - l->pos;
+    if (b > l->batch_size) b = l->batch_size;
+    if (b <= 0 || (l->drop_last && b < l->batch_size)) {
+        l->pos = l->count;
+        return 0;
+    }
+    ddp__dataset_gather(l->data, l->order + l->pos, b, l->x, l->y);
+    l->pos += b;
+    if (x) *x = l->x;
+    if (y) *y = l->y;
+    return b;
+}
+
+DDP__DEF int ddp_loader_batches(const ddp_loader* l) {
+    if (l->batch_size < 1) return 0;
+    return l->count / l->batch_size + (!l->drop_last && l->count % l->batch_size != 0);
+}
+
+DDP__DEF void ddp_loader_free(ddp_loader* l) {
+    if (!l) return;
+    if (l->order) DDP_FREE(l->order);
+    if (l->x) DDP_FREE(l->x);
+    if (l->y) DDP_FREE(l->y);
+    memset(l, 0, sizeof *l);
+}
+
+#endif /* DDP__IMPLEMENT */
+
 /* ============================================================================================== */
-/* >>nn: parameters, Linear/ReLU/GELU, losses, optimizers; backward fires the gradient-ready    */
-/*       hook (the C analogue of autograd's accumulate-grad hook)                  (chapter 1)   */
+/* >>nn: the model: layers, forward, losses, backward and its gradient-ready hook    (chapter 1)  */
 /* ============================================================================================== */
+#if DDP__DECLARE
+
+typedef struct ddp_param ddp_param;
+/* Called once per backward for each parameter, the moment its gradient is final (accumulated
+   into p->grad), last layer first. This is where data parallelism plugs in: the reducer's hook
+   starts averaging a gradient while backward still computes the earlier layers'. */
+typedef void (*ddp_grad_hook_fn)(ddp_param* p, void* user);
+
+struct ddp_param {
+    char name[32];       /* "fc1.weight", "fc1.bias", ... in registration order */
+    int index;           /* position in the model's parameter list */
+    int ndim;            /* 2 for a weight [out, in], 1 for a bias [out] */
+    int shape[2];
+    size_t count;        /* elements */
+    ddp_device device;
+    float* data;         /* count floats on `device` */
+    float* grad;         /* count floats on `device`; accumulates until ddp_model_zero_grad */
+    int nhooks;
+    ddp_grad_hook_fn hooks[DDP_MAX_HOOKS];
+    void* hook_user[DDP_MAX_HOOKS];
+};
+
+/* Register `fn` to run each time p's gradient becomes final. DDP_ERR_INVALID_ARGUMENT when
+   p already has DDP_MAX_HOOKS hooks. */
+DDP_API ddp_status ddp_param_add_hook(ddp_param* p, ddp_grad_hook_fn fn, void* user);
+/* Announce that p->grad is final for this backward: runs p's hooks in registration order.
+   ddp_model_backward calls it; a hand-written backward must call it for each parameter. */
+DDP_API void ddp_param_grad_ready(ddp_param* p);
+
+typedef enum ddp_layer_kind {
+    DDP_LAYER_NONE = 0,
+    DDP_LAYER_LINEAR, /* y = x W^T + b, W is [out, in] as in PyTorch */
+    DDP_LAYER_RELU,
+    DDP_LAYER_GELU    /* the exact (erf) form, PyTorch's default */
+} ddp_layer_kind;
+
+typedef struct ddp_model_desc {
+    ddp_device device; /* default: DDP_DEVICE_AUTO (a GPU when usable, else the CPU) */
+    uint64_t seed;     /* initial weights; the same seed gives the same weights on CPU and GPU */
+} ddp_model_desc;
+
+typedef struct ddp_model ddp_model; /* a sequential stack of layers */
+
+/* A multilayer perceptron sizes[0] -> sizes[1] -> ... -> sizes[n-1] with activation `act`
+   between the Linear layers (none after the last), initialised as PyTorch's Linear does:
+   U(-1/sqrt(in), 1/sqrt(in)) for weight and bias, drawn from desc->seed. DDP_ERR_NO_GPU or
+   DDP_ERR_NOT_BUILT when desc->device is unusable, DDP_ERR_INVALID_ARGUMENT for a size < 1. */
+DDP_API ddp_status ddp_model_mlp(const ddp_model_desc* desc, const int* sizes, int n,
+                                 ddp_layer_kind act, ddp_model** out);
+/* Free the model and everything on its device. NULL is ignored. */
+DDP_API void ddp_model_destroy(ddp_model* m);
+
+/* The model's number of parameters, parameter i (NULL outside 0..n-1), and its compute stream
+   (NULL on the CPU). */
+DDP_API int ddp_model_num_params(const ddp_model* m);
+DDP_API ddp_param* ddp_model_param(ddp_model* m, int i);
+DDP_API ddp_stream* ddp_model_stream(ddp_model* m);
+/* Total number of parameter elements. */
+DDP_API size_t ddp_model_num_elements(const ddp_model* m);
+
+/* Run the layers on x, a host array [batch, in_features]. The output stays on the model's device
+   for the loss to read. DDP_ERR_INVALID_ARGUMENT for batch < 1 or an empty model. */
+DDP_API ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch);
+/* Mean softmax cross-entropy of the last forward's output against host labels[batch] (PyTorch's
+   F.cross_entropy), written to *loss; also prepares the output gradient for backward.
+   DDP_ERR_INVALID_ARGUMENT for a label outside 0..out_features-1; DDP_ERR_STATE before forward. */
+DDP_API ddp_status ddp_loss_cross_entropy(ddp_model* m, const int* labels, float* loss);
+/* Backpropagate the last loss, last layer first, ADDING each gradient into p->grad and calling
+   ddp_param_grad_ready(p) as soon as p's gradient is final. DDP_ERR_STATE without a loss, or
+   when backward already ran for this loss (one backward per loss, as in PyTorch). */
+DDP_API ddp_status ddp_model_backward(ddp_model* m);
+/* Run fn(m, user) at the end of every ddp_model_backward, after the last hook; its status becomes
+   backward's. The analogue of an autograd engine callback: the DDP wrapper waits for its
+   all-reduces here. NULL removes it. */
+typedef ddp_status (*ddp_post_backward_fn)(ddp_model* m, void* user);
+/* Set every p->grad to zero (call once per step, before backward, as optimizer.zero_grad()). */
+DDP_API ddp_status ddp_model_zero_grad(ddp_model* m);
+/* Accuracy (fraction of argmax == label) and mean cross-entropy over n samples, in batches.
+   Either output may be NULL. DDP_ERR_INVALID_ARGUMENT for a label outside 0..out_features-1;
+   otherwise errors as ddp_model_forward. */
+DDP_API ddp_status ddp_model_evaluate(ddp_model* m, const float* x, const int* labels, int n,
+                                      float* accuracy, float* mean_loss);
+
+#endif /* DDP__DECLARE */
+#if DDP__IMPLEMENT
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE ddp_status ddp__stream_create(ddp_device d, ddp_stream** out); /* >>cuda */
+DDP__PRIVATE void ddp__stream_destroy(ddp_stream* s); /* >>cuda */
+/* >>kernels: */
+DDP__PRIVATE void ddp__gemm_cpu(int ta, int tb, int M, int N, int K, float alpha, const float* A,
+                                int lda, const float* B, int ldb, float beta, float* C, int ldc);
+DDP__PRIVATE void ddp__trace(const char* name, int tid, double t0, double t1); /* >>trace */
+DDP__PRIVATE int ddp__trace_on(void); /* >>trace */
+#if DDP__CUDA
+DDP__PRIVATE ddp_status ddp__launch(ddp_device d, ddp_stream* s, int k, long long n,
+                                    void** args); /* >>kernels */
+#endif
 
 typedef struct ddp__layer {
     ddp_layer_kind kind;
@@ -2984,6 +3593,1019 @@ DDP__DEF ddp_status ddp_model_evaluate(ddp_model* m, const float* x, const int* 
     return DDP_OK;
 }
 
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>reducer: the DDP wrapper: buckets, hooks, overlap, no_sync                (chapters 2, 7-8)  */
+/* ============================================================================================== */
+#if DDP__DECLARE
+/* ddp_wrap makes a model data-parallel, as torch.nn.parallel.DistributedDataParallel does: it
+   checks that every rank has the same model, copies rank 0's parameters to every rank, groups the
+   gradients into buckets (last layer first) and hooks every parameter. During backward each
+   gradient is scaled by 1/world size into its bucket; a full bucket is all-reduced at once, on
+   the communication thread or stream, while backward goes on with earlier layers. At the end of
+   backward the wrapper waits for the buckets and writes the averaged gradients back into p->grad,
+   so the optimizer step that follows is the same on every rank. The training loop itself does
+   not change. */
+
+typedef struct ddp_wrap_desc {
+    size_t bucket_cap_bytes;      /* default 25 MiB (PyTorch's bucket_cap_mb) */
+    size_t first_bucket_bytes;    /* default 1 MiB: a small first bucket starts communication early */
+    int gradient_as_bucket_view;  /* 1: p->grad lives inside the bucket (saves a copy and memory) */
+    int find_unused_parameters;   /* 1: a parameter without a gradient counts as zero, not an error */
+    ddp_dtype compress;           /* DDP_F16 or DDP_BF16: all-reduce in 16 bits (PyTorch's
+                                     fp16/bf16_compress_hook); default: no compression */
+} ddp_wrap_desc;
+
+typedef struct ddp_wrapper ddp_wrapper;
+
+/* What the wrapper has done, for a student to print. Times in seconds, sizes in bytes. */
+typedef struct ddp_wrap_stats {
+    int buckets;                  /* number of buckets */
+    size_t bucket_bytes[64];      /* the first 64 buckets' sizes, bucket 0 first (reduced first) */
+    int bucket_params[64];        /* parameters in each */
+    long steps;                   /* synchronised backward passes */
+    long all_reduces;             /* all-reduce calls issued */
+    uint64_t bytes_reduced;       /* bytes handed to all-reduce */
+    double wait_s;                /* time backward spent waiting for communication after its
+                                     last layer: the communication overlap did not hide (on a
+                                     GPU, counted from when backward's kernels have finished) */
+    double backward_s;            /* time from each synchronised backward's first ready gradient to
+                                     its end, for comparison */
+} ddp_wrap_stats;
+
+/* Wrap model m for data-parallel training on group pg (collective). Errors: DDP_ERR_MODEL_MISMATCH
+   on every rank naming the first difference and the ranks when the models differ;
+   DDP_ERR_INVALID_ARGUMENT for a bad desc; the group's errors. */
+DDP_API ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out);
+/* Unhook the model and free the wrapper (the model keeps its weights). NULL is ignored. */
+DDP_API void ddp_wrapper_destroy(ddp_wrapper* w);
+/* on = 1: the following backward passes only accumulate gradients locally (PyTorch's no_sync());
+   on = 0: the next backward all-reduces the accumulated sum. An optimizer step on gradients that
+   no_sync backward passes added after the last all-reduce logs a warning (once per process; not
+   with one rank, whose one replica cannot drift from another). */
+DDP_API void ddp_no_sync(ddp_wrapper* w, int on);
+/* Copy the counters into *out. */
+DDP_API void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out);
+
+#endif /* DDP__DECLARE */
+#if DDP__IMPLEMENT
+/* Defined further down, in the section named, and called here: */
+/* >>kernels: */
+DDP__PRIVATE ddp_status ddp__convert(ddp_device d, ddp_dtype dst_type, void* dst, ddp_dtype src_type,
+                                const void* src, size_t count, ddp_stream* s);
+DDP__PRIVATE ddp_status ddp__event_sync(ddp_event* e); /* >>cuda */
+DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w); /* >>reducer */
+
+/*
+   The life of one synchronised backward pass:
+     1. ddp_model_backward reaches a parameter whose gradient is final and calls its hook;
+     2. the hook copies grad * (1/W) into the parameter's slot of its bucket (with
+        gradient_as_bucket_view the gradient already lives there and is scaled in place);
+     3. when every parameter of a bucket is in, the bucket is ready; ready buckets are launched
+        as asynchronous all-reduces (sum) strictly in bucket order, the same on every rank;
+     4. backward goes on with earlier layers while the all-reduces run;
+     5. the post-backward callback waits for every bucket and copies the averages back into
+        p->grad.
+   Pre-dividing by W and then summing is PyTorch's choice too: the sum of W averages cannot
+   overflow where a sum of W gradients might.
+*/
+
+typedef struct ddp__bucket {
+    int* params;        /* indexes into the model's parameters, in the order they arrive */
+    int nparams, pending;
+    size_t count;       /* f32 elements */
+    float* buf;         /* on the model's device */
+    void* wire;         /* the compressed copy that travels, when compressing */
+    ddp_work* work;
+} ddp__bucket;
+
+struct ddp_wrapper {
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_wrap_desc d;
+    int nbuckets, next_launch, sync;
+    ddp_status broken;   /* a failure in a hook, reported when backward ends */
+    ddp__bucket* buckets;
+    int* bucket_of;     /* per parameter */
+    size_t* offset_of;  /* per parameter, elements into its bucket */
+    unsigned char* ready;
+    float** old_grad;   /* gradient_as_bucket_view: the parameter's own grad, restored at the end */
+    ddp_wrap_stats st;
+    double t_backward_start;
+    ddp_event* backward_done; /* GPU: the end of backward's kernels, where exposed waiting starts */
+    char err[sizeof ddp__err_msg];
+};
+
+/* f32 dst = src * a on the model's device, in order on its stream. */
+DDP__PRIVATE ddp_status ddp__scale(ddp_model* m, float* dst, const float* src, size_t n, float a) {
+    (void)m;
+#if DDP__CUDA
+    if (m->device.type == DDP_DEVICE_CUDA) {
+        long long cnt = (long long)n;
+        void* args[4];
+        args[0] = &dst, args[1] = (void*)&src, args[2] = &cnt, args[3] = &a;
+        return n ? ddp__launch(m->device, m->stream, DDP__K_scale, cnt, args) : DDP_OK;
+    }
+#endif
+    {
+        size_t i;
+        for (i = 0; i < n; i++) dst[i] = src[i] * a;
+    }
+    return DDP_OK;
+}
+
+/* Launch every ready bucket from next_launch on, in order: bucket k never overtakes k-1. */
+DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
+    while (w->next_launch < w->nbuckets && w->buckets[w->next_launch].pending == 0) {
+        ddp__bucket* b = &w->buckets[w->next_launch];
+        /* Every gradient is in once the last bucket goes: it is waited for next, so it need not
+           wake the communication thread (see ddp__cpu_submit). */
+        int lazy = w->next_launch == w->nbuckets - 1;
+        ddp_status s;
+        if (w->d.compress == DDP_F16 || w->d.compress == DDP_BF16) {
+            s = ddp__convert(w->m->device, w->d.compress, b->wire, DDP_F32, b->buf, b->count, w->m->stream);
+            if (s == DDP_OK)
+                s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->wire, NULL, b->count, w->d.compress, DDP_SUM, 0, lazy,
+                                    &b->work);
+            w->st.bytes_reduced += b->count * 2;
+        } else {
+            s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->buf, NULL, b->count, DDP_F32, DDP_SUM, 0, lazy, &b->work);
+            w->st.bytes_reduced += b->count * 4;
+        }
+        if (s != DDP_OK) return s;
+        w->st.all_reduces++;
+        ddp__log(DDP_LOG_DETAIL, "reducer: bucket %d ready (%d parameters, %zu bytes): all-reduce launched",
+                w->next_launch, b->nparams, b->count * 4);
+        w->next_launch++;
+    }
+    return DDP_OK;
+}
+
+/* The gradient-ready hook: step 2 and 3 above. */
+static void ddp__reducer_hook(ddp_param* p, void* user) {
+    ddp_wrapper* w = (ddp_wrapper*)user;
+    ddp__bucket* b;
+    float* slot;
+    ddp_status s;
+    if (!w->sync || w->broken) return; /* no_sync: the gradient just accumulates in p->grad */
+    if (w->t_backward_start == 0) w->t_backward_start = ddp__now(); /* the first gradient of this pass */
+    if (w->ready[p->index]) {
+        w->broken = DDP_ERR_STATE;
+        snprintf(w->err, sizeof w->err, "parameter %s was marked ready twice in one backward pass (a hand-written "
+                 "backward calling ddp_param_grad_ready twice?)", p->name);
+        return;
+    }
+    w->ready[p->index] = 1;
+    b = &w->buckets[w->bucket_of[p->index]];
+    slot = b->buf + w->offset_of[p->index];
+    /* into the bucket, already divided by the world size (in place for a bucket view) */
+    s = ddp__scale(w->m, slot, p->grad, p->count, 1.f / (float)ddp_world_size(w->pg));
+    if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
+    if (s != DDP_OK) {
+        w->broken = s;
+        snprintf(w->err, sizeof w->err, "%s", ddp_error_string());
+    }
+}
+
+/* Step 5: after the last layer, wait for every bucket and hand the averages back. */
+static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
+    ddp_wrapper* w = (ddp_wrapper*)user;
+    double t0;
+    int i, k;
+    ddp_status s = DDP_OK;
+    if (!w->sync) { /* no_sync: the gradients stay this rank's own until a synchronised backward */
+        /* With one rank there is no other replica to drift from: nothing to warn about later. */
+        if (ddp_world_size(w->pg) > 1) m->local_backwards++;
+        return DDP_OK;
+    }
+    if (w->broken) return ddp__fail(w->broken, "%s", w->err);
+    /* parameters that received no gradient this time */
+    for (i = 0; i < m->nparams; i++) {
+        ddp_param* p = m->params[i];
+        if (w->ready[i]) continue;
+        if (!w->d.find_unused_parameters) {
+            w->broken = DDP_ERR_UNUSED_PARAMETER;
+            snprintf(w->err, sizeof w->err, "parameter %s (index %d) received no gradient in this backward pass on "
+                     "rank %d, so its bucket can never be all-reduced. Make every parameter take part in the loss, "
+                     "or set ddp_wrap_desc.find_unused_parameters", p->name, i, ddp_rank(w->pg));
+            return ddp__fail(DDP_ERR_UNUSED_PARAMETER, "%s", w->err);
+        }
+        /* find_unused_parameters: it contributes zeros, and its bucket can go */
+        w->ready[i] = 1;
+        {
+            ddp__bucket* b = &w->buckets[w->bucket_of[i]];
+            s = ddp__zero(m->device, b->buf + w->offset_of[i], p->count * sizeof(float), m->stream);
+            if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
+            if (s != DDP_OK) return s;
+        }
+    }
+    /* On a GPU the host reaches this point while backward's kernels still run: the wait that
+       communication adds starts only when they are done. */
+    if (m->device.type == DDP_DEVICE_CUDA) {
+        if (!w->backward_done) s = ddp__event_create(m->device, &w->backward_done);
+        if (s == DDP_OK) s = ddp__event_record(w->backward_done, m->stream);
+        if (s == DDP_OK) s = ddp__event_sync(w->backward_done);
+    }
+    t0 = ddp__now();
+    for (k = 0; k < w->nbuckets && s == DDP_OK; k++) {
+        ddp__bucket* b = &w->buckets[k];
+        s = ddp_work_wait(b->work);
+        b->work = NULL;
+        if (s == DDP_OK && b->wire) s = ddp__convert(m->device, DDP_F32, b->buf, w->d.compress, b->wire, b->count, m->stream);
+    }
+    w->st.wait_s += ddp__now() - t0;
+    ddp__trace("wait for buckets", DDP__TRACE_COMPUTE, t0, ddp__now());
+    for (k = 0; k < w->nbuckets && s == DDP_OK && !w->d.gradient_as_bucket_view; k++) {
+        ddp__bucket* b = &w->buckets[k];
+        for (i = 0; i < b->nparams && s == DDP_OK; i++) {
+            ddp_param* p = m->params[b->params[i]];
+            s = ddp_copy(m->device, p->grad, m->device, b->buf + w->offset_of[p->index], p->count * sizeof(float),
+                         m->stream);
+        }
+    }
+    if (s != DDP_OK) {
+        w->broken = s;
+        snprintf(w->err, sizeof w->err, "%s", ddp_error_string());
+        return s;
+    }
+    /* ready for the next backward */
+    memset(w->ready, 0, (size_t)m->nparams);
+    for (k = 0; k < w->nbuckets; k++) w->buckets[k].pending = w->buckets[k].nparams;
+    w->next_launch = 0;
+    w->st.steps++;
+    m->local_backwards = 0; /* what accumulated under no_sync has now been averaged too */
+    if (w->t_backward_start > 0) w->st.backward_s += ddp__now() - w->t_backward_start;
+    w->t_backward_start = 0;
+    return DDP_OK;
+}
+
+/* Bucket assignment: walk the parameters last to first (the order backward makes them ready)
+   and close a bucket once it holds at least its limit: first_bucket_bytes for the first, then
+   bucket_cap_bytes. A parameter is never split, so a bucket may overshoot by one parameter. */
+DDP__PRIVATE ddp_status ddp__assign_buckets(ddp_wrapper* w) {
+    ddp_model* m = w->m;
+    int i, k = 0;
+    size_t bytes = 0;
+    w->buckets = (ddp__bucket*)ddp__calloc((size_t)m->nparams * sizeof *w->buckets);
+    w->bucket_of = (int*)ddp__calloc((size_t)m->nparams * sizeof(int));
+    w->offset_of = (size_t*)ddp__calloc((size_t)m->nparams * sizeof(size_t));
+    w->ready = (unsigned char*)ddp__calloc((size_t)m->nparams + 1);
+    if (!w->buckets || !w->bucket_of || !w->offset_of || !w->ready)
+        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the bucket map failed");
+    for (i = m->nparams - 1; i >= 0; i--) {
+        ddp__bucket* b = &w->buckets[k];
+        size_t limit = k == 0 ? w->d.first_bucket_bytes : w->d.bucket_cap_bytes;
+        if (!b->params) {
+            b->params = (int*)ddp__malloc((size_t)m->nparams * sizeof(int));
+            if (!b->params) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a bucket failed");
+        }
+        w->bucket_of[i] = k;
+        w->offset_of[i] = b->count;
+        b->params[b->nparams++] = i;
+        b->count += m->params[i]->count;
+        bytes += m->params[i]->count * sizeof(float);
+        if (bytes >= limit || i == 0) {
+            k++;
+            bytes = 0;
+        }
+    }
+    w->nbuckets = k;
+    for (k = 0; k < w->nbuckets; k++) {
+        ddp__bucket* b = &w->buckets[k];
+        b->pending = b->nparams;
+        DDP__TRY(ddp_alloc(m->device, b->count * sizeof(float), (void**)&b->buf));
+        if (w->d.compress == DDP_F16 || w->d.compress == DDP_BF16)
+            DDP__TRY(ddp_alloc(m->device, b->count * 2, &b->wire));
+        if (k < 64) {
+            w->st.bucket_bytes[k] = b->count * sizeof(float);
+            w->st.bucket_params[k] = b->nparams;
+        }
+    }
+    w->st.buckets = w->nbuckets;
+    return DDP_OK;
+}
+
+/* Every rank must hold the same model: compare each rank's list of names and shapes with rank
+   0's through the store, and let every rank fail with the same explanation when one differs. */
+DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
+    ddp_store* st = ddp_pg_store(w->pg);
+    char sig[4096], other[4096], key[96], verdict[512];
+    size_t n = 0, pos = 0;
+    int i, W = ddp_world_size(w->pg), me = ddp_rank(w->pg);
+    int gen = w->pg->wraps++; /* a fresh key space per wrap: every rank wraps in the same order */
+    ddp_model* m = w->m;
+    pos += (size_t)snprintf(sig + pos, sizeof sig - pos, "%d parameters:", m->nparams);
+    for (i = 0; i < m->nparams && pos < sizeof sig - 64; i++)
+        pos += (size_t)snprintf(sig + pos, sizeof sig - pos, " %s[%d%s%.0d]", m->params[i]->name, m->params[i]->shape[0],
+                                m->params[i]->ndim == 2 ? "," : "", m->params[i]->ndim == 2 ? m->params[i]->shape[1] : 0);
+    snprintf(key, sizeof key, "ddp/wrap/%d/sig/0", gen);
+    if (me == 0) DDP__TRY(ddp_store_set(st, key, sig, strlen(sig)));
+    memset(other, 0, sizeof other);
+    DDP__TRY(ddp_store_get(st, key, other, sizeof other - 1, &n));
+    verdict[0] = 0;
+    if (strcmp(sig, other) != 0) {
+        /* name the first differing parameter */
+        const char *a = sig, *b = other;
+        while (*a && *a == *b) a++, b++;
+        while (a > sig && a[-1] != ' ') a--, b--;
+        /* quote one parameter from each side: up to the next space */
+        snprintf(verdict, sizeof verdict, "rank %d has %.*s where rank 0 has %.*s (rank %d: %d parameters, rank 0: "
+                 "%d)", me, (int)strcspn(a, " "), a, (int)strcspn(b, " "), *b ? b : "nothing", me, m->nparams,
+                 atoi(other));
+    }
+    snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
+    DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
+    /* Every rank reads every verdict (the first one given, in rank order, is the one all report),
+       even after finding one: returning at the first would let rank 0 fail, and its program exit
+       with the store, while a slower rank still waits for a verdict, which would then see the
+       store vanish instead of the mismatch. */
+    verdict[0] = 0;
+    for (i = 0; i < W; i++) {
+        char theirs[512];
+        memset(theirs, 0, sizeof theirs);
+        snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, i);
+        DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
+        if (theirs[0] && !verdict[0]) snprintf(verdict, sizeof verdict, "%s", theirs);
+    }
+    if (!verdict[0]) return DDP_OK;
+    /* A mismatch ends the job. Rank 0 holds the store until every rank has read its verdicts
+       (each says so with one add, whose answer it has when the count is complete). */
+    snprintf(key, sizeof key, "ddp/wrap/%d/told", gen);
+    {
+        int64_t told = 0;
+        double deadline = ddp__now() + w->pg->timeout;
+        if (ddp__store_add(st, key, 1, &told) == DDP_OK)
+            while (me == 0 && told < W && ddp__now() < deadline && ddp__store_add(st, key, 0, &told) == DDP_OK)
+                ddp__sleep(0.002);
+    }
+    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the same "
+                     "model", verdict);
+}
+
+DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out) {
+    ddp_wrapper* w;
+    ddp_status s;
+    int i;
+    char dn[32], pn[32];
+    *out = NULL;
+    if (m->device.type != pg->device.type || m->device.index != pg->device.index)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "the model is on %s but the group's buffers are on %s: create the "
+                         "model on ddp_pg_device(pg)", ddp_device_name(m->device, dn, sizeof dn),
+                         ddp_device_name(pg->device, pn, sizeof pn));
+    w = (ddp_wrapper*)ddp__calloc(sizeof *w);
+    if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the wrapper failed");
+    if (desc) w->d = *desc;
+    if (w->d.bucket_cap_bytes == 0) w->d.bucket_cap_bytes = (size_t)25 << 20;
+    if (w->d.first_bucket_bytes == 0) w->d.first_bucket_bytes = (size_t)1 << 20;
+    if (w->d.compress == DDP_DTYPE_DEFAULT) w->d.compress = DDP_F32;
+    w->pg = pg, w->m = m, w->sync = 1;
+    s = ddp__verify_model(w);
+    /* every rank starts from rank 0's weights, whatever its own seed was */
+    for (i = 0; i < m->nparams && s == DDP_OK; i++)
+        s = ddp__broadcast(pg, m->params[i]->data, m->params[i]->count, DDP_F32, 0, NULL);
+    if (s == DDP_OK) s = ddp__assign_buckets(w);
+    if (s == DDP_OK && w->d.gradient_as_bucket_view) {
+        w->old_grad = (float**)ddp__calloc((size_t)m->nparams * sizeof(float*));
+        if (!w->old_grad) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the gradient views failed");
+        for (i = 0; i < m->nparams && s == DDP_OK; i++) {
+            ddp_param* p = m->params[i];
+            float* view = w->buckets[w->bucket_of[i]].buf + w->offset_of[i];
+            s = ddp_copy(m->device, view, m->device, p->grad, p->count * sizeof(float), m->stream);
+            w->old_grad[i] = p->grad;
+            p->grad = view; /* the gradient now lives in the bucket: no copy in, no copy out */
+        }
+    }
+    for (i = 0; i < m->nparams && s == DDP_OK; i++) s = ddp_param_add_hook(m->params[i], ddp__reducer_hook, w);
+    if (s != DDP_OK) {
+        char msg[sizeof ddp__err_msg];
+        memcpy(msg, ddp__err_msg, sizeof msg);
+        ddp_wrapper_destroy(w);
+        return ddp__fail(s, "%s", msg);
+    }
+    ddp__model_set_post_backward(m, ddp__reducer_finish, w);
+    ddp__pg_set_stream(pg, m->device.type == DDP_DEVICE_CUDA ? m->stream : NULL);
+    *out = w;
+    if (ddp__log_level_enabled() >= DDP_LOG_INFO && ddp_rank(pg) == 0) ddp__wrapper_log_buckets(w);
+    return DDP_OK;
+}
+
+DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
+    int i;
+    if (!w) return;
+    for (i = 0; i < w->m->nparams; i++) {
+        ddp_param* p = w->m->params[i];
+        int k, j = 0;
+        for (k = 0; k < p->nhooks; k++) /* remove only our hook */
+            if (p->hooks[k] != ddp__reducer_hook || p->hook_user[k] != w)
+                p->hooks[j] = p->hooks[k], p->hook_user[j] = p->hook_user[k], j++;
+        p->nhooks = j;
+        if (w->old_grad && w->old_grad[i]) {
+            ddp_copy(w->m->device, w->old_grad[i], w->m->device, p->grad, p->count * sizeof(float), w->m->stream);
+            p->grad = w->old_grad[i];
+        }
+    }
+    if (w->m->post_backward == ddp__reducer_finish) ddp__model_set_post_backward(w->m, NULL, NULL);
+    ddp_stream_sync(w->m->stream);
+    ddp__event_destroy(w->backward_done);
+    for (i = 0; i < w->nbuckets; i++) {
+        if (w->buckets[i].work) ddp_work_wait(w->buckets[i].work);
+        ddp_free(w->m->device, w->buckets[i].buf);
+        ddp_free(w->m->device, w->buckets[i].wire);
+    }
+    if (w->buckets) {
+        for (i = 0; i < w->m->nparams; i++)
+            if (w->buckets[i].params) DDP_FREE(w->buckets[i].params);
+        DDP_FREE(w->buckets);
+    }
+    if (w->bucket_of) DDP_FREE(w->bucket_of);
+    if (w->offset_of) DDP_FREE(w->offset_of);
+    if (w->ready) DDP_FREE(w->ready);
+    if (w->old_grad) DDP_FREE(w->old_grad);
+    DDP_FREE(w);
+}
+
+DDP__DEF void ddp_no_sync(ddp_wrapper* w, int on) { w->sync = !on; }
+
+DDP__DEF void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out) { *out = w->st; }
+
+/* Print the bucket map (which parameters in which bucket) through the log, at INFO level. */
+DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w) {
+    int k, i;
+    ddp__log(DDP_LOG_INFO, "reducer: %d bucket%s (cap %zu bytes, first %zu bytes), reduced in this order:", w->nbuckets,
+            w->nbuckets == 1 ? "" : "s", w->d.bucket_cap_bytes, w->d.first_bucket_bytes);
+    for (k = 0; k < w->nbuckets; k++) {
+        char names[512];
+        size_t pos = 0;
+        names[0] = 0;
+        for (i = 0; i < w->buckets[k].nparams && pos < sizeof names - 40; i++)
+            pos += (size_t)snprintf(names + pos, sizeof names - pos, "%s%s", i ? ", " : "",
+                                    w->m->params[w->buckets[k].params[i]]->name);
+        ddp__log(DDP_LOG_INFO, "  bucket %d: %zu bytes: %s", k, w->buckets[k].count * sizeof(float), names);
+    }
+}
+
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>ring: the ring all-reduce, one rule for every step                         (chapters 2, 10)  */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
+#include <sys/socket.h> /* send flags, struct msghdr */
+#ifdef MSG_NOSIGNAL
+#define DDP__SEND_FLAGS MSG_NOSIGNAL /* Linux: a write to a dead peer is an error, not SIGPIPE */
+#else
+#define DDP__SEND_FLAGS 0
+#endif
+
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE void ddp__reduce(void* dst, const void* src, size_t n, ddp_dtype t,
+                              ddp_reduce_op op); /* >>sums */
+DDP__PRIVATE void ddp__divide(void* buf, size_t n, ddp_dtype t, int world); /* >>sums */
+DDP__PRIVATE int ddp__ms_left(double deadline); /* >>store */
+DDP__PRIVATE void ddp__put_le64(unsigned char* p, uint64_t v); /* >>store */
+DDP__PRIVATE uint64_t ddp__le64(const unsigned char* p); /* >>store */
+DDP__PRIVATE int ddp__send_all(int fd, const void* buf, size_t n, double deadline); /* >>store */
+DDP__PRIVATE int ddp__recv_all(int fd, void* buf, size_t n, double deadline); /* >>store */
+
+/* ---- the ring (>>ring) ---------------------------------------------------------------------------- */
+/*
+   The buffer is cut into `world` segments; segment s starts at seg_start(s) (the first count %
+   world segments hold one element more). Rank r sends to rank r+1 and receives from rank r-1.
+   One rule gives every step of both phases:
+
+       at step t, send segment (r - t + shift) mod W and receive segment (r - t - 1 + shift) mod W
+
+   Steps 0 .. W-2 are the reduce-scatter: the received segment is ADDED into ours, so after
+   W-1 steps rank r holds the full sum of segment (r + 1 + shift). Steps W-1 .. 2W-3 are the
+   all-gather: the received segment is COPIED over ours, passing every finished segment once
+   round the ring. What we send at step t is exactly what we received at step t-1, so each rank
+   sends 2(W-1) segments: 2(W-1)/W of the buffer, whatever the number of ranks (the relay that
+   sends the whole buffer W-1 times moves W/2 times more).
+
+   all-reduce runs steps 0 .. 2W-3 with shift 0; reduce-scatter runs 0 .. W-2 with shift -1 (so
+   rank r ends owning segment r); all-gather runs W-1 .. 2W-3 with shift -1 (rank r starts
+   owning segment r).
+
+   Pipelining: each segment travels in pieces of at most `piece` elements, and piece j of step t
+   may leave as soon as piece j of step t-1 has arrived and been reduced. One thread drives both
+   sockets with poll(): it sends while the kernel receives, and reduces while the kernel sends.
+*/
+
+DDP__PRIVATE size_t ddp__seg_start(size_t count, int world, int s) {
+    size_t base = count / (size_t)world, extra = count % (size_t)world;
+    return (size_t)s * base + ((size_t)s < extra ? (size_t)s : extra);
+}
+DDP__PRIVATE int ddp__mod(int a, int w) { return ((a % w) + w) % w; }
+
+typedef struct ddp__ring_cursor {
+    int t;        /* step */
+    size_t off;   /* elements of this step's segment already done */
+    size_t done;  /* pieces received over all steps (the receive side's count) */
+} ddp__ring_cursor;
+
+/* Pieces in step t's segment. */
+DDP__PRIVATE size_t ddp__pieces(size_t seglen, size_t piece) { return (seglen + piece - 1) / piece; }
+
+/* The ring engine. Runs steps [t0, t1) of the rule above on buf (count elements of dtype) with
+   the given shift; reduce-scatter steps combine with `op` (dividing the owned segment by the world
+   size at the last such step for an average). Returns DDP_OK or a failure naming the peer. */
+DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, size_t count, int t0, int t1,
+                                  int shift) {
+    const int W = pg->world, r = pg->rank, left = ddp__mod(r - 1, W), right = ddp__mod(r + 1, W);
+    const size_t es = ddp_dtype_size(w->dtype), piece = pg->piece_elems;
+    const int detail = ddp__log_level_enabled() >= DDP_LOG_DETAIL;
+    ddp__ring_cursor snd, rcv;
+    size_t snd_sent = 0, rcv_got = 0; /* bytes of the current piece */
+    size_t *prefix;                   /* prefix[t - t0] = pieces received before step t */
+    double deadline = ddp__now() + pg->timeout;
+    int t;
+    prefix = (size_t*)ddp__malloc((size_t)(t1 - t0 + 1) * sizeof *prefix);
+    if (!prefix) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating ring bookkeeping failed");
+    prefix[0] = 0;
+    for (t = t0; t < t1; t++) {
+        int seg = ddp__mod(r - t - 1 + shift, W);
+        size_t len = ddp__seg_start(count, W, seg + 1) - ddp__seg_start(count, W, seg);
+        prefix[t - t0 + 1] = prefix[t - t0] + ddp__pieces(len, piece);
+    }
+    memset(&snd, 0, sizeof snd);
+    memset(&rcv, 0, sizeof rcv);
+    snd.t = rcv.t = t0;
+    while (snd.t < t1 || rcv.t < t1) {
+        struct pollfd pf[2];
+        int sseg = ddp__mod(r - snd.t + shift, W), rseg = ddp__mod(r - rcv.t - 1 + shift, W);
+        size_t s0 = ddp__seg_start(count, W, sseg), slen = ddp__seg_start(count, W, sseg + 1) - s0;
+        size_t r0 = ddp__seg_start(count, W, rseg), rlen = ddp__seg_start(count, W, rseg + 1) - r0;
+        size_t sn = slen - snd.off < piece ? slen - snd.off : piece;
+        size_t rn = rlen - rcv.off < piece ? rlen - rcv.off : piece;
+        /* piece j of step t leaves once piece j of step t-1 was received (same segment) */
+        int can_send = snd.t < t1 &&
+                       (snd.t == t0 || rcv.done > prefix[snd.t - 1 - t0] + snd.off / piece);
+        int n = 0, si = -1, ri = -1;
+        /* Steps whose segment is empty (count < world) pass at once. */
+        if (snd.t < t1 && slen == 0 && can_send) { snd.t++; continue; }
+        if (rcv.t < t1 && rlen == 0) { rcv.t++; continue; }
+        if (detail && snd.t < t1 && snd.off == 0 && snd_sent == 0 && can_send)
+            ddp__log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): send segment %d [%zu, %zu) to rank %d",
+                    ddp__coll_name(w->kind), (unsigned long long)w->seq, snd.t + 1, 2 * W - 2,
+                    snd.t < W - 1 ? "reduce-scatter" : "all-gather", sseg, s0, s0 + slen, right);
+        if (can_send) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
+        if (rcv.t < t1) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, ri = n++;
+        if (n == 0) break; /* cannot happen: a send waits only for a receive that is pending */
+        if (poll(pf, (nfds_t)n, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline) {
+            DDP_FREE(prefix);
+            return ddp__fail(DDP_ERR_TIMEOUT,
+                             "%s #%llu (%zu x %s) timed out after %.0f s at step %d waiting for rank %d "
+                             "(it sends to this rank): that rank is stuck, stopped, or calling a different "
+                             "collective (every rank must issue the same collectives in the same order)",
+                             ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
+                             ddp__dtype_name(w->dtype), pg->timeout, rcv.t + 1, left);
+        }
+        if (si >= 0 && (pf[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
+            ssize_t k = send(pg->right_fd, buf + (s0 + snd.off) * es + snd_sent, sn * es - snd_sent, DDP__SEND_FLAGS);
+            if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                int e = errno;
+                DDP_FREE(prefix);
+                return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): that rank has "
+                                 "probably died; look at its output", ddp__coll_name(w->kind),
+                                 (unsigned long long)w->seq, right, strerror(e));
+            }
+            if (k > 0) {
+                snd_sent += (size_t)k;
+                DDP__COUNT(pg->bytes_sent, (uint64_t)k);
+                if (snd_sent == sn * es) {
+                    snd_sent = 0;
+                    snd.off += sn;
+                    if (snd.off == slen) snd.off = 0, snd.t++;
+                }
+            }
+        }
+        if (ri >= 0 && (pf[ri].revents & (POLLIN | POLLERR | POLLHUP))) {
+            int reducing = rcv.t < W - 1;
+            /* reduce-scatter pieces land in scratch and are then combined; all-gather pieces are
+               final and land in place */
+            unsigned char* dst = reducing ? pg->piece + rcv_got : buf + (r0 + rcv.off) * es + rcv_got;
+            ssize_t k = recv(pg->left_fd, dst, rn * es - rcv_got, 0);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                int e = k == 0 ? ECONNRESET : errno;
+                DDP_FREE(prefix);
+                return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection at step %d (%s): "
+                                 "that rank has probably died; look at its output", ddp__coll_name(w->kind),
+                                 (unsigned long long)w->seq, left, rcv.t + 1, k == 0 ? "end of stream" : strerror(e));
+            }
+            if (k > 0) {
+                rcv_got += (size_t)k;
+                DDP__COUNT(pg->bytes_received, (uint64_t)k);
+                if (rcv_got == rn * es) {
+                    if (reducing) {
+                        unsigned char* mine = buf + (r0 + rcv.off) * es;
+                        ddp__reduce(mine, pg->piece, rn, w->dtype, w->op);
+                        if (rcv.t == W - 2 && w->op == DDP_AVG) ddp__divide(mine, rn, w->dtype, W);
+                    }
+                    if (detail && rcv.off == 0)
+                        ddp__log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): received segment %d [%zu, %zu) from "
+                                "rank %d and %s it", ddp__coll_name(w->kind), (unsigned long long)w->seq,
+                                rcv.t + 1, 2 * W - 2, reducing ? "reduce-scatter" : "all-gather", rseg, r0,
+                                r0 + rlen, left, reducing ? (w->op == DDP_MAX ? "took the maximum with" : "added") : "copied");
+                    rcv_got = 0;
+                    rcv.off += rn;
+                    rcv.done++;
+                    if (rcv.off == rlen) rcv.off = 0, rcv.t++;
+                }
+            }
+        }
+    }
+    DDP_FREE(prefix);
+    return DDP_OK;
+}
+
+/* Broadcast down the ring from the root: rank root sends to root+1, which passes each piece on
+   as soon as it has it, ... up to the rank before the root. Pipelined, so the time is close to
+   one transfer of the buffer rather than W-1 of them. */
+DDP__PRIVATE ddp_status ddp__ring_broadcast(ddp_pg* pg, ddp_work* w, unsigned char* buf) {
+    const int W = pg->world, r = pg->rank, left = ddp__mod(r - 1, W), right = ddp__mod(r + 1, W);
+    const size_t nbytes = w->count * ddp_dtype_size(w->dtype);
+    const int receives = r != w->root, sends = right != w->root;
+    size_t got = receives ? 0 : nbytes, sent = 0;
+    double deadline = ddp__now() + pg->timeout;
+    while ((sends && sent < nbytes) || got < nbytes) {
+        struct pollfd pf[2];
+        int n = 0, si = -1, ri = -1;
+        if (sends && sent < got) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
+        if (got < nbytes) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, ri = n++;
+        if (poll(pf, (nfds_t)n, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline)
+            return ddp__fail(DDP_ERR_TIMEOUT, "broadcast #%llu from rank %d timed out after %.0f s waiting for rank "
+                             "%d: that rank is stuck, stopped, or calling a different collective",
+                             (unsigned long long)w->seq, w->root, pg->timeout, got < nbytes ? left : right);
+        if (si >= 0 && (pf[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
+            ssize_t k = send(pg->right_fd, buf + sent, got - sent, DDP__SEND_FLAGS);
+            if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                return ddp__fail(DDP_ERR_PEER_LOST, "broadcast #%llu: sending to rank %d failed (%s): it has "
+                                 "probably died", (unsigned long long)w->seq, right, strerror(errno));
+            if (k > 0) sent += (size_t)k, DDP__COUNT(pg->bytes_sent, (uint64_t)k);
+        }
+        if (ri >= 0 && (pf[ri].revents & (POLLIN | POLLERR | POLLHUP))) {
+            ssize_t k = recv(pg->left_fd, buf + got, nbytes - got, 0);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                return ddp__fail(DDP_ERR_PEER_LOST, "broadcast #%llu: rank %d closed its connection: it has "
+                                 "probably died", (unsigned long long)w->seq, left);
+            if (k > 0) got += (size_t)k, DDP__COUNT(pg->bytes_received, (uint64_t)k);
+        }
+    }
+    return DDP_OK;
+}
+
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>nccl: the NCCL backend, and the ring over NCCL's send and recv             (chapters 3, 10)  */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE ddp_status ddp__stream_wait_event(ddp_stream* s, ddp_event* e); /* >>cuda */
+DDP__PRIVATE ddp_status ddp__event_query(ddp_event* e, int* done); /* >>cuda */
+
+/* ---- the NCCL backend (>>nccl) ------------------------------------------------------------------ */
+/*
+   One communicator per process group, made from an id that rank 0 draws and shares through the
+   store, created non-blocking so that every wait can keep a deadline. Non-blocking means that
+   NCCL may answer a call with ncclInProgress and put the work on its stream later: until
+   ncclCommGetAsyncError says ncclSuccess, the collective is not yet on the stream (an event
+   recorded there would mark a point before it) and the communicator refuses every other call. So
+   each call is followed by ddp__nccl_settle, which polls until NCCL has taken the work.
+
+   Collectives run on the group's own stream, which first waits (by an event, not a host sync) for
+   the work queued on the producer's stream, so that the model's stream goes on with backward while
+   a bucket is reduced (overlap). ddp_work_wait polls the collective's end event and NCCL's
+   asynchronous error until the deadline, then makes the producer's stream wait for the result, as
+   PyTorch's Work.wait() does. An error or a timeout aborts the communicator (ncclCommAbort), the
+   one call NCCL promises will not hang when a peer has died, and breaks the group.
+
+   DDP_NCCL_RING=1 swaps ncclAllReduce for the ring of >>ring written with ncclSend/ncclRecv and a
+   reduction kernel, so the tutorial can put the library call and the algorithm side by side.
+*/
+#if DDP__CUDA
+#define DDP__NCCL_EVENTS 16
+typedef struct ddp__nccl {
+    ncclComm_t comm;        /* NULL once aborted */
+    ddp_stream* stream;
+    ddp_event* produced;    /* where the producer's stream was at the last submit */
+    ddp_event* spare[DDP__NCCL_EVENTS]; /* end events of finished collectives, for the next ones */
+    int nspare;
+    int own_ring;
+    void* scratch;          /* one received segment, for the hand-written ring */
+    size_t scratch_bytes;
+} ddp__nccl;
+
+DDP__PRIVATE ddp_status ddp__fail_nccl(ddp_pg* pg, ncclResult_t r, const char* call, int line) {
+    ddp__nccl* n = pg ? (ddp__nccl*)pg->nccl : NULL;
+    const char* last = n && n->comm ? ncclGetLastError(n->comm) : "";
+    return ddp__fail(DDP_ERR_NCCL, "%s failed (ddp.h:%d): %s%s%s; likely cause: %s", call, line, ncclGetErrorString(r),
+                     last && *last ? " - " : "", last ? last : "",
+                     r == ncclSystemError ? "a network or system problem (NCCL_DEBUG=INFO shows which; on several "
+                                            "nodes check NCCL_SOCKET_IFNAME)"
+                     : r == ncclInvalidUsage ? "two ranks on one GPU, or collectives called in different orders"
+                     : r == ncclRemoteError ? "another rank failed or died"
+                                            : "see the NCCL documentation");
+}
+
+/* Abort the communicator (never hangs, unlike ncclCommDestroy after a failure) and break the
+   group with the error just set, so that every later call says why. Returns that status. */
+DDP__PRIVATE ddp_status ddp__nccl_break(ddp_pg* pg, ddp_status s) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    if (n->comm) ncclCommAbort(n->comm);
+    n->comm = NULL;
+    return ddp__pg_break(pg, s);
+}
+
+/* Poll without burning a core for long: freely for the first millisecond, then sleeping a
+   sixteenth of the time waited so far (10 us to 1 ms), so a wait ends at most about 6% late. */
+DDP__PRIVATE void ddp__nccl_pause(double started) {
+    double waited = ddp__now() - started;
+    if (waited < 1e-3) return;
+    ddp__sleep(waited / 16 < 1e-5 ? 1e-5 : waited / 16 > 1e-3 ? 1e-3 : waited / 16);
+}
+
+/* Wait until the non-blocking communicator has taken the last call (ncclCommGetAsyncError says
+   ncclSuccess), or it reports an error, or the deadline passes: both break the group. */
+DDP__PRIVATE ddp_status ddp__nccl_settle(ddp_pg* pg, double deadline, const char* what) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    double start = ddp__now();
+    for (;;) {
+        ncclResult_t st = ncclSuccess, r = ncclCommGetAsyncError(n->comm, &st);
+        if (r != ncclSuccess) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, "ncclCommGetAsyncError", __LINE__));
+        if (st == ncclSuccess) return DDP_OK;
+        if (st != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, st, what, __LINE__));
+        if (ddp__now() >= deadline)
+            return ddp__nccl_break(pg, ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the communicator "
+                                                 "was aborted (a rank is missing, stuck or on another collective)",
+                                                 what, pg->timeout));
+        ddp__nccl_pause(start);
+    }
+}
+
+/* One NCCL call's result: ncclInProgress waits until NCCL has taken the call; an error breaks
+   the group (its peers are now out of step with it). */
+DDP__PRIVATE ddp_status ddp__nccl_done(ddp_pg* pg, ncclResult_t r, const char* call, int line) {
+    if (r == ncclInProgress) return ddp__nccl_settle(pg, ddp__now() + pg->timeout, call);
+    if (r != ncclSuccess) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, call, line));
+    return DDP_OK;
+}
+#define DDP__NCCL(call) DDP__TRY(ddp__nccl_done(pg, (call), #call, __LINE__))
+
+DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
+    ddp__nccl* n;
+    ncclUniqueId id;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    size_t got = 0;
+    const char* ring = getenv("DDP_NCCL_RING");
+    n = (ddp__nccl*)ddp__calloc(sizeof *n);
+    if (!n) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the NCCL state failed");
+    pg->nccl = n;
+    n->own_ring = ring && *ring == '1';
+    DDP__TRY(ddp__device_activate(pg->device));
+    if (pg->rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess) return ddp__fail_nccl(pg, r, "ncclGetUniqueId", __LINE__);
+        DDP__TRY(ddp_store_set(pg->store, "ddp/nccl/id", &id, sizeof id));
+    } else {
+        DDP__TRY(ddp_store_get(pg->store, "ddp/nccl/id", &id, sizeof id, &got));
+        if (got != sizeof id)
+            return ddp__fail(DDP_ERR_NCCL, "the NCCL id in the store has %zu bytes, not %zu", got, sizeof id);
+    }
+    cfg.blocking = 0; /* so that creating the communicator, too, can time out */
+    {
+        ncclResult_t r = ncclCommInitRankConfig(&n->comm, pg->world, id, pg->rank, &cfg);
+        if (r != ncclSuccess && r != ncclInProgress) {
+            ddp_status s = ddp__fail_nccl(pg, r, "ncclCommInitRankConfig", __LINE__);
+            if (n->comm) ncclCommAbort(n->comm);
+            n->comm = NULL;
+            return s;
+        }
+    }
+    DDP__TRY(ddp__nccl_settle(pg, ddp__now() + pg->timeout, "ncclCommInitRankConfig"));
+    DDP__TRY(ddp__stream_create(pg->device, &n->stream));
+    return ddp__event_create(pg->device, &n->produced);
+}
+
+DDP__PRIVATE ncclDataType_t ddp__nccl_type(ddp_dtype t) {
+    return t == DDP_F16 ? ncclFloat16 : t == DDP_BF16 ? ncclBfloat16 : ncclFloat32;
+}
+
+/* One step of the hand-written ring: a send and a receive in one NCCL group. A call that fails
+   inside the group still closes it, or every later NCCL call of this thread would join it. */
+DDP__PRIVATE ddp_status ddp__nccl_step(ddp_pg* pg, const void* sbuf, size_t slen, void* rbuf, size_t rlen,
+                                       ncclDataType_t t, int right, int left) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    ncclResult_t r = ncclGroupStart(), e;
+    if (r == ncclSuccess && slen) r = ncclSend(sbuf, slen, t, right, n->comm, n->stream->s);
+    if ((r == ncclSuccess || r == ncclInProgress) && rlen) r = ncclRecv(rbuf, rlen, t, left, n->comm, n->stream->s);
+    e = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, "ncclSend/ncclRecv", __LINE__));
+    return ddp__nccl_done(pg, e, "ncclGroupEnd (a ring step)", __LINE__);
+}
+
+/* The >>ring algorithm over NCCL point-to-point calls: the same segments and steps as the CPU
+   ring, each step one send to rank+1 and one receive from rank-1, then a reduction kernel, all
+   in order on the group's stream. */
+DDP__PRIVATE ddp_status ddp__nccl_ring(ddp_pg* pg, ddp_work* w) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    const int W = pg->world, r = pg->rank, left = (r - 1 + W) % W, right = (r + 1) % W;
+    const size_t es = ddp_dtype_size(w->dtype);
+    unsigned char* buf = (unsigned char*)w->buf;
+    int t;
+    size_t maxseg = w->count / (size_t)W + 1;
+    if (maxseg * es > n->scratch_bytes) {
+        ddp_free(pg->device, n->scratch);
+        n->scratch = NULL;
+        n->scratch_bytes = 0;
+        DDP__TRY(ddp_alloc(pg->device, maxseg * es, &n->scratch));
+        n->scratch_bytes = maxseg * es;
+    }
+    for (t = 0; t < 2 * W - 2; t++) {
+        int sseg = ddp__mod(r - t, W), rseg = ddp__mod(r - t - 1, W);
+        size_t s0 = ddp__seg_start(w->count, W, sseg), slen = ddp__seg_start(w->count, W, sseg + 1) - s0;
+        size_t r0 = ddp__seg_start(w->count, W, rseg), rlen = ddp__seg_start(w->count, W, rseg + 1) - r0;
+        int reducing = t < W - 1;
+        void* dst = reducing ? n->scratch : (void*)(buf + r0 * es);
+        DDP__TRY(ddp__nccl_step(pg, buf + s0 * es, slen, dst, rlen, ddp__nccl_type(w->dtype), right, left));
+        if (reducing && rlen) { /* queued after the receive, on the same stream */
+            void* mine = buf + r0 * es;
+            long long cnt = (long long)rlen;
+            int dt = (int)w->dtype, op = w->op == DDP_MAX ? 1 : 0;
+            float divisor = (t == W - 2 && w->op == DDP_AVG) ? (float)W : 1.f; /* as ddp__divide */
+            void* args[6];
+            args[0] = &mine, args[1] = &n->scratch, args[2] = &cnt, args[3] = &dt, args[4] = &op, args[5] = &divisor;
+            DDP__TRY(ddp__launch(pg->device, n->stream, DDP__K_reduce, cnt, args));
+        }
+    }
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__nccl_submit(ddp_pg* pg, ddp_work* w) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    ncclDataType_t t = ddp__nccl_type(w->dtype);
+    ncclRedOp_t op = w->op == DDP_MAX ? ncclMax : w->op == DDP_AVG ? ncclAvg : ncclSum;
+    DDP__TRY(ddp__device_activate(pg->device));
+    /* order after the producer's stream without blocking the host */
+    DDP__TRY(ddp__event_record(n->produced, pg->user_stream));
+    DDP__TRY(ddp__stream_wait_event(n->stream, n->produced));
+    switch (w->kind) {
+    case DDP__ALL_REDUCE:
+        if (n->own_ring && pg->world > 1) DDP__TRY(ddp__nccl_ring(pg, w));
+        else DDP__NCCL(ncclAllReduce(w->buf, w->buf, w->count, t, op, n->comm, n->stream->s));
+        break;
+    case DDP__BROADCAST:
+        DDP__NCCL(ncclBroadcast(w->buf, w->buf, w->count, t, w->root, n->comm, n->stream->s));
+        break;
+    case DDP__ALL_GATHER:
+        DDP__NCCL(ncclAllGather(w->send, w->buf, w->count, t, n->comm, n->stream->s));
+        break;
+    default:
+        DDP__NCCL(ncclReduceScatter(w->send, w->buf, w->count, t, op, n->comm, n->stream->s));
+        break;
+    }
+    /* w->ready marks the collective's end on the group's stream (NCCL has put it there: settled) */
+    if (n->nspare > 0) w->ready = n->spare[--n->nspare];
+    else DDP__TRY(ddp__event_create(pg->device, &w->ready));
+    DDP__TRY(ddp__event_record(w->ready, n->stream));
+    ddp__flight_note(pg, w, DDP__FL_RUNNING);
+    return DDP_OK;
+}
+
+/* Poll event e (the end of a collective, or of everything on the group's stream) and NCCL's
+   asynchronous error until e has happened; an error or the deadline breaks the group. */
+DDP__PRIVATE ddp_status ddp__nccl_poll(ddp_pg* pg, ddp_event* e, double deadline, const char* what) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    double start = ddp__now();
+    for (;;) {
+        int done = 0;
+        ncclResult_t st = ncclSuccess, r;
+        DDP__TRY(ddp__event_query(e, &done));
+        if (done) return DDP_OK;
+        if (!n->comm) return ddp__fail(DDP_ERR_STATE, "%s: the NCCL communicator was aborted", what);
+        r = ncclCommGetAsyncError(n->comm, &st);
+        if (r != ncclSuccess) st = r;
+        if (st != ncclSuccess && st != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, st, what, __LINE__));
+        if (ddp__now() >= deadline)
+            return ddp__nccl_break(pg, ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the NCCL "
+                                                 "communicator was aborted: a rank is stuck, stopped, or calling a "
+                                                 "different collective", what, pg->timeout));
+        ddp__nccl_pause(start);
+    }
+}
+
+/* The end event of a finished collective goes back to the spares. */
+DDP__PRIVATE void ddp__nccl_recycle(ddp__nccl* n, ddp_work* w) {
+    if (w->ready && n->nspare < DDP__NCCL_EVENTS) {
+        n->spare[n->nspare++] = w->ready;
+        w->ready = NULL;
+    }
+}
+
+DDP__PRIVATE ddp_status ddp__nccl_wait(ddp_pg* pg, ddp_work* w) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    char what[128];
+    ddp_status s;
+    ddp__fingerprint(w, what, sizeof what);
+    s = ddp__nccl_poll(pg, w->ready, ddp__now() + pg->timeout, what);
+    if (s != DDP_OK) {
+        ddp__flight_note(pg, w, DDP__FL_FAILED);
+        if (s == DDP_ERR_TIMEOUT) ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
+        return s;
+    }
+    /* later work on the producer's stream waits for the result, as PyTorch's Work.wait() does */
+    if (pg->user_stream) DDP__TRY(ddp__stream_wait_event(pg->user_stream, w->ready));
+    ddp__flight_note(pg, w, DDP__FL_DONE);
+    ddp__nccl_recycle(n, w);
+    return DDP_OK;
+}
+
+/* ddp__work_test: the end event, without blocking. A failure reports *done = 1 (ddp_work_wait
+   then returns the error). */
+DDP__PRIVATE ddp_status ddp__nccl_test(ddp_pg* pg, ddp_work* w, int* done) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    ncclResult_t st = ncclSuccess;
+    DDP__TRY(ddp__event_query(w->ready, done));
+    if (!*done && (!n->comm || ncclCommGetAsyncError(n->comm, &st) != ncclSuccess ||
+                   (st != ncclSuccess && st != ncclInProgress)))
+        *done = 1;
+    return DDP_OK;
+}
+
+DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
+    ddp__nccl* n = (ddp__nccl*)pg->nccl;
+    int i;
+    if (!n) return;
+    if (n->comm) {
+        /* A healthy communicator is destroyed once its work has drained (within the deadline);
+           one with an error, or whose work never ends, is aborted: ncclCommDestroy would wait for
+           a collective that cannot finish. */
+        ddp_event* end = NULL;
+        ddp_status s = pg->broken ? pg->broken : ddp__event_create(pg->device, &end);
+        if (s == DDP_OK) s = ddp__event_record(end, n->stream);
+        if (s == DDP_OK) s = ddp__nccl_poll(pg, end, ddp__now() + pg->timeout, "the collectives still queued at ddp_destroy");
+        ddp__event_destroy(end);
+        if (s == DDP_OK && n->comm) {
+            ncclResult_t st = ncclSuccess;
+            if (ncclCommGetAsyncError(n->comm, &st) == ncclSuccess && st == ncclSuccess) ncclCommDestroy(n->comm);
+            else ncclCommAbort(n->comm);
+        } else if (n->comm) {
+            ncclCommAbort(n->comm);
+        }
+        n->comm = NULL;
+    }
+    ddp__stream_destroy(n->stream);
+    ddp__event_destroy(n->produced);
+    for (i = 0; i < n->nspare; i++) ddp__event_destroy(n->spare[i]);
+    ddp_free(pg->device, n->scratch);
+    DDP_FREE(n);
+    pg->nccl = NULL;
+}
+
+static const ddp__backend_vt ddp__nccl_backend = {"nccl",          ddp__nccl_connect, ddp__nccl_submit,
+                                                  ddp__nccl_wait,  ddp__nccl_test,    ddp__nccl_destroy};
+/* The nccl backend's entry in the backend table (>>pg). */
+DDP__PRIVATE const ddp__backend_vt* ddp__nccl_vt(void) { return &ddp__nccl_backend; }
+#endif
+
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>optim: the optimizer step: SGD, Adam, AdamW                                     (chapter 1)  */
+/* ============================================================================================== */
+#if DDP__DECLARE
+typedef enum ddp_optim_kind {
+    DDP_OPTIM_DEFAULT = 0, /* Adam */
+    DDP_SGD,   /* torch.optim.SGD: momentum, dampening, nesterov, L2 weight decay */
+    DDP_ADAM,  /* torch.optim.Adam: L2 weight decay added to the gradient */
+    DDP_ADAMW  /* torch.optim.AdamW: decoupled weight decay */
+} ddp_optim_kind;
+
+typedef struct ddp_optim_desc {
+    ddp_optim_kind kind; /* default Adam */
+    float lr;            /* default 1e-3 */
+    float momentum;      /* SGD; default 0 */
+    float dampening;     /* SGD; default 0 */
+    int nesterov;        /* SGD; needs momentum > 0 */
+    float weight_decay;  /* default 0; AdamW: 0 means PyTorch's default 1e-2 (use Adam for none) */
+    float beta1, beta2;  /* Adam/AdamW; default 0.9, 0.999 */
+    float eps;           /* Adam/AdamW; default 1e-8 */
+} ddp_optim_desc;
+
+typedef struct ddp_optim ddp_optim;
+/* An optimizer over every parameter of m, its state on m's device. DDP_ERR_INVALID_ARGUMENT for a
+   negative rate, betas outside [0, 1), or nesterov without momentum. */
+DDP_API ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, ddp_optim** out);
+/* Update every parameter from its gradient: one torch.optim step. DDP_ERR_CUDA on a GPU failure. */
+DDP_API ddp_status ddp_optim_step(ddp_optim* o);
+/* Steps taken so far. */
+DDP_API long ddp_optim_steps(const ddp_optim* o);
+/* Free the optimizer and its state. NULL is ignored. */
+DDP_API void ddp_optim_destroy(ddp_optim* o);
+
+#endif /* DDP__DECLARE */
+#if DDP__IMPLEMENT
 /* ---- optimizers --------------------------------------------------------------------------------- */
 
 struct ddp_optim {
@@ -3135,9 +4757,1140 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
     DDP_FREE(o);
 }
 
+#endif /* DDP__IMPLEMENT */
+
 /* ============================================================================================== */
-/* >>store: the rendezvous key-value store                                      (chapters 2, 4)  */
+/* >>snapshot: everything needed to resume, in a safetensors file                (chapters 1, 6)  */
 /* ============================================================================================== */
+#if DDP__DECLARE
+/* A snapshot is the state a job needs to carry on exactly where it stopped. The file is in the
+   safetensors format, so Python reads it in a few lines (TUTORIAL.md, chapter 6):
+     8 bytes      little-endian length N of the JSON header
+     N bytes      {"__metadata__":{...},"fc1.weight":{"dtype":"F32","shape":[64,13],
+                  "data_offsets":[0,3328]},...}  padded with spaces to a multiple of 8
+     the rest     the tensors' raw little-endian bytes, back to back
+   Tensors: each parameter under its own name, and the optimizer's state under
+   "optim.<param>.exp_avg", ".exp_avg_sq" (Adam, AdamW) or ".momentum_buffer" (SGD), PyTorch's
+   names. The metadata (strings, as the format requires) holds the counters, the optimizer's kind
+   and step count, the sampler's settings and epoch, the loader's position and the random
+   generator, and "checksum": 16 hex digits of FNV-1a-64 over the whole file with those 16 digits
+   written as zeros. The model has no buffers (no batch norm), so there are none to save.
+
+   Only pointers that are set are saved; load restores what both the file and the struct have,
+   and refuses a file whose parameters, optimizer or sampler do not match the struct's. */
+typedef struct ddp_snapshot {
+    ddp_model* model;     /* required */
+    ddp_optim* optim;     /* optional: moments or momentum buffers, and the step count */
+    ddp_sampler* sampler; /* optional: its epoch (seed, size and replicas are checked on load) */
+    ddp_loader* loader;   /* optional: how far into which epoch; the next ddp_loader_start of that
+                             epoch skips on (a save after an epoch's last batch: the next epoch
+                             starts at its first batch). Without it a resumed epoch starts afresh */
+    ddp_rng* rng;         /* optional: a generator the program draws from (the same on every rank) */
+    int epoch;            /* the program's counters, saved and restored as they are */
+    long step;
+} ddp_snapshot;
+
+/* Write s to `path`: a temporary file in the same folder, flushed and fsynced, then renamed over
+   `path`, so a crash mid-write leaves the previous snapshot intact. Call it on one rank only
+   (rank 0: every replica holds the same state). Save after the optimizer step, not between
+   no_sync backward passes (gradients are not saved). DDP_ERR_INVALID_ARGUMENT without a model,
+   DDP_ERR_IO when the file cannot be written (the message names the path and the reason). */
+DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
+/* Read `path` into what s points to, and s->epoch/s->step. Under DDP, call it on every rank after
+   ddp_wrap (whose broadcast of rank 0's initial weights would overwrite what was loaded) and after
+   ddp_optim_create. Checks the whole file first (length, header, offsets, checksum, names, shapes,
+   optimizer kind, sampler settings, the number of ranks) and changes nothing unless all of it
+   matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated or foreign file,
+   or one of a job with another number of ranks; DDP_ERR_IO when it cannot be read (DDP_ERR_IO with
+   errno ENOENT: no file). */
+DDP_API ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path);
+/* 1 if `path` exists (a snapshot to resume from), 0 if nothing is there (or path is NULL); -1
+   when it cannot be checked (a symlink loop, a folder this user may not search): ddp_error_string()
+   names the path and the reason, and a load would fail the same way. Also removes the temporary
+   files that writers on this host killed mid-save left beside it. */
+DDP_API int ddp_snapshot_exists(const char* path);
+
+#endif /* DDP__DECLARE */
+#if DDP__IMPLEMENT
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE void ddp__remove_stale_tmp(const char* path); /* >>files */
+DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char* data,
+                                          size_t n); /* >>files */
+DDP__PRIVATE ddp_status ddp__read_file(const char* path, size_t limit, char** out,
+                                       size_t* size); /* >>files */
+
+/* Saving builds the whole file in memory (header, then data), patches in the checksum and writes
+   it atomically. Loading reads the whole file, parses the header into a table (ddp__st_parse,
+   which never looks at a model and is what the fuzzer drives), checks the table against the
+   snapshot struct, and only then copies into the model and the rest. */
+
+/* A growable byte buffer for building the file in memory. ddp__put appends n bytes from src, or
+   n bytes of room when src is NULL (for data that a copy from a GPU will fill). */
+typedef struct ddp__bytes { unsigned char* p; size_t n, cap; int oom; } ddp__bytes;
+DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n) {
+    if (b->oom) return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        unsigned char* q;
+        while (cap < b->n + n) cap *= 2;
+        q = (unsigned char*)ddp__malloc(cap);
+        if (!q) { b->oom = 1; return; }
+        if (b->n) memcpy(q, b->p, b->n);
+        if (b->p) DDP_FREE(b->p);
+        b->p = q;
+        b->cap = cap;
+    }
+    if (src) memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) DDP__PRINTF(2, 3);
+DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) {
+    char tmp[256];
+    int n;
+    va_list ap;
+    va_start(ap, fmt);
+    n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0 || n >= (int)sizeof tmp) { b->oom = 1; return; } /* every piece we write is short */
+    ddp__put(b, tmp, (size_t)n);
+}
+
+/* ---- the tensors a snapshot holds ---------------------------------------------------------------- */
+
+static const char* const ddp__optim_names[] = {"none", "sgd", "adam", "adamw"};
+#define DDP__ST_MAX_TENSORS (3 * 2 * DDP_MAX_LAYERS)
+
+/* The i-th tensor of a snapshot of (m, o): parameters first, then each parameter's optimizer
+   state. Writes its name, its device pointer, and the parameter it belongs to (whose shape and
+   count it has); 0 past the end. */
+DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name, size_t nn, float** data,
+                                   const ddp_param** owner) {
+    int per = 0, k;
+    if (i < m->nparams) {
+        snprintf(name, nn, "%s", m->params[i]->name);
+        *data = m->params[i]->data;
+        *owner = m->params[i];
+        return 1;
+    }
+    i -= m->nparams;
+    if (o) per = o->d.kind == DDP_SGD ? (o->state1[0] != NULL) : 2;
+    if (per == 0 || i >= per * m->nparams) return 0;
+    k = i / per;
+    if (o->d.kind == DDP_SGD) {
+        snprintf(name, nn, "optim.%s.momentum_buffer", m->params[k]->name);
+        *data = o->state1[k];
+    } else {
+        snprintf(name, nn, "optim.%s.%s", m->params[k]->name, i % per ? "exp_avg_sq" : "exp_avg");
+        *data = i % per ? o->state2[k] : o->state1[k];
+    }
+    *owner = m->params[k];
+    return 1;
+}
+
+DDP__DEF int ddp_snapshot_exists(const char* path) {
+    struct stat st;
+    if (!path) return 0;
+    ddp__remove_stale_tmp(path); /* a run is starting: a torn save of an earlier one is garbage */
+    if (stat(path, &st) == 0) return 1;
+    if (errno == ENOENT) return 0;
+    /* Only absence means "no snapshot": a symlink loop or a folder we may not search would
+       otherwise train from step 0 without a word, then fail (or replace the link) at the save. */
+    ddp__fail(DDP_ERR_IO, "cannot tell whether the snapshot %s exists: %s. Fix the path or its folder's "
+              "permissions (or remove it to start afresh)", path, strerror(errno));
+    return -1;
+}
+
+DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
+    ddp__bytes b;
+    ddp_model* m;
+    char name[96];
+    float* data;
+    const ddp_param* p;
+    size_t off = 0, hdr_start, cs_at = 0;
+    int i, okind;
+    ddp_status st = DDP_OK;
+    if (!s || !s->model || !path)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_save: %s is NULL", !path ? "path" : "the model");
+    m = s->model;
+    okind = s->optim ? (int)s->optim->d.kind : 0;
+    memset(&b, 0, sizeof b);
+    ddp__put(&b, "\0\0\0\0\0\0\0\0", 8); /* the header's length, filled in below */
+    hdr_start = b.n;
+    ddp__putf(&b, "{\"__metadata__\":{\"format\":\"ddp.h snapshot 1\",\"epoch\":\"%d\",\"step\":\"%ld\"", s->epoch,
+              s->step);
+    ddp__putf(&b, ",\"optimizer\":\"%s\",\"optimizer_steps\":\"%ld\"", ddp__optim_names[okind],
+              s->optim ? s->optim->steps : 0L);
+    if (s->sampler)
+        ddp__putf(&b, ",\"sampler_n\":\"%d\",\"sampler_replicas\":\"%d\",\"sampler_seed\":\"%llu\","
+                      "\"sampler_shuffle\":\"%d\",\"sampler_drop_last\":\"%d\",\"sampler_epoch\":\"%d\"",
+                  s->sampler->n, s->sampler->num_replicas, (unsigned long long)s->sampler->seed,
+                  s->sampler->shuffle, s->sampler->drop_last, s->sampler->epoch);
+    /* A position loaded but not yet used (no ddp_loader_start since) is still the position. The
+       epoch it belongs to goes with it: a resumed loader starts at the position only in that epoch. */
+    if (s->loader) {
+        const ddp_loader* l = s->loader;
+        ddp__putf(&b, ",\"loader_position\":\"%d\",\"loader_epoch\":\"%d\"", l->resume ? l->resume_pos : l->pos,
+                  l->resume == 1 ? l->resume_epoch : l->resume && s->sampler ? s->sampler->epoch : l->epoch);
+    }
+    if (s->rng) ddp__putf(&b, ",\"rng\":\"%016llx\"", (unsigned long long)s->rng->state);
+    ddp__putf(&b, ",\"checksum\":\"");
+    cs_at = b.n;
+    ddp__putf(&b, "0000000000000000\"}");
+    for (i = 0; ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &p); i++) {
+        ddp__putf(&b, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", name);
+        if (p->ndim == 2) ddp__putf(&b, "%d,%d", p->shape[0], p->shape[1]);
+        else ddp__putf(&b, "%d", p->shape[0]);
+        ddp__putf(&b, "],\"data_offsets\":[%zu,%zu]}", off, off + p->count * sizeof(float));
+        off += p->count * sizeof(float);
+    }
+    ddp__put(&b, "}", 1);
+    while ((b.n - hdr_start) % 8) ddp__put(&b, " ", 1); /* the data starts 8-byte aligned */
+    if (!b.oom) {
+        uint64_t len = b.n - hdr_start;
+        for (i = 0; i < 8; i++) b.p[i] = (unsigned char)(len >> (8 * i));
+    }
+    st = ddp_stream_sync(m->stream); /* the weights are final only once the GPU is done */
+    for (i = 0; st == DDP_OK && !b.oom && ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &p); i++) {
+        size_t at = b.n, nb = p->count * sizeof(float);
+        /* GPU memory cannot be read by the host: room for it, filled by a copy */
+        ddp__put(&b, m->device.type == DDP_DEVICE_CPU ? data : NULL, nb);
+        if (!b.oom && m->device.type != DDP_DEVICE_CPU) st = ddp_copy(ddp__cpu(), b.p + at, m->device, data, nb, NULL);
+    }
+    if (b.oom && st == DDP_OK) st = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "building the snapshot in memory failed");
+    if (st == DDP_OK) {
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)ddp__fnv1a(b.p, b.n));
+        memcpy(b.p + cs_at, hex, 16);
+        st = ddp__write_atomic(path, b.p, b.n);
+    }
+    if (b.p) DDP_FREE(b.p);
+    return st;
+}
+
+/* ---- reading: the header parser ----------------------------------------------------------------- */
+
+typedef struct ddp__st_tensor {
+    char name[96];
+    char dtype[8];
+    int ndim;
+    uint64_t shape[4];
+    uint64_t begin, end; /* byte offsets into the data section */
+    int used;            /* matched by the loader */
+} ddp__st_tensor;
+
+typedef struct ddp__st_meta { char key[32]; char val[64]; } ddp__st_meta;
+
+typedef struct ddp__st {
+    ddp__st_tensor t[DDP__ST_MAX_TENSORS];
+    int nt;
+    ddp__st_meta meta[32];
+    int nmeta;
+    size_t data_off;     /* where the data section starts in the file */
+    size_t checksum_at;  /* where the checksum's 16 digits are in the file; 0 if absent */
+} ddp__st;
+/* Parse a whole file's header into *st (>>files); DDP_ERR_CHECKPOINT naming the first problem. */
+DDP__PRIVATE ddp_status ddp__st_parse(const unsigned char* buf, size_t size, const char* what, ddp__st* st);
+
+/* The JSON reader: a cursor over the header, strict about the subset safetensors uses. */
+/* ---- reading: checking the file against the snapshot struct, then loading ------------------------- */
+
+DDP__PRIVATE const char* ddp__st_get(const ddp__st* st, const char* key) {
+    int i;
+    for (i = 0; i < st->nmeta; i++)
+        if (!strcmp(st->meta[i].key, key)) return st->meta[i].val;
+    return NULL;
+}
+/* A metadata value as a whole number in [lo, hi]; 0 (after setting the error) if absent or bad. */
+DDP__PRIVATE int ddp__st_num(const ddp__st* st, const char* what, const char* key, long long lo, long long hi,
+                             long long* out) {
+    const char* v = ddp__st_get(st, key);
+    char* end;
+    long long x;
+    if (!v) { ddp__fail(DDP_ERR_CHECKPOINT, "%s: the metadata lacks \"%s\"", what, key); return 0; }
+    errno = 0;
+    x = strtoll(v, &end, 10);
+    if (!*v || *end || errno || x < lo || x > hi) {
+        ddp__fail(DDP_ERR_CHECKPOINT, "%s: metadata \"%s\" is \"%s\", not a number from %lld to %lld", what, key, v, lo,
+                  hi);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
+    unsigned char* buf = NULL;
+    ddp__st* st = NULL;
+    ddp_model* m;
+    size_t size;
+    char name[96], hex[17];
+    float* data;
+    const ddp_param* p;
+    const char* v;
+    long long epoch = 0, step = 0, osteps = 0, pos = 0, x = 0, pos_epoch = 0;
+    int pos_epoch_known = 0;
+    uint64_t rng = 0;
+    int i, k, okind = 0;
+    int match[DDP__ST_MAX_TENSORS]; /* match[i]: where the i-th tensor the struct needs is in st->t */
+    ddp_status r = DDP_OK;
+    if (!s || !s->model || !path)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: %s is NULL", !path ? "path" : "the model");
+    if (s->loader && !s->loader->data)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: initialise the loader (ddp_loader_init) first");
+    m = s->model;
+    ddp__remove_stale_tmp(path);
+    DDP__TRY(ddp__read_file(path, DDP_MAX_DATA_FILE * 4, (char**)&buf, &size));
+    st = (ddp__st*)ddp__malloc(sizeof *st);
+    if (!st) { DDP_FREE(buf); return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_snapshot_load: no memory"); }
+#define DDP__ST_BAD(...) do { r = ddp__fail(DDP_ERR_CHECKPOINT, __VA_ARGS__); goto done; } while (0)
+#define DDP__ST_NUM(key, lo, hi, out) do { if (!ddp__st_num(st, path, key, lo, hi, out)) { r = DDP_ERR_CHECKPOINT; goto done; } } while (0)
+    if ((r = ddp__st_parse(buf, size, path, st)) != DDP_OK) goto done;
+    v = ddp__st_get(st, "format");
+    if (!v || strcmp(v, "ddp.h snapshot 1") != 0)
+        DDP__ST_BAD("%s is a safetensors file but not a ddp.h snapshot (metadata \"format\" is %s%s%s)", path,
+                    v ? "\"" : "", v ? v : "missing", v ? "\"" : "");
+    /* the checksum: FNV-1a over the file with its own 16 digits read as zeros */
+    if (!st->checksum_at || strlen(ddp__st_get(st, "checksum")) != 16)
+        DDP__ST_BAD("%s: the metadata lacks its 16-digit \"checksum\"", path);
+    memcpy(hex, buf + st->checksum_at, 16);
+    hex[16] = 0;
+    memset(buf + st->checksum_at, '0', 16);
+    {
+        char want[17];
+        snprintf(want, sizeof want, "%016llx", (unsigned long long)ddp__fnv1a(buf, size));
+        memcpy(buf + st->checksum_at, hex, 16);
+        if (strcmp(want, hex) != 0)
+            DDP__ST_BAD("%s is damaged: its checksum is %s, its bytes give %s (a flipped bit, or an edited file)", path,
+                        hex, want);
+    }
+    DDP__ST_NUM("epoch", INT_MIN, INT_MAX, &epoch);
+    DDP__ST_NUM("step", LONG_MIN, LONG_MAX, &step);
+    DDP__ST_NUM("optimizer_steps", 0, LONG_MAX, &osteps);
+    v = ddp__st_get(st, "optimizer");
+    for (okind = 0; v && okind < 4 && strcmp(v, ddp__optim_names[okind]); okind++) {}
+    if (!v || okind == 4) DDP__ST_BAD("%s: metadata \"optimizer\" is %s", path, v ? v : "missing");
+    if (s->optim && okind != (int)s->optim->d.kind)
+        DDP__ST_BAD("%s holds %s state, but the optimizer is %s: resume with the same optimizer", path,
+                    okind ? ddp__optim_names[okind] : "no optimizer", ddp__optim_names[s->optim->d.kind]);
+    /* every tensor the struct needs, with its shape; nothing the struct cannot take */
+    for (i = 0; ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &p); i++) {
+        ddp__st_tensor* t = NULL;
+        for (k = 0; k < st->nt; k++)
+            if (!strcmp(st->t[k].name, name)) { t = &st->t[k]; match[i] = k; break; }
+        if (!t) DDP__ST_BAD("%s has no tensor \"%s\": it was written by another model%s", path, name,
+                            i >= m->nparams ? " or optimizer" : "");
+        if (t->ndim != p->ndim || t->shape[0] != (uint64_t)p->shape[0] ||
+            (p->ndim == 2 && t->shape[1] != (uint64_t)p->shape[1])) {
+            char fs[64], ms[32];
+            int n = snprintf(fs, sizeof fs, "[");
+            for (k = 0; k < t->ndim && n < 40; k++)
+                n += snprintf(fs + n, sizeof fs - (size_t)n, "%s%llu", k ? ", " : "", (unsigned long long)t->shape[k]);
+            snprintf(fs + n, sizeof fs - (size_t)n, "]");
+            if (p->ndim == 2) snprintf(ms, sizeof ms, "[%d, %d]", p->shape[0], p->shape[1]);
+            else snprintf(ms, sizeof ms, "[%d]", p->shape[0]);
+            DDP__ST_BAD("%s: %s has shape %s, the model's is %s: another model's snapshot", path, name, fs, ms);
+        }
+        t->used = 1;
+    }
+    for (k = 0; k < st->nt; k++)
+        if (!st->t[k].used && (s->optim || strncmp(st->t[k].name, "optim.", 6) != 0))
+            DDP__ST_BAD("%s holds tensor \"%s\", which this model%s does not have: another model's snapshot", path,
+                        st->t[k].name, strncmp(st->t[k].name, "optim.", 6) ? "" : "'s optimizer");
+    if (s->sampler) {
+        const ddp_sampler* sp = s->sampler;
+        long long n, reps, shuffle, drop;
+        DDP__ST_NUM("sampler_n", 0, INT_MAX, &n);
+        DDP__ST_NUM("sampler_replicas", 1, INT_MAX, &reps);
+        DDP__ST_NUM("sampler_shuffle", 0, 1, &shuffle);
+        DDP__ST_NUM("sampler_drop_last", 0, 1, &drop);
+        DDP__ST_NUM("sampler_epoch", INT_MIN, INT_MAX, &x);
+        v = ddp__st_get(st, "sampler_seed");
+        if (!v || !*v || strspn(v, "0123456789") != strlen(v) || strlen(v) > 20)
+            DDP__ST_BAD("%s: metadata \"sampler_seed\" is not a whole number", path);
+        if (n != sp->n || shuffle != sp->shuffle || drop != sp->drop_last || strtoull(v, NULL, 10) != sp->seed)
+            DDP__ST_BAD("%s was taken with a sampler over %lld samples (shuffle %lld, drop_last %lld, seed %s); this "
+                        "one is over %d (shuffle %d, drop_last %d, seed %llu): not the same data or settings",
+                        path, n, shuffle, drop, v ? v : "?", sp->n, sp->shuffle, sp->drop_last,
+                        (unsigned long long)sp->seed);
+        /* Each rank's share of every epoch depends on the number of ranks: a run resumed with
+           another number trains on other batches than the run that wrote the file. */
+        if (reps != sp->num_replicas)
+            DDP__ST_BAD("%s was taken by a job of %lld rank%s; this job has %d rank%s, so each rank's share of the "
+                        "data (and the training from here on) would differ from that run's. Resume with %lld rank%s, "
+                        "or leave snap.sampler and snap.loader NULL to carry on deliberately with %d (the epoch "
+                        "then starts afresh)", path, reps, reps == 1 ? "" : "s", sp->num_replicas,
+                        sp->num_replicas == 1 ? "" : "s", reps, reps == 1 ? "" : "s", sp->num_replicas);
+        pos_epoch = x, pos_epoch_known = 1;
+    }
+    if (s->loader) {
+        DDP__ST_NUM("loader_position", 0, INT_MAX, &pos);
+        if (ddp__st_get(st, "loader_epoch")) { /* older files name only the sampler's epoch */
+            DDP__ST_NUM("loader_epoch", INT_MIN, INT_MAX, &pos_epoch);
+            pos_epoch_known = 1;
+        } else if (!pos_epoch_known && ddp__st_get(st, "sampler_epoch")) {
+            DDP__ST_NUM("sampler_epoch", INT_MIN, INT_MAX, &pos_epoch);
+            pos_epoch_known = 1;
+        }
+    }
+    if (s->rng) {
+        char* end;
+        v = ddp__st_get(st, "rng");
+        if (!v) DDP__ST_BAD("%s: the metadata lacks \"rng\"", path);
+        if (strlen(v) != 16 || strspn(v, "0123456789abcdef") != 16)
+            DDP__ST_BAD("%s: metadata \"rng\" is not 16 lower-case hex digits", path);
+        rng = (uint64_t)strtoull(v, &end, 16);
+    }
+#undef DDP__ST_BAD
+#undef DDP__ST_NUM
+    /* Everything checked: only now change the model and the rest. */
+    for (i = 0; r == DDP_OK && ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &p); i++)
+        r = ddp_copy(m->device, data, ddp__cpu(), buf + st->data_off + st->t[match[i]].begin, p->count * sizeof(float),
+                     NULL);
+    if (r != DDP_OK) goto done;
+    if (s->optim) s->optim->steps = (long)osteps;
+    if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
+    if (s->loader) {
+        ddp_loader* l = s->loader;
+        l->resume_pos = (int)pos, l->resume_epoch = (int)pos_epoch, l->resume = pos_epoch_known ? 1 : 2;
+        l->last_epoch = 0; /* a resumed epoch is no repeat */
+    }
+    if (s->rng) s->rng->state = rng;
+    s->epoch = (int)epoch;
+    s->step = (long)step;
+done:
+    DDP_FREE(st);
+    DDP_FREE(buf);
+    return r;
+}
+
+#endif /* DDP__IMPLEMENT */
+
+/* ############################################################################################## */
+/*                                                                                                */
+/*  PART II: THE MACHINERY. What makes Part I fast or portable, plugged in through the backend   */
+/*  table of >>pg and the functions Part I names. Its sections:                                   */
+/*                                                                                                */
+/*      >>trace     the timeline DDP_TRACE writes                                                 */
+/*      >>cuda      the CUDA runtime: probing the GPUs, streams, events                           */
+/*      >>kernels   GPU kernels compiled at run time by NVRTC; cuBLAS; the CPU matrix product     */
+/*      >>store     the rendezvous store: sockets, its server, its client (declared in >>pg)      */
+/*      >>signals   SIGUSR1's flight record; what ddp_init waited for when a signal ends it       */
+/*      >>sums      element-wise sums, four floats at a time (the ring, shm, the reducer)         */
+/*      >>shm       the shared-memory transport between the ranks of one machine                  */
+/*      >>cpu       the CPU backend: its communication thread, queue and ring connections         */
+/*      >>mpi       the MPI backend (-DDDP_MPI)                                                   */
+/*      >>bind      keeping each rank on its own cores                                            */
+/*      >>files     file formats: CSV rows, the safetensors header, atomic writes                 */
+/*      >>slurm     SLURM's compressed node lists (>>launch reads SLURM_JOB_NODELIST)             */
+/*      >>gpus      which GPU is whose: ranks that share one, the nccl backend's check            */
+/*      >>spawn     spawning ranks, supervising them, the guardian                                */
+/*                                                                                                */
+/*  Its tuning variables (read at run time; a value that cannot be used is named in a warning):  */
+/*      DDP_TRANSPORT=auto|shm|tcp  how the CPU backend moves data: shared memory when every rank */
+/*                          is on this host (auto, the default), else the TCP ring; shm fails     */
+/*                          when it cannot be used, tcp always takes the ring.                    */
+/*      DDP_SHM_CHUNK_BYTES     bytes per rank and chunk in the shared-memory segment (1 MiB).    */
+/*      DDP_SHM_SPIN_US         how long a shared-memory wait on the communication thread spins   */
+/*                              before it sleeps (20; a blocking call on the caller's thread      */
+/*                              spins 500 times longer; 0 when there are more local ranks than    */
+/*                              cores).                                                           */
+/*      DDP_SHM_STREAM_BYTES    all-reduces this large write their result past the caches        */
+/*                              (32 MiB).                                                         */
+/*      DDP_SHM_SLOT_STREAM_BELOW  all-reduces smaller than this write their shared-memory slots  */
+/*                              past the caches, which the reading core fetches faster (512 KiB;  */
+/*                              0: never).                                                        */
+/*      DDP_BIND=core|none      ranks on one machine each keep to their own share of its cores   */
+/*                              (Linux; core, the default, when there is a core per local rank).  */
+/*      DDP_RING_PIECE_BYTES    size of the pieces the CPU ring pipelines (1 MiB).                */
+/*                                                                                                */
+/* ############################################################################################## */
+
+/* ============================================================================================== */
+/* >>trace: the timeline DDP_TRACE writes                                           (chapter 10)  */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
+/* ---- the trace (DDP_TRACE=prefix) ----------------------------------------------------------------- */
+/* With DDP_TRACE set, every forward, every layer's backward, every collective, the wait at the end
+   of backward and every optimizer step is recorded, and prefix.rank<R>.json is written when the
+   process group is destroyed (or at exit without one): Chrome's trace-event format, which
+   Perfetto (ui.perfetto.dev) and chrome://tracing draw as a timeline, one row for computation and
+   one for communication, so the overlap of the two can be seen. */
+typedef struct ddp__tev { char name[48]; int tid; double t0, t1; } ddp__tev;
+static struct {
+    pthread_once_t once;
+    int state; /* 0: DDP_TRACE not read yet, 1: off, 2: on */
+    char prefix[512];
+    ddp__tev* ev;
+    size_t n, cap;
+    double origin;
+    pthread_mutex_t lock;
+} ddp__tr = {PTHREAD_ONCE_INIT, 0, "", NULL, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+
+DDP__PRIVATE void ddp__trace_write(void);
+static void ddp__trace_atexit(void) { ddp__trace_write(); }
+
+/* Read DDP_TRACE once per process, whichever thread (training or communication) asks first. */
+static void ddp__trace_init(void) {
+    const char* v = getenv("DDP_TRACE");
+    if (v && *v) {
+        snprintf(ddp__tr.prefix, sizeof ddp__tr.prefix, "%s", v);
+        ddp__tr.origin = ddp__now();
+        atexit(ddp__trace_atexit);
+    }
+    ddp__tr.state = (v && *v) ? 2 : 1;
+}
+
+DDP__PRIVATE int ddp__trace_on(void) {
+    pthread_once(&ddp__tr.once, ddp__trace_init);
+    return ddp__tr.state == 2;
+}
+
+/* Record one span [t0, t1] (seconds of ddp__now) on a row; cheap no-op when tracing is off. */
+DDP__PRIVATE void ddp__trace(const char* name, int tid, double t0, double t1) {
+    ddp__tev* e;
+    if (!ddp__trace_on()) return;
+    pthread_mutex_lock(&ddp__tr.lock);
+    if (ddp__tr.n == ddp__tr.cap) {
+        size_t cap = ddp__tr.cap ? 2 * ddp__tr.cap : 4096;
+        ddp__tev* grown = (ddp__tev*)ddp__malloc(cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&ddp__tr.lock);
+            return;
+        }
+        if (ddp__tr.n) memcpy(grown, ddp__tr.ev, ddp__tr.n * sizeof *grown);
+        if (ddp__tr.ev) DDP_FREE(ddp__tr.ev);
+        ddp__tr.ev = grown;
+        ddp__tr.cap = cap;
+    }
+    e = &ddp__tr.ev[ddp__tr.n++];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->tid = tid, e->t0 = t0, e->t1 = t1;
+    pthread_mutex_unlock(&ddp__tr.lock);
+}
+
+/* Write and forget the events recorded so far (a rank writes its own file). */
+DDP__PRIVATE void ddp__trace_write(void) {
+    char path[600];
+    FILE* f;
+    size_t i;
+    if (ddp__tr.state != 2) return;
+    pthread_mutex_lock(&ddp__tr.lock);
+    if (ddp__tr.n == 0) {
+        pthread_mutex_unlock(&ddp__tr.lock);
+        return;
+    }
+    snprintf(path, sizeof path, "%s.rank%d.json", ddp__tr.prefix, ddp__g.rank);
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+        fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n",
+                ddp__g.rank, ddp__g.rank);
+        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": "
+                "\"compute\"}},\n", ddp__g.rank);
+        fprintf(f, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 2, \"args\": {\"name\": "
+                "\"communication\"}}", ddp__g.rank);
+        for (i = 0; i < ddp__tr.n; i++) {
+            const ddp__tev* e = &ddp__tr.ev[i];
+            fprintf(f, ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.1f, \"dur\": %.1f}",
+                    e->name, ddp__g.rank, e->tid, (e->t0 - ddp__tr.origin) * 1e6, (e->t1 - e->t0) * 1e6);
+        }
+        fprintf(f, "\n]}\n");
+        fclose(f);
+        ddp__log(DDP_LOG_INFO, "trace: wrote %zu events to %s (open it in ui.perfetto.dev)", ddp__tr.n, path);
+    } else {
+        ddp__log(DDP_LOG_WARN, "trace: cannot write %s: %s", path, strerror(errno));
+    }
+    ddp__tr.n = 0;
+    pthread_mutex_unlock(&ddp__tr.lock);
+}
+
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>cuda: the CUDA runtime: probing, streams, events                                             */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
+/* The CUDA probe runs once per process: asking the runtime is slow the first time, and its
+   answer (no driver, no device) does not change while we run. */
+static struct {
+    pthread_once_t once;
+    int count;
+    int driver_too_old; /* a driver is there, but older than this program's CUDA runtime */
+    char reason[320];
+} ddp__cuda_probe_state = {PTHREAD_ONCE_INIT, 0, 0, {0}};
+
+static void ddp__cuda_probe(void) {
+#if DDP__CUDA
+    int n = 0, drv = 0, rt = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0 &&
+            cudaRuntimeGetVersion(&rt) == cudaSuccess) {
+            /* CUDA versions are 1000 * major + 10 * minor */
+            ddp__cuda_probe_state.driver_too_old = 1;
+            snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
+                     "the NVIDIA driver here supports CUDA %d.%d, older than the CUDA %d.%d this program was built "
+                     "with: update the driver (CUDA 13 needs driver R580 or later; nvidia-smi shows the version), or "
+                     "build with a CUDA toolkit no newer than %d.%d (make CUDA_HOME=...)", drv / 1000, drv % 1000 / 10,
+                     rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
+        } else if (e == cudaErrorInsufficientDriver)
+            snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
+                     "no NVIDIA driver is installed on this machine (CUDA reports %s)",
+                     cudaGetErrorName(e));
+        else if (e == cudaErrorNoDevice)
+            snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
+                     "the NVIDIA driver sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES)");
+        else
+            snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
+                     "CUDA could not start: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+        n = 0;
+    } else if (n == 0) {
+        snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
+                 "the NVIDIA driver sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES)");
+    }
+    ddp__cuda_probe_state.count = n;
+#else
+    snprintf(ddp__cuda_probe_state.reason, sizeof ddp__cuda_probe_state.reason,
+             "this program was built without CUDA (DDP_NO_CUDA)");
+#endif
+}
+
+/* Number of usable CUDA devices; 0 with no GPU, no driver, or DDP_NO_CUDA. Never fails. */
+DDP__PRIVATE int ddp__cuda_device_count(void) {
+    pthread_once(&ddp__cuda_probe_state.once, ddp__cuda_probe);
+    return ddp__cuda_probe_state.count;
+}
+/* 1 when a driver is there but older than this program's CUDA runtime (a surprise worth a warning). */
+DDP__PRIVATE int ddp__cuda_driver_too_old(void) {
+    return ddp__cuda_device_count() == 0 && ddp__cuda_probe_state.driver_too_old;
+}
+/* Why ddp__cuda_device_count() is 0, in plain words ("" when it is not). Never NULL. */
+DDP__PRIVATE const char* ddp__cuda_unavailable_reason(void) {
+    return ddp__cuda_device_count() > 0 ? "" : ddp__cuda_probe_state.reason;
+}
+
+/* Create a stream on `d`. DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__stream_create(ddp_device d, ddp_stream** out) {
+    ddp_stream* s = (ddp_stream*)ddp__calloc(sizeof *s);
+    *out = NULL;
+    if (!s) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a stream failed");
+    s->dev = d;
+#if DDP__CUDA
+    if (d.type == DDP_DEVICE_CUDA) {
+        cudaError_t e = cudaSetDevice(d.index);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            DDP_FREE(s);
+            return ddp__fail_cuda(e, "cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)", __LINE__);
+        }
+    }
+#endif
+    *out = s;
+    return DDP_OK;
+}
+
+/* Destroy a stream (waits for its work first). NULL is ignored. */
+DDP__PRIVATE void ddp__stream_destroy(ddp_stream* s) {
+    if (!s) return;
+#if DDP__CUDA
+    if (s->dev.type == DDP_DEVICE_CUDA) {
+        cudaSetDevice(s->dev.index);
+        cudaStreamSynchronize(s->s);
+        cudaStreamDestroy(s->s);
+    }
+#endif
+    DDP_FREE(s);
+}
+
+DDP__DEF ddp_status ddp_stream_sync(ddp_stream* s) {
+#if DDP__CUDA
+    if (s && s->dev.type == DDP_DEVICE_CUDA) DDP__CU(cudaStreamSynchronize(s->s));
+#else
+    (void)s;
+#endif
+    return DDP_OK;
+}
+
+/* The cudaStream_t behind `s` as void* (NULL on the CPU): an escape hatch for your own kernels. */
+DDP__PRIVATE void* ddp__stream_native(ddp_stream* s) {
+#if DDP__CUDA
+    if (s && s->dev.type == DDP_DEVICE_CUDA) return (void*)s->s;
+#else
+    (void)s;
+#endif
+    return NULL;
+}
+
+/* Create an event on `d`. DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__event_create(ddp_device d, ddp_event** out) {
+    ddp_event* e = (ddp_event*)ddp__calloc(sizeof *e);
+    *out = NULL;
+    if (!e) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating an event failed");
+    e->dev = d;
+#if DDP__CUDA
+    if (d.type == DDP_DEVICE_CUDA) {
+        cudaError_t c = cudaSetDevice(d.index);
+        /* timing off: an event used only for ordering is cheaper to record and wait on */
+        if (c == cudaSuccess) c = cudaEventCreateWithFlags(&e->e, cudaEventDisableTiming);
+        if (c != cudaSuccess) {
+            DDP_FREE(e);
+            return ddp__fail_cuda(c, "cudaEventCreateWithFlags(&e, cudaEventDisableTiming)", __LINE__);
+        }
+    }
+#endif
+    *out = e;
+    return DDP_OK;
+}
+
+/* Destroy an event. NULL is ignored. */
+DDP__PRIVATE void ddp__event_destroy(ddp_event* e) {
+    if (!e) return;
+#if DDP__CUDA
+    if (e->dev.type == DDP_DEVICE_CUDA) cudaEventDestroy(e->e);
+#endif
+    DDP_FREE(e);
+}
+
+/* Mark the current end of stream `s` with `e`. DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__event_record(ddp_event* e, ddp_stream* s) {
+#if DDP__CUDA
+    if (e->dev.type == DDP_DEVICE_CUDA) DDP__CU(cudaEventRecord(e->e, s ? s->s : 0));
+#else
+    (void)e;
+    (void)s;
+#endif
+    return DDP_OK;
+}
+
+/* Make later work on `s` wait until `e` has happened, without blocking the host. */
+DDP__PRIVATE ddp_status ddp__stream_wait_event(ddp_stream* s, ddp_event* e) {
+#if DDP__CUDA
+    if (e->dev.type == DDP_DEVICE_CUDA && s && s->dev.type == DDP_DEVICE_CUDA)
+        DDP__CU(cudaStreamWaitEvent(s->s, e->e, 0));
+#else
+    (void)e;
+    (void)s;
+#endif
+    return DDP_OK;
+}
+
+/* Block the host until `e` has happened. DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__event_sync(ddp_event* e) {
+#if DDP__CUDA
+    if (e->dev.type == DDP_DEVICE_CUDA) DDP__CU(cudaEventSynchronize(e->e));
+#else
+    (void)e;
+#endif
+    return DDP_OK;
+}
+
+/* *done = 1 if `e` has happened, else 0, without blocking. DDP_ERR_CUDA on failure. */
+DDP__PRIVATE ddp_status ddp__event_query(ddp_event* e, int* done) {
+    *done = 1;
+#if DDP__CUDA
+    if (e->dev.type == DDP_DEVICE_CUDA) {
+        cudaError_t c = cudaEventQuery(e->e);
+        if (c == cudaErrorNotReady) {
+            *done = 0;
+            return DDP_OK;
+        }
+        DDP__CU(c);
+    }
+#else
+    (void)e;
+#endif
+    return DDP_OK;
+}
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>kernels: GPU kernels compiled at run time by NVRTC; cuBLAS and CPU matrix products           */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
+/*
+   Why NVRTC: the kernels below are CUDA C source in a string, compiled when a program first
+   uses a GPU. A student's file therefore stays plain C built by `cc` (no nvcc, no second
+   compilation unit, no build-system knowledge), and because NVRTC compiles to PTX without a GPU
+   or driver, `make test` proves on any machine that every kernel compiles
+   (ddp__kernels_compile_ptx). The cost is a compile of a few hundred milliseconds at the first
+   GPU use, paid once per process and device. Kernels are launched through the runtime API
+   (cudaLibraryLoadData + cudaLaunchKernel), so a program links against cudart and never against
+   libcuda directly: the same binary starts, and runs on the CPU, on a machine without a driver.
+   Every kernel is a grid-stride loop so that any launch size covers any element count.
+*/
+
+#define DDP__KERNEL_NAME(name) "ddp_k_" #name,
+static const char* const ddp__kernel_names[] = {DDP__KERNEL_LIST(DDP__KERNEL_NAME)};
+#undef DDP__KERNEL_NAME
+
+#if DDP__CUDA
+/* The kernel source, in pieces (C99 promises string literals only up to 4095 characters);
+   ddp__kernel_source_joined() concatenates them for NVRTC. */
+static const char* const ddp__kernel_source[] = {
+    "#define GRID_LOOP(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;"
+    " i < (n); i += (long long)gridDim.x * blockDim.x)\n",
+    /* y[r, c] += b[c]: the bias of a Linear layer, broadcast over the batch */
+    "extern \"C\" __global__ void ddp_k_bias_add(float* y, const float* b, int rows, int cols) {\n"
+    "  GRID_LOOP(i, (long long)rows * cols) y[i] += b[i % cols]; }\n",
+    /* db[c] += sum over rows of dy[r, c]: one thread per column, rows summed in order so the
+       result is the same on every run */
+    "extern \"C\" __global__ void ddp_k_bias_grad(const float* dy, float* db, int rows, int cols) {\n"
+    "  GRID_LOOP(c, cols) { float s = 0.f; for (int r = 0; r < rows; r++) s += dy[(long long)r * cols + c];"
+    " db[c] += s; } }\n",
+    "extern \"C\" __global__ void ddp_k_relu_fwd(const float* x, float* y, long long n) {\n"
+    "  GRID_LOOP(i, n) y[i] = x[i] > 0.f ? x[i] : 0.f; }\n",
+    /* dx = dy where the output was positive: the output alone decides, no need to keep x */
+    "extern \"C\" __global__ void ddp_k_relu_bwd(const float* y, const float* dy, float* dx, long long n) {\n"
+    "  GRID_LOOP(i, n) dx[i] = y[i] > 0.f ? dy[i] : 0.f; }\n",
+    "extern \"C\" __global__ void ddp_k_gelu_fwd(const float* x, float* y, long long n) {\n"
+    "  GRID_LOOP(i, n) y[i] = 0.5f * x[i] * (1.f + erff(x[i] * 0.70710678118654752f)); }\n",
+    "extern \"C\" __global__ void ddp_k_gelu_bwd(const float* x, const float* dy, float* dx, long long n) {\n"
+    "  GRID_LOOP(i, n) { float v = x[i];\n"
+    "    float cdf = 0.5f * (1.f + erff(v * 0.70710678118654752f));\n"
+    "    float pdf = 0.39894228040143268f * expf(-0.5f * v * v);\n"
+    "    dx[i] = dy[i] * (cdf + v * pdf); } }\n",
+    /* softmax cross-entropy, one thread per row: the loss of each row, and the gradient of the
+       batch mean, (softmax - onehot) / rows */
+    "extern \"C\" __global__ void ddp_k_xent(const float* z, const int* label, float* dz, float* loss,"
+    " int rows, int cols) {\n"
+    "  GRID_LOOP(r, rows) { const float* zr = z + r * (long long)cols; float* dr = dz + r * (long long)cols;\n"
+    "    float mx = zr[0]; for (int c = 1; c < cols; c++) mx = fmaxf(mx, zr[c]);\n"
+    "    float s = 0.f; for (int c = 0; c < cols; c++) s += expf(zr[c] - mx);\n"
+    "    loss[r] = mx + logf(s) - zr[label[r]];\n"
+    "    for (int c = 0; c < cols; c++) dr[c] = (expf(zr[c] - mx) / s - (c == label[r] ? 1.f : 0.f)) / rows; } }\n",
+    /* squared error: each row's sum, and the gradient of the mean over rows*cols elements */
+    "extern \"C\" __global__ void ddp_k_mse(const float* p, const float* t, float* dp, float* loss,"
+    " int rows, int cols) {\n"
+    "  GRID_LOOP(r, rows) { float s = 0.f; float k = 2.f / ((float)rows * cols);\n"
+    "    for (int c = 0; c < cols; c++) { long long i = r * (long long)cols + c; float d = p[i] - t[i];"
+    " s += d * d; dp[i] = k * d; }\n"
+    "    loss[r] = s; } }\n",
+    /* torch.optim.SGD, one element per thread; `first` is 1 on the first step with momentum,
+       when the momentum buffer starts as a copy of the gradient */
+    "extern \"C\" __global__ void ddp_k_sgd(float* p, const float* g, float* buf, long long n, float lr,"
+    " float momentum, float dampening, float wd, int nesterov, int first) {\n"
+    "  GRID_LOOP(i, n) { float d = g[i]; if (wd != 0.f) d += wd * p[i];\n"
+    "    if (momentum != 0.f) { float b = first ? d : momentum * buf[i] + (1.f - dampening) * d;"
+    " buf[i] = b; d = nesterov ? d + momentum * b : b; }\n"
+    "    p[i] -= lr * d; } }\n",
+    /* torch.optim.Adam / AdamW in the order PyTorch's single-tensor path computes them */
+    "extern \"C\" __global__ void ddp_k_adam(float* p, const float* g, float* m, float* v, long long n,"
+    " float lr, float b1, float b2, float eps, float wd, int decoupled, float step_size, float bc2_sqrt) {\n"
+    "  GRID_LOOP(i, n) { float d = g[i];\n"
+    "    if (decoupled) p[i] *= 1.f - lr * wd; else if (wd != 0.f) d += wd * p[i];\n"
+    "    m[i] += (1.f - b1) * (d - m[i]);\n"
+    "    v[i] = b2 * v[i] + (1.f - b2) * d * d;\n"
+    "    p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps); } }\n",
+    /* dtype conversions: the text of DDP__CONVERSIONS (>>device), the CPU's own code */
+    "#define DDP__ON_GPU __device__\n"
+    "__device__ unsigned ddp__bits(float f) { return __float_as_uint(f); }\n"
+    "__device__ float ddp__flt(unsigned u) { return __uint_as_float(u); }\n"
+    "__device__ float ddp__add_half(float a) { return __fadd_rn(a, 0.5f); }\n",
+    DDP__XSTR(DDP__CONVERSIONS(DDP__ON_GPU)) "\n", /* DDP__ON_GPU: a name no host header defines */
+    "extern \"C\" __global__ void ddp_k_f32_to_f16(const float* s, unsigned short* d, long long n) {\n"
+    "  GRID_LOOP(i, n) d[i] = ddp__cv_f32_to_f16(__float_as_uint(s[i])); }\n",
+    "extern \"C\" __global__ void ddp_k_f16_to_f32(const unsigned short* s, float* d, long long n) {\n"
+    "  GRID_LOOP(i, n) d[i] = ddp__cv_f16_to_f32(s[i]); }\n",
+    "extern \"C\" __global__ void ddp_k_f32_to_bf16(const float* s, unsigned short* d, long long n) {\n"
+    "  GRID_LOOP(i, n) d[i] = ddp__cv_f32_to_bf16(__float_as_uint(s[i])); }\n",
+    "extern \"C\" __global__ void ddp_k_bf16_to_f32(const unsigned short* s, float* d, long long n) {\n"
+    "  GRID_LOOP(i, n) d[i] = ddp__cv_bf16_to_f32(s[i]); }\n",
+    /* dst = (dst op src) / divisor for the NCCL ring: dtype 1 f32, 2 f16, 3 bf16; op 0 sum, 1 max.
+       Values are widened to f32, combined, and rounded back, as the CPU ring does. */
+    "__device__ float ddp_ld(const void* p, long long i, int t) {\n"
+    "  if (t == 2) return ddp__cv_f16_to_f32(((const unsigned short*)p)[i]);\n"
+    "  if (t == 3) return ddp__cv_bf16_to_f32(((const unsigned short*)p)[i]);\n"
+    "  return ((const float*)p)[i]; }\n"
+    "__device__ void ddp_st(void* p, long long i, int t, float v) {\n"
+    "  if (t == 2) ((unsigned short*)p)[i] = ddp__cv_f32_to_f16(__float_as_uint(v));\n"
+    "  else if (t == 3) ((unsigned short*)p)[i] = ddp__cv_f32_to_bf16(__float_as_uint(v));\n"
+    "  else ((float*)p)[i] = v; }\n"
+    "extern \"C\" __global__ void ddp_k_reduce(void* dst, const void* src, long long n, int t, int op, float divisor) {\n"
+    "  GRID_LOOP(i, n) { float a = ddp_ld(dst, i, t), b = ddp_ld(src, i, t);\n"
+    "    float r = op == 1 ? fmaxf(a, b) : a + b; if (divisor != 1.f) r /= divisor;\n"
+    "    ddp_st(dst, i, t, r); } }\n",
+    /* dst = src * a: a gradient scaled by 1/world size on its way into a bucket */
+    "extern \"C\" __global__ void ddp_k_scale(float* dst, const float* src, long long n, float a) {\n"
+    "  GRID_LOOP(i, n) dst[i] = src[i] * a; }\n"
+};
+#endif
+
+/* Number of GPU kernels in this library (0 in a CPU-only build). */
+DDP__PRIVATE int ddp__kernel_count(void) { return DDP__CUDA ? (int)DDP__K_COUNT : 0; }
+/* The name of kernel i, 0 <= i < ddp__kernel_count(); NULL outside that range. */
+DDP__PRIVATE const char* ddp__kernel_name(int i) {
+    return (i >= 0 && i < ddp__kernel_count()) ? ddp__kernel_names[i] : NULL;
+}
+
+#if DDP__CUDA
+/* Compile the kernel source for one architecture: "compute_XY" gives PTX, "sm_XY" the GPU's own
+   binary code (CUBIN) when cubin is 1. *img is host memory from DDP_MALLOC. */
+DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, int cubin, char** img, size_t* nbytes) {
+    nvrtcProgram prog;
+    char opt_arch[64];
+    const char* opts[2];
+    nvrtcResult r;
+    *img = NULL;
+    *nbytes = 0;
+    snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
+    opts[0] = opt_arch;
+    opts[1] = "--std=c++17";
+    {
+        size_t i, total = 1, pos = 0, n = sizeof ddp__kernel_source / sizeof ddp__kernel_source[0];
+        char* src;
+        for (i = 0; i < n; i++) total += strlen(ddp__kernel_source[i]);
+        src = (char*)ddp__malloc(total);
+        if (!src) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the kernel source failed");
+        for (i = 0; i < n; i++) {
+            memcpy(src + pos, ddp__kernel_source[i], strlen(ddp__kernel_source[i]));
+            pos += strlen(ddp__kernel_source[i]);
+        }
+        src[pos] = 0;
+        r = nvrtcCreateProgram(&prog, src, "ddp_kernels.cu", 0, NULL, NULL);
+        DDP_FREE(src);
+        if (r != NVRTC_SUCCESS)
+            return ddp__fail(DDP_ERR_NVRTC, "nvrtcCreateProgram failed: %s", nvrtcGetErrorString(r));
+    }
+    r = nvrtcCompileProgram(prog, 2, opts);
+    if (r != NVRTC_SUCCESS) {
+        size_t logsize = 0;
+        char log[1024] = "";
+        if (nvrtcGetProgramLogSize(prog, &logsize) == NVRTC_SUCCESS && logsize > 1) {
+            char* full = (char*)ddp__malloc(logsize);
+            if (full && nvrtcGetProgramLog(prog, full) == NVRTC_SUCCESS)
+                snprintf(log, sizeof log, "%s", full);
+            if (full) DDP_FREE(full);
+        }
+        nvrtcDestroyProgram(&prog);
+        return ddp__fail(DDP_ERR_NVRTC, "nvrtcCompileProgram(%s) failed: %s; compiler log: %s",
+                         arch, nvrtcGetErrorString(r), log);
+    }
+    r = cubin ? nvrtcGetCUBINSize(prog, nbytes) : nvrtcGetPTXSize(prog, nbytes);
+    if (r == NVRTC_SUCCESS && *nbytes == 0) r = NVRTC_ERROR_INVALID_INPUT; /* no CUBIN for a compute_XY */
+    if (r == NVRTC_SUCCESS) {
+        *img = (char*)ddp__malloc(*nbytes);
+        if (!*img) {
+            nvrtcDestroyProgram(&prog);
+            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes for the compiled kernels failed", *nbytes);
+        }
+        r = cubin ? nvrtcGetCUBIN(prog, *img) : nvrtcGetPTX(prog, *img);
+    }
+    nvrtcDestroyProgram(&prog);
+    if (r != NVRTC_SUCCESS) {
+        if (*img) DDP_FREE(*img);
+        *img = NULL;
+        return ddp__fail(DDP_ERR_NVRTC, "reading the %s for %s failed: %s", cubin ? "CUBIN" : "PTX", arch,
+                         nvrtcGetErrorString(r));
+    }
+    return DDP_OK;
+}
+#endif
+
+/* Compile every kernel with NVRTC for `arch` (e.g. "compute_80") into PTX text. Needs no GPU:
+   this is how a machine without one proves the kernels compile. *ptx is freed with ddp__free_host.
+   DDP_ERR_NVRTC with the compiler log on failure; DDP_ERR_NOT_BUILT in a CPU-only build. */
+DDP__PRIVATE ddp_status ddp__kernels_compile_ptx(const char* arch, char** ptx, size_t* nbytes) {
+#if DDP__CUDA
+    return ddp__nvrtc_compile(arch ? arch : "compute_80", 0, ptx, nbytes);
+#else
+    (void)arch;
+    *ptx = NULL;
+    *nbytes = 0;
+    return ddp__fail(DDP_ERR_NOT_BUILT, "no GPU kernels in a CPU-only build (DDP_NO_CUDA)");
+#endif
+}
+
+#if DDP__CUDA
+/* Loaded kernels, one set per GPU, compiled on first use for that GPU's architecture. */
+static struct {
+    pthread_mutex_t lock;
+    int loaded[DDP__MAX_GPUS];
+    cudaLibrary_t lib[DDP__MAX_GPUS];
+    cudaKernel_t k[DDP__MAX_GPUS][DDP__K_COUNT];
+} ddp__kern = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, {{0}}};
+
+DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
+    int major = 0, minor = 0, narch = 0, best = 0, i, want, nv_major = 0, nv_minor = 0, drv = 0;
+    int archs[128];
+    char arch[32], *img = NULL;
+    size_t nbytes = 0;
+    cudaError_t e = cudaErrorInvalidValue;
+    DDP__CU(cudaSetDevice(dev));
+    DDP__CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    DDP__CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    want = major * 10 + minor;
+    DDP__NVRTC(nvrtcGetNumSupportedArchs(&narch));
+    if (narch > 128) narch = 128;
+    DDP__NVRTC(nvrtcGetSupportedArchs(archs));
+    for (i = 0; i < narch; i++)
+        if (archs[i] <= want && archs[i] > best) best = archs[i];
+    if (best == 0)
+        return ddp__fail(DDP_ERR_NVRTC, "GPU %d has compute capability %d.%d, older than any "
+                         "architecture this NVRTC supports", dev, major, minor);
+    /* Binary code (CUBIN) for this GPU's own architecture when NVRTC knows one of its family: it
+       needs no compile by the driver, so a driver older than this NVRTC still runs it. Else PTX for
+       the newest architecture both know, which the driver compiles for the exact chip. */
+    if (best / 10 == major) {
+        snprintf(arch, sizeof arch, "sm_%d", best);
+        if (ddp__nvrtc_compile(arch, 1, &img, &nbytes) == DDP_OK) {
+            e = cudaLibraryLoadData(&ddp__kern.lib[dev], img, NULL, NULL, 0, NULL, NULL, 0);
+            DDP_FREE(img);
+            if (e != cudaSuccess) (void)cudaGetLastError();
+        }
+    }
+    if (e != cudaSuccess) {
+        snprintf(arch, sizeof arch, "compute_%d", best);
+        DDP__TRY(ddp__nvrtc_compile(arch, 0, &img, &nbytes));
+        e = cudaLibraryLoadData(&ddp__kern.lib[dev], img, NULL, NULL, 0, NULL, NULL, 0);
+        DDP_FREE(img);
+        if (e == cudaErrorUnsupportedPtxVersion) {
+            (void)cudaGetLastError();
+            nvrtcVersion(&nv_major, &nv_minor);
+            cudaDriverGetVersion(&drv);
+            return ddp__fail(DDP_ERR_CUDA, "GPU %d (compute capability %d.%d) needs its kernels compiled by the driver "
+                             "from PTX, and this PTX comes from NVRTC %d.%d, newer than the driver (CUDA %d.%d) can "
+                             "read (cudaErrorUnsupportedPtxVersion): update the NVIDIA driver, or build with the CUDA "
+                             "toolkit that matches it (make CUDA_HOME=...)", dev, major, minor, nv_major, nv_minor,
+                             drv / 1000, drv % 1000 / 10);
+        }
+        if (e != cudaSuccess) return ddp__fail_cuda(e, "cudaLibraryLoadData(kernels PTX)", __LINE__);
+    }
+    for (i = 0; i < DDP__K_COUNT; i++)
+        DDP__CU(cudaLibraryGetKernel(&ddp__kern.k[dev][i], ddp__kern.lib[dev], ddp__kernel_names[i]));
+    ddp__kern.loaded[dev] = 1;
+    ddp__log(DDP_LOG_INFO, "compiled %d GPU kernels for cuda:%d (%s)", (int)DDP__K_COUNT, dev, arch);
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__kernels_ready(int dev) {
+    ddp_status s = DDP_OK;
+    if (dev < 0 || dev >= DDP__MAX_GPUS)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "GPU index %d out of range", dev);
+    pthread_mutex_lock(&ddp__kern.lock);
+    if (!ddp__kern.loaded[dev]) s = ddp__kernels_load_locked(dev);
+    pthread_mutex_unlock(&ddp__kern.lock);
+    return s;
+}
+
+/* Launch kernel `k` over n elements (a grid-stride loop covers any n) on stream `s`. */
+DDP__PRIVATE ddp_status ddp__launch(ddp_device d, ddp_stream* s, int k, long long n, void** args) {
+    long long blocks = (n + 255) / 256;
+    dim3 grid, block;
+    cudaError_t e;
+    DDP__TRY(ddp__kernels_ready(d.index));
+    if (blocks < 1) blocks = 1;
+    if (blocks > 65535) blocks = 65535;
+    grid.x = (unsigned)blocks, grid.y = grid.z = 1;
+    block.x = 256, block.y = block.z = 1;
+    e = cudaLaunchKernel((const void*)ddp__kern.k[d.index][k], grid, block, args, 0, s ? s->s : 0);
+    if (e != cudaSuccess) {
+        char what[96];
+        snprintf(what, sizeof what, "cudaLaunchKernel(%s)", ddp__kernel_names[k]);
+        return ddp__fail_cuda(e, what, __LINE__);
+    }
+    /* DETAIL mode waits for each kernel so an error points at the kernel that caused it. */
+    if (ddp__log_level_enabled() >= DDP_LOG_DETAIL) {
+        e = cudaStreamSynchronize(s ? s->s : 0);
+        if (e != cudaSuccess) {
+            char what[96];
+            snprintf(what, sizeof what, "%s (synchronised under DDP_DEBUG=DETAIL)", ddp__kernel_names[k]);
+            return ddp__fail_cuda(e, what, __LINE__);
+        }
+    }
+    return DDP_OK;
+}
+#endif
+
+/* Convert `count` elements between dtypes on device `d` (both buffers there), in order on `s`.
+   DDP_ERR_INVALID_ARGUMENT for an unknown dtype; DDP_ERR_CUDA on a GPU failure. */
+DDP__PRIVATE ddp_status ddp__convert(ddp_device d, ddp_dtype dst_type, void* dst, ddp_dtype src_type,
+                                const void* src, size_t count, ddp_stream* s) {
+    size_t i;
+    if (dst_type == DDP_DTYPE_DEFAULT) dst_type = DDP_F32;
+    if (src_type == DDP_DTYPE_DEFAULT) src_type = DDP_F32;
+    if (ddp_dtype_size(dst_type) == 0 || ddp_dtype_size(src_type) == 0 ||
+        (dst_type != DDP_F32 && src_type != DDP_F32))
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
+                         "ddp__convert supports f32 <-> f16 and f32 <-> bf16, not %s -> %s",
+                         ddp__dtype_name(src_type), ddp__dtype_name(dst_type));
+    if (dst_type == src_type) return ddp_copy(d, dst, d, src, count * ddp_dtype_size(dst_type), s);
+    if (d.type == DDP_DEVICE_CUDA) {
+#if DDP__CUDA
+        long long n = (long long)count;
+        int k = dst_type == DDP_F16 ? DDP__K_f32_to_f16 : dst_type == DDP_BF16 ? DDP__K_f32_to_bf16
+              : src_type == DDP_F16 ? DDP__K_f16_to_f32 : DDP__K_bf16_to_f32;
+        void* args[3];
+        args[0] = (void*)&src;
+        args[1] = (void*)&dst;
+        args[2] = (void*)&n;
+        if (count == 0) return DDP_OK;
+        return ddp__launch(d, s, k, n, args);
+#else
+        return ddp__fail(DDP_ERR_NOT_BUILT, "cannot convert on a GPU: %s", ddp__cuda_unavailable_reason());
+#endif
+    }
+    for (i = 0; i < count; i++) {
+        if (dst_type == DDP_F16) ((uint16_t*)dst)[i] = ddp_f32_to_f16(((const float*)src)[i]);
+        else if (dst_type == DDP_BF16) ((uint16_t*)dst)[i] = ddp_f32_to_bf16(((const float*)src)[i]);
+        else if (src_type == DDP_F16) ((float*)dst)[i] = ddp_f16_to_f32(((const uint16_t*)src)[i]);
+        else ((float*)dst)[i] = ddp_bf16_to_f32(((const uint16_t*)src)[i]);
+    }
+    return DDP_OK;
+}
+
+/* ---- matrix product: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, row-major ----------- */
+
+/* The built-in CPU product. op(B) is copied block by block into a small contiguous panel, so the
+   innermost loop runs over consecutive memory whatever B's layout, and a KC x NC panel
+   (64 x 256 floats, 64 KiB) stays in the L2 cache while every row of A streams past it. The
+   summation order is fixed, so results repeat exactly from run to run. */
+#define DDP__KC 64
+#define DDP__NC 256
+DDP__PRIVATE void ddp__gemm_loop(int ta, int tb, int M, int N, int K, float alpha, const float* A,
+                                 int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+    float panel[DDP__KC * DDP__NC];
+    int i, j, jc, pc, kk;
+    for (i = 0; i < M; i++)
+        for (j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
+    for (jc = 0; jc < N; jc += DDP__NC) {
+        int nc = N - jc < DDP__NC ? N - jc : DDP__NC;
+        for (pc = 0; pc < K; pc += DDP__KC) {
+            int kc = K - pc < DDP__KC ? K - pc : DDP__KC;
+            for (kk = 0; kk < kc; kk++)
+                for (j = 0; j < nc; j++)
+                    panel[kk * DDP__NC + j] = tb ? B[(size_t)(jc + j) * ldb + pc + kk]
+                                                 : B[(size_t)(pc + kk) * ldb + jc + j];
+            for (i = 0; i < M; i++) {
+                float* crow = C + (size_t)i * ldc + jc;
+                for (kk = 0; kk < kc; kk++) {
+                    float a = alpha * (ta ? A[(size_t)(pc + kk) * lda + i] : A[(size_t)i * lda + pc + kk]);
+                    const float* prow = panel + kk * DDP__NC;
+                    for (j = 0; j < nc; j++) crow[j] += a * prow[j];
+                }
+            }
+        }
+    }
+}
+
+DDP__PRIVATE void ddp__gemm_cpu(int ta, int tb, int M, int N, int K, float alpha, const float* A,
+                                int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+    if (M == 0 || N == 0) return;
+#if defined(DDP_CBLAS)
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
+#else
+    ddp__gemm_loop(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+}
+
+/* ============================================================================================== */
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>store: the rendezvous key-value store: sockets, server, client              (chapters 2, 4)  */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
 /*
    Wire format (all integers little-endian). A request is a 20-byte header
        u32 magic "DDPS"  u16 version  u16 op  u32 key bytes  u32 value bytes  u32 timeout (ms)
@@ -3176,7 +5929,6 @@ enum { DDP__ST_OK = 0, DDP__ST_TIMEOUT, DDP__ST_REFUSED, DDP__ST_BAD };
 
 /* ---- time and sockets: the portable pieces every network path uses ---------------------------- */
 
-
 /* Milliseconds until `deadline` for poll(), at least 0 and at most a minute. */
 DDP__PRIVATE int ddp__ms_left(double deadline) {
     double left = deadline - ddp__now();
@@ -3192,11 +5944,6 @@ DDP__PRIVATE void ddp__sock_setup(int fd) {
     setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one); /* macOS: no SIGPIPE on a dead peer */
 #endif
 }
-#ifdef MSG_NOSIGNAL
-#define DDP__SEND_FLAGS MSG_NOSIGNAL /* Linux: a write to a dead peer is an error, not SIGPIPE */
-#else
-#define DDP__SEND_FLAGS 0
-#endif
 
 /* Send all n bytes before `deadline`. Returns 0, or -1 with errno (ETIMEDOUT on the deadline). */
 DDP__PRIVATE int ddp__send_all(int fd, const void* buf, size_t n, double deadline) {
@@ -4153,204 +6900,12 @@ DDP__PRIVATE ddp_status ddp__store_barrier(ddp_store* s, const char* name, int c
     return DDP_OK;
 }
 
+#endif /* DDP__IMPLEMENT */
+
 /* ============================================================================================== */
-/* >>pg: the process group, its backends and collectives                        (chapters 2-5)   */
+/* >>signals: SIGUSR1's flight record, and what ddp_init waited for at SIGTERM                    */
 /* ============================================================================================== */
-/*
-   A collective is described by a ddp_work and handed to the backend. The CPU backend queues it
-   for its communication thread, which runs collectives one at a time in the order they were
-   issued (the order every rank must agree on) while the caller goes on computing; the NCCL
-   backend queues it on a CUDA stream. ddp_work_wait waits for one.
-
-   Backends sit behind one small table of function pointers, so that one binary runs the CPU ring
-   on a laptop and NCCL on a GPU node, and one test suite can run every backend:
-     connect  set up connections once the store is up (collective);
-     submit   start one collective (must not block on peers);
-     wait     block until that collective is done or its deadline passes;
-     test     whether it is done, without blocking;
-     destroy  close everything.
-*/
-
-#define DDP__RING_MAGIC 0x52504444u /* "DDPR": the first word of every ring header */
-enum { DDP__ALL_REDUCE = 1, DDP__BROADCAST, DDP__ALL_GATHER, DDP__REDUCE_SCATTER,
-       DDP__LEAVE /* not a collective: the ring header a rank sends its right neighbour in ddp_destroy */ };
-
-struct ddp_work {
-    ddp_pg* pg;
-    int kind;
-    void* buf;             /* all-reduce and broadcast: in place; others: the output */
-    const void* send;      /* all-gather, reduce-scatter: the input */
-    size_t count;          /* elements (per rank for all-gather and reduce-scatter) */
-    ddp_dtype dtype;
-    ddp_reduce_op op;
-    int root;
-    uint64_t seq;          /* 1, 2, 3, ...: the same on every rank for the same collective */
-    ddp_event* ready;      /* GPU buffers: recorded on the producer's stream at submit */
-    int done;              /* guarded by pg->lock */
-    int abandoned;         /* the waiter gave up: the communication thread frees it */
-    int lazy;              /* queued without waking the communication thread (see ddp__cpu_submit) */
-    ddp_status status;
-    char msg[sizeof ddp__err_msg]; /* the failure's message, carried to the waiting thread */
-    ddp_work* next;
-};
-
-/* The flight recorder: each rank remembers its last DDP__FLIGHT_N collectives, printed when one
-   times out and on SIGUSR1, so a hang can be read rank by rank: where did each one stop? */
-#define DDP__FLIGHT_N 16
-enum { DDP__FL_QUEUED = 1, DDP__FL_RUNNING, DDP__FL_DONE, DDP__FL_FAILED };
-typedef struct ddp__flight {
-    uint64_t seq;      /* 0: empty */
-    int kind, state;
-    size_t count;
-    ddp_dtype dtype;
-    double t_issue, t_start, t_end;
-} ddp__flight;
-
-typedef struct ddp__backend_vt {
-    const char* name;
-    ddp_status (*connect)(ddp_pg* pg);
-    ddp_status (*submit)(ddp_pg* pg, ddp_work* w);
-    ddp_status (*wait)(ddp_pg* pg, ddp_work* w);
-    ddp_status (*test)(ddp_pg* pg, ddp_work* w, int* done);
-    void (*destroy)(ddp_pg* pg);
-} ddp__backend_vt;
-
-struct ddp_pg {
-    ddp_env env;
-    int rank, world;
-    ddp_backend backend;
-    ddp_device device;
-    double timeout;
-    ddp_store* store;
-    const ddp__backend_vt* vt;
-    uint64_t seq;              /* collectives issued */
-    ddp_stream* user_stream;   /* later collectives wait for work queued here */
-    uint64_t bytes_sent, bytes_received;
-    ddp_status broken;         /* after a failed collective the group cannot be trusted */
-    char broken_msg[sizeof ddp__err_msg];
-    /* the CPU backend */
-    int left_fd, right_fd;     /* ring: we receive from rank-1 and send to rank+1 */
-    pthread_t thread;
-    int thread_started, stop;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;       /* the communication thread waits here for work */
-    pthread_cond_t done_cond;  /* callers wait here for their collectives */
-    ddp_work *head, *tail;
-    int inline_busy;           /* a collective is running on the caller's thread */
-    ddp_work* running;         /* the collective the communication thread is running */
-    int wraps;                 /* models wrapped so far: names the store keys of each ddp_wrap */
-    int joined;                /* ddp_init completed: ddp_destroy waits for the others */
-    float* one;                /* ddp_barrier's number, on the group's device */
-    unsigned char* staging;    /* host copy of GPU buffers and scratch space */
-    size_t staging_bytes;
-    unsigned char* piece;      /* one received piece before it is reduced */
-    size_t piece_elems;
-    double sim_s_per_byte;     /* DDP_SIMULATE_NS_PER_BYTE: pretend the network is this slow */
-    double sim_latency_s;      /* DDP_SIMULATE_LATENCY_US: and this slow to start each collective */
-    unsigned char* shm;        /* the shared-memory transport's segment (>>shm), NULL: the TCP ring */
-    size_t shm_bytes, shm_chunk; /* its size; bytes per slot */
-    uint32_t shm_phase;        /* this rank's phase counter, as published */
-    uint64_t shm_chunks;       /* chunks done: picks the slot set */
-    double shm_spin_s;         /* how long a wait spins before it sleeps */
-    size_t shm_stream_bytes;   /* collectives this large copy their result out with streaming stores */
-    size_t shm_slot_stream;    /* all-reduces smaller than this write their slots with streaming stores */
-    void* nccl;                /* the NCCL backend's state */
-    void* mpi;                 /* the MPI backend's state (>>mpi) */
-    ddp__flight flight[DDP__FLIGHT_N]; /* the last collectives, slot seq % N; under `lock` */
-};
-
-DDP__DEF int ddp_rank(const ddp_pg* pg) { return pg->rank; }
-DDP__DEF int ddp_world_size(const ddp_pg* pg) { return pg->world; }
-DDP__PRIVATE int ddp__local_rank(const ddp_pg* pg) { return pg->env.local_rank; }
-DDP__PRIVATE int ddp__local_world_size(const ddp_pg* pg) { return pg->env.local_world_size; }
-DDP__DEF ddp_backend ddp_pg_backend(const ddp_pg* pg) { return pg->backend; }
-DDP__DEF ddp_device ddp_pg_device(const ddp_pg* pg) { return pg->device; }
-DDP__DEF ddp_store* ddp_pg_store(ddp_pg* pg) { return pg->store; }
-/* Order later collectives after the work queued so far on `s` (e.g. the model's compute stream);
-   NULL: no ordering beyond the host's. */
-DDP__PRIVATE void ddp__pg_set_stream(ddp_pg* pg, ddp_stream* s) { pg->user_stream = s; }
-DDP__DEF void ddp_pg_bytes(const ddp_pg* pg, uint64_t* sent, uint64_t* received) {
-    if (sent) *sent = DDP__READ_COUNT(pg->bytes_sent);
-    if (received) *received = DDP__READ_COUNT(pg->bytes_received);
-}
-
-DDP__DEF uint64_t ddp_pg_collectives(const ddp_pg* pg) { return pg->seq; }
-
-DDP__PRIVATE const char* ddp__coll_name(int kind) {
-    switch (kind) {
-    case DDP__ALL_REDUCE: return "all_reduce";
-    case DDP__BROADCAST: return "broadcast";
-    case DDP__ALL_GATHER: return "all_gather";
-    case DDP__REDUCE_SCATTER: return "reduce_scatter";
-    }
-    return "?";
-}
-
-/* How messages name a collective: "all_reduce #42 (1091 x f32, sum)", "broadcast #7 (13 x f32, root 0)". */
-DDP__PRIVATE void ddp__fingerprint(const ddp_work* w, char* out, size_t n) {
-    if (w->kind == DDP__BROADCAST)
-        snprintf(out, n, "%s #%llu (%zu x %s, root %d)", ddp__coll_name(w->kind), (unsigned long long)w->seq,
-                 w->count, ddp__dtype_name(w->dtype), w->root);
-    else
-        snprintf(out, n, "%s #%llu (%zu x %s, %s)", ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
-                 ddp__dtype_name(w->dtype), w->op == DDP_SUM ? "sum" : w->op == DDP_AVG ? "avg" : "max");
-}
-
-/* A failed or timed-out collective breaks the group: later calls fail at once with its message
-   (the first failure's, kept under the lock that the communication thread also takes). Returns s. */
-DDP__PRIVATE ddp_status ddp__pg_break(ddp_pg* pg, ddp_status s) {
-    pthread_mutex_lock(&pg->lock);
-    if (!pg->broken) {
-        pg->broken = s;
-        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
-    }
-    pthread_mutex_unlock(&pg->lock);
-    return s;
-}
-
-/* Record that collective w reached `state`. */
-DDP__PRIVATE void ddp__flight_note(ddp_pg* pg, const ddp_work* w, int state) {
-    ddp__flight* f = &pg->flight[w->seq % DDP__FLIGHT_N];
-    double t = ddp__now();
-    pthread_mutex_lock(&pg->lock);
-    if (state == DDP__FL_QUEUED) {
-        f->seq = w->seq, f->kind = w->kind, f->count = w->count, f->dtype = w->dtype;
-        f->t_issue = t, f->t_start = f->t_end = 0;
-    }
-    if (f->seq == w->seq) {
-        f->state = state;
-        if (state == DDP__FL_RUNNING) f->t_start = t;
-        if (state >= DDP__FL_DONE) f->t_end = t;
-    }
-    pthread_mutex_unlock(&pg->lock);
-}
-
-/* Log this rank's last collectives, oldest first, at `level`. */
-DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* why) {
-    ddp__flight copy[DDP__FLIGHT_N];
-    uint64_t newest = 0;
-    int i, n = 0;
-    double now = ddp__now();
-    pthread_mutex_lock(&pg->lock);
-    memcpy(copy, pg->flight, sizeof copy);
-    pthread_mutex_unlock(&pg->lock);
-    for (i = 0; i < DDP__FLIGHT_N; i++)
-        if (copy[i].seq > newest) newest = copy[i].seq;
-    ddp__log(level, "the last collectives of rank %d (%s), oldest first:", pg->rank, why);
-    for (i = 0; i < DDP__FLIGHT_N; i++) {
-        const ddp__flight* f = &copy[(newest + 1 + (uint64_t)i) % DDP__FLIGHT_N];
-        char when[64];
-        if (!f->seq) continue;
-        n++;
-        if (f->state == DDP__FL_QUEUED) snprintf(when, sizeof when, "queued %.3f s ago, not started", now - f->t_issue);
-        else if (f->state == DDP__FL_RUNNING) snprintf(when, sizeof when, "RUNNING for %.3f s", now - f->t_start);
-        else snprintf(when, sizeof when, "%s in %.3f ms, %.3f s ago", f->state == DDP__FL_DONE ? "done" : "FAILED",
-                      (f->t_end - f->t_start) * 1e3, now - f->t_end);
-        ddp__log(level, "  #%llu %s (%zu x %s): %s", (unsigned long long)f->seq, ddp__coll_name(f->kind), f->count,
-                ddp__dtype_name(f->dtype), when);
-    }
-    if (!n) ddp__log(level, "  (none yet)");
-}
+#if DDP__IMPLEMENT
 
 /* SIGUSR1 prints the record of the newest group. The handler only writes a byte to a pipe (all a
    signal handler may safely do); a small thread reads it and prints. The handler is installed
@@ -4391,6 +6946,21 @@ static void ddp__usr1_setup(void) {
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* From now on SIGUSR1 prints pg's record (the handler is installed the first time). */
+DDP__PRIVATE void ddp__usr1_follow(ddp_pg* pg) {
+    pthread_once(&ddp__usr1_once, ddp__usr1_setup);
+    pthread_mutex_lock(&ddp__usr1_lock);
+    ddp__usr1_pg = pg;
+    pthread_mutex_unlock(&ddp__usr1_lock);
+}
+
+/* pg is going away: SIGUSR1 stops printing it. */
+DDP__PRIVATE void ddp__usr1_forget(ddp_pg* pg) {
+    pthread_mutex_lock(&ddp__usr1_lock);
+    if (ddp__usr1_pg == pg) ddp__usr1_pg = NULL;
+    pthread_mutex_unlock(&ddp__usr1_lock);
 }
 /* What ddp_init is waiting for, said when a SIGTERM or SIGINT stops it there (ddprun stops a job
    whose ranks never all came with SIGTERM; ^C sends SIGINT): otherwise a rank killed during a
@@ -4466,15 +7036,16 @@ DDP__PRIVATE void ddp__wait_watch(int on) {
     pthread_mutex_unlock(&ddp__wait_lock);
 }
 
-DDP__PRIVATE const char* ddp__op_name(ddp_reduce_op op) {
-    return op == DDP_SUM ? "sum" : op == DDP_AVG ? "avg" : op == DDP_MAX ? "max" : "?";
-}
+#endif /* DDP__IMPLEMENT */
 
+/* ============================================================================================== */
+/* >>sums: element-wise sums, four floats at a time                                               */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
 /* ---- element-wise reduction: dst[i] = dst[i] (op) src[i], computed in f32 ---------------------- */
 #if defined(__SSE2__)
 #include <emmintrin.h> /* four floats at a time, and streaming stores (>>shm) */
 #endif
-
 
 DDP__PRIVATE void ddp__reduce(void* dst, const void* src, size_t n, ddp_dtype t, ddp_reduce_op op) {
     size_t i;
@@ -4521,310 +7092,17 @@ DDP__PRIVATE void ddp__divide(void* buf, size_t n, ddp_dtype t, int world) {
     }
 }
 
-/* ---- the ring (>>ring) ---------------------------------------------------------------------------- */
-/*
-   The buffer is cut into `world` segments; segment s starts at seg_start(s) (the first count %
-   world segments hold one element more). Rank r sends to rank r+1 and receives from rank r-1.
-   One rule gives every step of both phases:
+#endif /* DDP__IMPLEMENT */
 
-       at step t, send segment (r - t + shift) mod W and receive segment (r - t - 1 + shift) mod W
-
-   Steps 0 .. W-2 are the reduce-scatter: the received segment is ADDED into ours, so after
-   W-1 steps rank r holds the full sum of segment (r + 1 + shift). Steps W-1 .. 2W-3 are the
-   all-gather: the received segment is COPIED over ours, passing every finished segment once
-   round the ring. What we send at step t is exactly what we received at step t-1, so each rank
-   sends 2(W-1) segments: 2(W-1)/W of the buffer, whatever the number of ranks (the relay that
-   sends the whole buffer W-1 times moves W/2 times more).
-
-   all-reduce runs steps 0 .. 2W-3 with shift 0; reduce-scatter runs 0 .. W-2 with shift -1 (so
-   rank r ends owning segment r); all-gather runs W-1 .. 2W-3 with shift -1 (rank r starts
-   owning segment r).
-
-   Pipelining: each segment travels in pieces of at most `piece` elements, and piece j of step t
-   may leave as soon as piece j of step t-1 has arrived and been reduced. One thread drives both
-   sockets with poll(): it sends while the kernel receives, and reduces while the kernel sends.
-*/
-
-DDP__PRIVATE size_t ddp__seg_start(size_t count, int world, int s) {
-    size_t base = count / (size_t)world, extra = count % (size_t)world;
-    return (size_t)s * base + ((size_t)s < extra ? (size_t)s : extra);
-}
-DDP__PRIVATE int ddp__mod(int a, int w) { return ((a % w) + w) % w; }
-
-typedef struct ddp__ring_cursor {
-    int t;        /* step */
-    size_t off;   /* elements of this step's segment already done */
-    size_t done;  /* pieces received over all steps (the receive side's count) */
-} ddp__ring_cursor;
-
-/* Pieces in step t's segment. */
-DDP__PRIVATE size_t ddp__pieces(size_t seglen, size_t piece) { return (seglen + piece - 1) / piece; }
-
-/* The ring engine. Runs steps [t0, t1) of the rule above on buf (count elements of dtype) with
-   the given shift; reduce-scatter steps combine with `op` (dividing the owned segment by the world
-   size at the last such step for an average). Returns DDP_OK or a failure naming the peer. */
-DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, size_t count, int t0, int t1,
-                                  int shift) {
-    const int W = pg->world, r = pg->rank, left = ddp__mod(r - 1, W), right = ddp__mod(r + 1, W);
-    const size_t es = ddp_dtype_size(w->dtype), piece = pg->piece_elems;
-    const int detail = ddp__log_level_enabled() >= DDP_LOG_DETAIL;
-    ddp__ring_cursor snd, rcv;
-    size_t snd_sent = 0, rcv_got = 0; /* bytes of the current piece */
-    size_t *prefix;                   /* prefix[t - t0] = pieces received before step t */
-    double deadline = ddp__now() + pg->timeout;
-    int t;
-    prefix = (size_t*)ddp__malloc((size_t)(t1 - t0 + 1) * sizeof *prefix);
-    if (!prefix) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating ring bookkeeping failed");
-    prefix[0] = 0;
-    for (t = t0; t < t1; t++) {
-        int seg = ddp__mod(r - t - 1 + shift, W);
-        size_t len = ddp__seg_start(count, W, seg + 1) - ddp__seg_start(count, W, seg);
-        prefix[t - t0 + 1] = prefix[t - t0] + ddp__pieces(len, piece);
-    }
-    memset(&snd, 0, sizeof snd);
-    memset(&rcv, 0, sizeof rcv);
-    snd.t = rcv.t = t0;
-    while (snd.t < t1 || rcv.t < t1) {
-        struct pollfd pf[2];
-        int sseg = ddp__mod(r - snd.t + shift, W), rseg = ddp__mod(r - rcv.t - 1 + shift, W);
-        size_t s0 = ddp__seg_start(count, W, sseg), slen = ddp__seg_start(count, W, sseg + 1) - s0;
-        size_t r0 = ddp__seg_start(count, W, rseg), rlen = ddp__seg_start(count, W, rseg + 1) - r0;
-        size_t sn = slen - snd.off < piece ? slen - snd.off : piece;
-        size_t rn = rlen - rcv.off < piece ? rlen - rcv.off : piece;
-        /* piece j of step t leaves once piece j of step t-1 was received (same segment) */
-        int can_send = snd.t < t1 &&
-                       (snd.t == t0 || rcv.done > prefix[snd.t - 1 - t0] + snd.off / piece);
-        int n = 0, si = -1, ri = -1;
-        /* Steps whose segment is empty (count < world) pass at once. */
-        if (snd.t < t1 && slen == 0 && can_send) { snd.t++; continue; }
-        if (rcv.t < t1 && rlen == 0) { rcv.t++; continue; }
-        if (detail && snd.t < t1 && snd.off == 0 && snd_sent == 0 && can_send)
-            ddp__log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): send segment %d [%zu, %zu) to rank %d",
-                    ddp__coll_name(w->kind), (unsigned long long)w->seq, snd.t + 1, 2 * W - 2,
-                    snd.t < W - 1 ? "reduce-scatter" : "all-gather", sseg, s0, s0 + slen, right);
-        if (can_send) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
-        if (rcv.t < t1) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, ri = n++;
-        if (n == 0) break; /* cannot happen: a send waits only for a receive that is pending */
-        if (poll(pf, (nfds_t)n, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline) {
-            DDP_FREE(prefix);
-            return ddp__fail(DDP_ERR_TIMEOUT,
-                             "%s #%llu (%zu x %s) timed out after %.0f s at step %d waiting for rank %d "
-                             "(it sends to this rank): that rank is stuck, stopped, or calling a different "
-                             "collective (every rank must issue the same collectives in the same order)",
-                             ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
-                             ddp__dtype_name(w->dtype), pg->timeout, rcv.t + 1, left);
-        }
-        if (si >= 0 && (pf[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
-            ssize_t k = send(pg->right_fd, buf + (s0 + snd.off) * es + snd_sent, sn * es - snd_sent, DDP__SEND_FLAGS);
-            if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-                int e = errno;
-                DDP_FREE(prefix);
-                return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): that rank has "
-                                 "probably died; look at its output", ddp__coll_name(w->kind),
-                                 (unsigned long long)w->seq, right, strerror(e));
-            }
-            if (k > 0) {
-                snd_sent += (size_t)k;
-                DDP__COUNT(pg->bytes_sent, (uint64_t)k);
-                if (snd_sent == sn * es) {
-                    snd_sent = 0;
-                    snd.off += sn;
-                    if (snd.off == slen) snd.off = 0, snd.t++;
-                }
-            }
-        }
-        if (ri >= 0 && (pf[ri].revents & (POLLIN | POLLERR | POLLHUP))) {
-            int reducing = rcv.t < W - 1;
-            /* reduce-scatter pieces land in scratch and are then combined; all-gather pieces are
-               final and land in place */
-            unsigned char* dst = reducing ? pg->piece + rcv_got : buf + (r0 + rcv.off) * es + rcv_got;
-            ssize_t k = recv(pg->left_fd, dst, rn * es - rcv_got, 0);
-            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-                int e = k == 0 ? ECONNRESET : errno;
-                DDP_FREE(prefix);
-                return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection at step %d (%s): "
-                                 "that rank has probably died; look at its output", ddp__coll_name(w->kind),
-                                 (unsigned long long)w->seq, left, rcv.t + 1, k == 0 ? "end of stream" : strerror(e));
-            }
-            if (k > 0) {
-                rcv_got += (size_t)k;
-                DDP__COUNT(pg->bytes_received, (uint64_t)k);
-                if (rcv_got == rn * es) {
-                    if (reducing) {
-                        unsigned char* mine = buf + (r0 + rcv.off) * es;
-                        ddp__reduce(mine, pg->piece, rn, w->dtype, w->op);
-                        if (rcv.t == W - 2 && w->op == DDP_AVG) ddp__divide(mine, rn, w->dtype, W);
-                    }
-                    if (detail && rcv.off == 0)
-                        ddp__log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): received segment %d [%zu, %zu) from "
-                                "rank %d and %s it", ddp__coll_name(w->kind), (unsigned long long)w->seq,
-                                rcv.t + 1, 2 * W - 2, reducing ? "reduce-scatter" : "all-gather", rseg, r0,
-                                r0 + rlen, left, reducing ? (w->op == DDP_MAX ? "took the maximum with" : "added") : "copied");
-                    rcv_got = 0;
-                    rcv.off += rn;
-                    rcv.done++;
-                    if (rcv.off == rlen) rcv.off = 0, rcv.t++;
-                }
-            }
-        }
-    }
-    DDP_FREE(prefix);
-    return DDP_OK;
-}
-
-/* Broadcast down the ring from the root: rank root sends to root+1, which passes each piece on
-   as soon as it has it, ... up to the rank before the root. Pipelined, so the time is close to
-   one transfer of the buffer rather than W-1 of them. */
-DDP__PRIVATE ddp_status ddp__ring_broadcast(ddp_pg* pg, ddp_work* w, unsigned char* buf) {
-    const int W = pg->world, r = pg->rank, left = ddp__mod(r - 1, W), right = ddp__mod(r + 1, W);
-    const size_t nbytes = w->count * ddp_dtype_size(w->dtype);
-    const int receives = r != w->root, sends = right != w->root;
-    size_t got = receives ? 0 : nbytes, sent = 0;
-    double deadline = ddp__now() + pg->timeout;
-    while ((sends && sent < nbytes) || got < nbytes) {
-        struct pollfd pf[2];
-        int n = 0, si = -1, ri = -1;
-        if (sends && sent < got) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
-        if (got < nbytes) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, ri = n++;
-        if (poll(pf, (nfds_t)n, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline)
-            return ddp__fail(DDP_ERR_TIMEOUT, "broadcast #%llu from rank %d timed out after %.0f s waiting for rank "
-                             "%d: that rank is stuck, stopped, or calling a different collective",
-                             (unsigned long long)w->seq, w->root, pg->timeout, got < nbytes ? left : right);
-        if (si >= 0 && (pf[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
-            ssize_t k = send(pg->right_fd, buf + sent, got - sent, DDP__SEND_FLAGS);
-            if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                return ddp__fail(DDP_ERR_PEER_LOST, "broadcast #%llu: sending to rank %d failed (%s): it has "
-                                 "probably died", (unsigned long long)w->seq, right, strerror(errno));
-            if (k > 0) sent += (size_t)k, DDP__COUNT(pg->bytes_sent, (uint64_t)k);
-        }
-        if (ri >= 0 && (pf[ri].revents & (POLLIN | POLLERR | POLLHUP))) {
-            ssize_t k = recv(pg->left_fd, buf + got, nbytes - got, 0);
-            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-                return ddp__fail(DDP_ERR_PEER_LOST, "broadcast #%llu: rank %d closed its connection: it has "
-                                 "probably died", (unsigned long long)w->seq, left);
-            if (k > 0) got += (size_t)k, DDP__COUNT(pg->bytes_received, (uint64_t)k);
-        }
-    }
-    return DDP_OK;
-}
-
-/* Make sure the host scratch holds nbytes; grown, never shrunk (fresh memory is slow to touch). */
-DDP__PRIVATE ddp_status ddp__staging(ddp_pg* pg, size_t nbytes) {
-    if (nbytes <= pg->staging_bytes) return DDP_OK;
-    ddp_free_pinned(pg->staging);
-    pg->staging = NULL;
-    pg->staging_bytes = 0;
-    DDP__TRY(ddp_alloc_pinned(nbytes, (void**)&pg->staging));
-    pg->staging_bytes = nbytes;
-    return DDP_OK;
-}
-
-/* Run one collective on the CPU backend's thread. GPU buffers are staged through pinned host
-   memory: copied down, reduced on the host, copied back. */
-DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w);
-/* One collective, traced on the communication row under DDP_TRACE. */
-DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w) {
-    double t0 = ddp__now();
-    ddp_status s;
-    ddp__flight_note(pg, w, DDP__FL_RUNNING);
-    s = ddp__cpu_run_once(pg, w);
-    ddp__flight_note(pg, w, s == DDP_OK ? DDP__FL_DONE : DDP__FL_FAILED);
-    if (s == DDP_ERR_TIMEOUT || s == DDP_ERR_PEER_LOST)
-        ddp__flight_dump(pg, DDP_LOG_ERROR, s == DDP_ERR_TIMEOUT ? "a collective timed out" : "a peer was lost");
-    if (ddp__trace_on()) {
-        char name[48];
-        snprintf(name, sizeof name, "%s %zu B #%llu", ddp__coll_name(w->kind), w->count * ddp_dtype_size(w->dtype),
-                 (unsigned long long)w->seq);
-        ddp__trace(name, DDP__TRACE_COMM, t0, ddp__now());
-    }
-    return s;
-}
-
-/* Before the data of each collective, every rank sends its right neighbour a 32-byte header
-   (sequence number, kind, count, dtype, op or root) and checks the one from its left against its
-   own. Ranks that call different collectives, or one with a
-   different size, would otherwise pair up silently: a 1-float all_reduce on one rank would take
-   part of another rank's gradient bucket, and training would go on with wrong numbers. The
-   header travels ahead of the data on the same stream, so it costs two small system calls, not
-   a round trip. */
-DDP__PRIVATE void ddp__ring_header(const ddp_work* w, unsigned char h[32]) {
-    ddp__put_le64(h, DDP__RING_MAGIC | (uint64_t)w->kind << 32);
-    ddp__put_le64(h + 8, w->seq);
-    ddp__put_le64(h + 16, (uint64_t)w->count);
-    ddp__put_le64(h + 24, (uint64_t)w->dtype |
-                              (uint64_t)(w->kind == DDP__BROADCAST ? (unsigned)w->root : (unsigned)w->op) << 32);
-}
-/* A header as the words ddp__fingerprint uses: "all_reduce #42 (1091 x f32, sum)". */
-DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, size_t n) {
-    ddp_work w;
-    uint64_t last = ddp__le64(h + 24);
-    memset(&w, 0, sizeof w);
-    w.kind = (int)(ddp__le64(h) >> 32);
-    w.seq = ddp__le64(h + 8);
-    w.count = (size_t)ddp__le64(h + 16);
-    w.dtype = (ddp_dtype)(uint32_t)last;
-    w.root = (int)(last >> 32);
-    w.op = (ddp_reduce_op)(last >> 32);
-    ddp__fingerprint(&w, out, n);
-}
-/* Rank `who` has left the job (ddp_destroy; its header says after how many collectives): this
-   collective is one it never called. */
-DDP__PRIVATE ddp_status ddp__ring_left_job(ddp_pg* pg, ddp_work* w, int who, const unsigned char theirs[32]) {
-    char a[96];
-    ddp__fingerprint(w, a, sizeof a);
-    return ddp__fail(DDP_ERR_DESYNC, "desync: rank %d has left the job (it called ddp_destroy after %llu collectives), "
-                     "but this rank (%d) calls %s. The ranks ran different numbers of collectives: one rank had "
-                     "more batches than another (give every rank the same number; ddp_sampler pads for this), or "
-                     "a collective runs on some ranks only (inside an if on the rank)",
-                     who, (unsigned long long)ddp__le64(theirs + 16), pg->rank, a);
-}
-DDP__PRIVATE int ddp__ring_is_leave(const unsigned char h[32]) {
-    return ddp__le64(h) == (DDP__RING_MAGIC | (uint64_t)DDP__LEAVE << 32);
-}
-
-/* Our header against the left neighbour's: DDP_OK, or the desync (or the neighbour's leaving). */
-DDP__PRIVATE ddp_status ddp__ring_compare(ddp_pg* pg, ddp_work* w, const unsigned char mine[32],
-                                          const unsigned char theirs[32]) {
-    const int left = ddp__mod(pg->rank - 1, pg->world);
-    char a[96], b[96];
-    if (ddp__ring_is_leave(theirs)) return ddp__ring_left_job(pg, w, left, theirs);
-    if (memcmp(mine, theirs, 32) == 0) return DDP_OK;
-    ddp__ring_header_text(mine, a, sizeof a);
-    ddp__ring_header_text(theirs, b, sizeof b);
-    return ddp__fail(DDP_ERR_DESYNC, "desync: this rank (%d) calls %s, but rank %d calls %s. Every rank must call "
-                     "the same collectives in the same order with the same sizes: look for a collective inside "
-                     "an if on the rank", pg->rank, a, left, b);
-}
-
-DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
-    const int left = ddp__mod(pg->rank - 1, pg->world), right = ddp__mod(pg->rank + 1, pg->world);
-    unsigned char mine[32], theirs[32];
-    double deadline = ddp__now() + pg->timeout;
-    ddp__ring_header(w, mine);
-    if (ddp__send_all(pg->right_fd, mine, 32, deadline) != 0) {
-        int e = errno;
-        /* a neighbour that left the job may have said so before its connection closed */
-        if (e != ETIMEDOUT && ddp__recv_all(pg->left_fd, theirs, 32, ddp__now() + 0.1) == 0 && ddp__ring_is_leave(theirs))
-            return ddp__ring_left_job(pg, w, ddp__mod(pg->rank - 1, pg->world), theirs);
-        errno = e;
-        return errno == ETIMEDOUT
-                   ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu timed out after %.0f s sending to rank %d: that rank is "
-                               "stuck, stopped, or calling a different collective", ddp__coll_name(w->kind),
-                               (unsigned long long)w->seq, pg->timeout, right)
-                   : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): it has probably died",
-                               ddp__coll_name(w->kind), (unsigned long long)w->seq, right, strerror(errno));
-    }
-    if (ddp__recv_all(pg->left_fd, theirs, 32, deadline) != 0)
-        return errno == ETIMEDOUT
-                   ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d to "
-                               "start it: that rank is stuck, stopped, or not calling this collective (every rank "
-                               "must issue the same collectives in the same order)", ddp__coll_name(w->kind),
-                               (unsigned long long)w->seq, w->count, ddp__dtype_name(w->dtype), pg->timeout, left)
-                   : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (%s): that rank has "
-                               "probably died; look at its output", ddp__coll_name(w->kind), (unsigned long long)w->seq,
-                               left, errno == ECONNRESET ? "end of stream" : strerror(errno));
-    return ddp__ring_compare(pg, w, mine, theirs);
-}
+/* ============================================================================================== */
+/* >>shm: the shared-memory transport                                               (chapter 10)  */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE void ddp__ring_header(const ddp_work* w, unsigned char h[32]); /* >>cpu */
+DDP__PRIVATE ddp_status ddp__ring_left_job(ddp_pg* pg, ddp_work* w, int who,
+                                           const unsigned char theirs[32]); /* >>cpu */
+DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, size_t n); /* >>cpu */
 
 /* ---- the shared-memory transport (>>shm) ------------------------------------------------------ */
 /*
@@ -5598,6 +7876,130 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
     return DDP_OK;
 }
 
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>cpu: the CPU backend: its communication thread, queue and connections                        */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
+/* Make sure the host scratch holds nbytes; grown, never shrunk (fresh memory is slow to touch). */
+DDP__PRIVATE ddp_status ddp__staging(ddp_pg* pg, size_t nbytes) {
+    if (nbytes <= pg->staging_bytes) return DDP_OK;
+    ddp_free_pinned(pg->staging);
+    pg->staging = NULL;
+    pg->staging_bytes = 0;
+    DDP__TRY(ddp_alloc_pinned(nbytes, (void**)&pg->staging));
+    pg->staging_bytes = nbytes;
+    return DDP_OK;
+}
+
+/* Run one collective on the CPU backend's thread. GPU buffers are staged through pinned host
+   memory: copied down, reduced on the host, copied back. */
+DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w);
+/* One collective, traced on the communication row under DDP_TRACE. */
+DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w) {
+    double t0 = ddp__now();
+    ddp_status s;
+    ddp__flight_note(pg, w, DDP__FL_RUNNING);
+    s = ddp__cpu_run_once(pg, w);
+    ddp__flight_note(pg, w, s == DDP_OK ? DDP__FL_DONE : DDP__FL_FAILED);
+    if (s == DDP_ERR_TIMEOUT || s == DDP_ERR_PEER_LOST)
+        ddp__flight_dump(pg, DDP_LOG_ERROR, s == DDP_ERR_TIMEOUT ? "a collective timed out" : "a peer was lost");
+    if (ddp__trace_on()) {
+        char name[48];
+        snprintf(name, sizeof name, "%s %zu B #%llu", ddp__coll_name(w->kind), w->count * ddp_dtype_size(w->dtype),
+                 (unsigned long long)w->seq);
+        ddp__trace(name, DDP__TRACE_COMM, t0, ddp__now());
+    }
+    return s;
+}
+
+/* Before the data of each collective, every rank sends its right neighbour a 32-byte header
+   (sequence number, kind, count, dtype, op or root) and checks the one from its left against its
+   own. Ranks that call different collectives, or one with a
+   different size, would otherwise pair up silently: a 1-float all_reduce on one rank would take
+   part of another rank's gradient bucket, and training would go on with wrong numbers. The
+   header travels ahead of the data on the same stream, so it costs two small system calls, not
+   a round trip. */
+DDP__PRIVATE void ddp__ring_header(const ddp_work* w, unsigned char h[32]) {
+    ddp__put_le64(h, DDP__RING_MAGIC | (uint64_t)w->kind << 32);
+    ddp__put_le64(h + 8, w->seq);
+    ddp__put_le64(h + 16, (uint64_t)w->count);
+    ddp__put_le64(h + 24, (uint64_t)w->dtype |
+                              (uint64_t)(w->kind == DDP__BROADCAST ? (unsigned)w->root : (unsigned)w->op) << 32);
+}
+/* A header as the words ddp__fingerprint uses: "all_reduce #42 (1091 x f32, sum)". */
+DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, size_t n) {
+    ddp_work w;
+    uint64_t last = ddp__le64(h + 24);
+    memset(&w, 0, sizeof w);
+    w.kind = (int)(ddp__le64(h) >> 32);
+    w.seq = ddp__le64(h + 8);
+    w.count = (size_t)ddp__le64(h + 16);
+    w.dtype = (ddp_dtype)(uint32_t)last;
+    w.root = (int)(last >> 32);
+    w.op = (ddp_reduce_op)(last >> 32);
+    ddp__fingerprint(&w, out, n);
+}
+/* Rank `who` has left the job (ddp_destroy; its header says after how many collectives): this
+   collective is one it never called. */
+DDP__PRIVATE ddp_status ddp__ring_left_job(ddp_pg* pg, ddp_work* w, int who, const unsigned char theirs[32]) {
+    char a[96];
+    ddp__fingerprint(w, a, sizeof a);
+    return ddp__fail(DDP_ERR_DESYNC, "desync: rank %d has left the job (it called ddp_destroy after %llu collectives), "
+                     "but this rank (%d) calls %s. The ranks ran different numbers of collectives: one rank had "
+                     "more batches than another (give every rank the same number; ddp_sampler pads for this), or "
+                     "a collective runs on some ranks only (inside an if on the rank)",
+                     who, (unsigned long long)ddp__le64(theirs + 16), pg->rank, a);
+}
+DDP__PRIVATE int ddp__ring_is_leave(const unsigned char h[32]) {
+    return ddp__le64(h) == (DDP__RING_MAGIC | (uint64_t)DDP__LEAVE << 32);
+}
+
+/* Our header against the left neighbour's: DDP_OK, or the desync (or the neighbour's leaving). */
+DDP__PRIVATE ddp_status ddp__ring_compare(ddp_pg* pg, ddp_work* w, const unsigned char mine[32],
+                                          const unsigned char theirs[32]) {
+    const int left = ddp__mod(pg->rank - 1, pg->world);
+    char a[96], b[96];
+    if (ddp__ring_is_leave(theirs)) return ddp__ring_left_job(pg, w, left, theirs);
+    if (memcmp(mine, theirs, 32) == 0) return DDP_OK;
+    ddp__ring_header_text(mine, a, sizeof a);
+    ddp__ring_header_text(theirs, b, sizeof b);
+    return ddp__fail(DDP_ERR_DESYNC, "desync: this rank (%d) calls %s, but rank %d calls %s. Every rank must call "
+                     "the same collectives in the same order with the same sizes: look for a collective inside "
+                     "an if on the rank", pg->rank, a, left, b);
+}
+
+DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
+    const int left = ddp__mod(pg->rank - 1, pg->world), right = ddp__mod(pg->rank + 1, pg->world);
+    unsigned char mine[32], theirs[32];
+    double deadline = ddp__now() + pg->timeout;
+    ddp__ring_header(w, mine);
+    if (ddp__send_all(pg->right_fd, mine, 32, deadline) != 0) {
+        int e = errno;
+        /* a neighbour that left the job may have said so before its connection closed */
+        if (e != ETIMEDOUT && ddp__recv_all(pg->left_fd, theirs, 32, ddp__now() + 0.1) == 0 && ddp__ring_is_leave(theirs))
+            return ddp__ring_left_job(pg, w, ddp__mod(pg->rank - 1, pg->world), theirs);
+        errno = e;
+        return errno == ETIMEDOUT
+                   ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu timed out after %.0f s sending to rank %d: that rank is "
+                               "stuck, stopped, or calling a different collective", ddp__coll_name(w->kind),
+                               (unsigned long long)w->seq, pg->timeout, right)
+                   : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): it has probably died",
+                               ddp__coll_name(w->kind), (unsigned long long)w->seq, right, strerror(errno));
+    }
+    if (ddp__recv_all(pg->left_fd, theirs, 32, deadline) != 0)
+        return errno == ETIMEDOUT
+                   ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d to "
+                               "start it: that rank is stuck, stopped, or not calling this collective (every rank "
+                               "must issue the same collectives in the same order)", ddp__coll_name(w->kind),
+                               (unsigned long long)w->seq, w->count, ddp__dtype_name(w->dtype), pg->timeout, left)
+                   : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (%s): that rank has "
+                               "probably died; look at its output", ddp__coll_name(w->kind), (unsigned long long)w->seq,
+                               left, errno == ECONNRESET ? "end of stream" : strerror(errno));
+    return ddp__ring_compare(pg, w, mine, theirs);
+}
+
 /* Two ranks, a small all-reduce: the ring's two steps of half the buffer each become one exchange
    of the whole buffer (the same bytes), with the header in front of the data, so the collective
    costs one trip through the kernel instead of three. Both ranks add the same two numbers
@@ -6005,309 +8407,15 @@ DDP__PRIVATE ddp_status ddp__cpu_test(ddp_pg* pg, ddp_work* w, int* done) {
 
 static const ddp__backend_vt ddp__cpu_backend = {"cpu", ddp__cpu_connect, ddp__cpu_submit, ddp__cpu_wait,
                                                  ddp__cpu_test, ddp__cpu_destroy};
+/* The cpu backend's entry in the backend table (>>pg). */
+DDP__PRIVATE const ddp__backend_vt* ddp__cpu_vt(void) { return &ddp__cpu_backend; }
 
-/* ---- the NCCL backend (>>nccl) ------------------------------------------------------------------ */
-/*
-   One communicator per process group, made from an id that rank 0 draws and shares through the
-   store, created non-blocking so that every wait can keep a deadline. Non-blocking means that
-   NCCL may answer a call with ncclInProgress and put the work on its stream later: until
-   ncclCommGetAsyncError says ncclSuccess, the collective is not yet on the stream (an event
-   recorded there would mark a point before it) and the communicator refuses every other call. So
-   each call is followed by ddp__nccl_settle, which polls until NCCL has taken the work.
+#endif /* DDP__IMPLEMENT */
 
-   Collectives run on the group's own stream, which first waits (by an event, not a host sync) for
-   the work queued on the producer's stream, so that the model's stream goes on with backward while
-   a bucket is reduced (overlap). ddp_work_wait polls the collective's end event and NCCL's
-   asynchronous error until the deadline, then makes the producer's stream wait for the result, as
-   PyTorch's Work.wait() does. An error or a timeout aborts the communicator (ncclCommAbort), the
-   one call NCCL promises will not hang when a peer has died, and breaks the group.
-
-   DDP_NCCL_RING=1 swaps ncclAllReduce for the ring of >>ring written with ncclSend/ncclRecv and a
-   reduction kernel, so the tutorial can put the library call and the algorithm side by side.
-*/
-#if DDP__CUDA
-#define DDP__NCCL_EVENTS 16
-typedef struct ddp__nccl {
-    ncclComm_t comm;        /* NULL once aborted */
-    ddp_stream* stream;
-    ddp_event* produced;    /* where the producer's stream was at the last submit */
-    ddp_event* spare[DDP__NCCL_EVENTS]; /* end events of finished collectives, for the next ones */
-    int nspare;
-    int own_ring;
-    void* scratch;          /* one received segment, for the hand-written ring */
-    size_t scratch_bytes;
-} ddp__nccl;
-
-DDP__PRIVATE ddp_status ddp__fail_nccl(ddp_pg* pg, ncclResult_t r, const char* call, int line) {
-    ddp__nccl* n = pg ? (ddp__nccl*)pg->nccl : NULL;
-    const char* last = n && n->comm ? ncclGetLastError(n->comm) : "";
-    return ddp__fail(DDP_ERR_NCCL, "%s failed (ddp.h:%d): %s%s%s; likely cause: %s", call, line, ncclGetErrorString(r),
-                     last && *last ? " - " : "", last ? last : "",
-                     r == ncclSystemError ? "a network or system problem (NCCL_DEBUG=INFO shows which; on several "
-                                            "nodes check NCCL_SOCKET_IFNAME)"
-                     : r == ncclInvalidUsage ? "two ranks on one GPU, or collectives called in different orders"
-                     : r == ncclRemoteError ? "another rank failed or died"
-                                            : "see the NCCL documentation");
-}
-
-/* Abort the communicator (never hangs, unlike ncclCommDestroy after a failure) and break the
-   group with the error just set, so that every later call says why. Returns that status. */
-DDP__PRIVATE ddp_status ddp__nccl_break(ddp_pg* pg, ddp_status s) {
-    ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    if (n->comm) ncclCommAbort(n->comm);
-    n->comm = NULL;
-    return ddp__pg_break(pg, s);
-}
-
-/* Poll without burning a core for long: freely for the first millisecond, then sleeping a
-   sixteenth of the time waited so far (10 us to 1 ms), so a wait ends at most about 6% late. */
-DDP__PRIVATE void ddp__nccl_pause(double started) {
-    double waited = ddp__now() - started;
-    if (waited < 1e-3) return;
-    ddp__sleep(waited / 16 < 1e-5 ? 1e-5 : waited / 16 > 1e-3 ? 1e-3 : waited / 16);
-}
-
-/* Wait until the non-blocking communicator has taken the last call (ncclCommGetAsyncError says
-   ncclSuccess), or it reports an error, or the deadline passes: both break the group. */
-DDP__PRIVATE ddp_status ddp__nccl_settle(ddp_pg* pg, double deadline, const char* what) {
-    ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    double start = ddp__now();
-    for (;;) {
-        ncclResult_t st = ncclSuccess, r = ncclCommGetAsyncError(n->comm, &st);
-        if (r != ncclSuccess) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, "ncclCommGetAsyncError", __LINE__));
-        if (st == ncclSuccess) return DDP_OK;
-        if (st != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, st, what, __LINE__));
-        if (ddp__now() >= deadline)
-            return ddp__nccl_break(pg, ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the communicator "
-                                                 "was aborted (a rank is missing, stuck or on another collective)",
-                                                 what, pg->timeout));
-        ddp__nccl_pause(start);
-    }
-}
-
-/* One NCCL call's result: ncclInProgress waits until NCCL has taken the call; an error breaks
-   the group (its peers are now out of step with it). */
-DDP__PRIVATE ddp_status ddp__nccl_done(ddp_pg* pg, ncclResult_t r, const char* call, int line) {
-    if (r == ncclInProgress) return ddp__nccl_settle(pg, ddp__now() + pg->timeout, call);
-    if (r != ncclSuccess) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, call, line));
-    return DDP_OK;
-}
-#define DDP__NCCL(call) DDP__TRY(ddp__nccl_done(pg, (call), #call, __LINE__))
-
-DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
-    ddp__nccl* n;
-    ncclUniqueId id;
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    size_t got = 0;
-    const char* ring = getenv("DDP_NCCL_RING");
-    n = (ddp__nccl*)ddp__calloc(sizeof *n);
-    if (!n) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the NCCL state failed");
-    pg->nccl = n;
-    n->own_ring = ring && *ring == '1';
-    DDP__TRY(ddp__device_activate(pg->device));
-    if (pg->rank == 0) {
-        ncclResult_t r = ncclGetUniqueId(&id);
-        if (r != ncclSuccess) return ddp__fail_nccl(pg, r, "ncclGetUniqueId", __LINE__);
-        DDP__TRY(ddp_store_set(pg->store, "ddp/nccl/id", &id, sizeof id));
-    } else {
-        DDP__TRY(ddp_store_get(pg->store, "ddp/nccl/id", &id, sizeof id, &got));
-        if (got != sizeof id)
-            return ddp__fail(DDP_ERR_NCCL, "the NCCL id in the store has %zu bytes, not %zu", got, sizeof id);
-    }
-    cfg.blocking = 0; /* so that creating the communicator, too, can time out */
-    {
-        ncclResult_t r = ncclCommInitRankConfig(&n->comm, pg->world, id, pg->rank, &cfg);
-        if (r != ncclSuccess && r != ncclInProgress) {
-            ddp_status s = ddp__fail_nccl(pg, r, "ncclCommInitRankConfig", __LINE__);
-            if (n->comm) ncclCommAbort(n->comm);
-            n->comm = NULL;
-            return s;
-        }
-    }
-    DDP__TRY(ddp__nccl_settle(pg, ddp__now() + pg->timeout, "ncclCommInitRankConfig"));
-    DDP__TRY(ddp__stream_create(pg->device, &n->stream));
-    return ddp__event_create(pg->device, &n->produced);
-}
-
-DDP__PRIVATE ncclDataType_t ddp__nccl_type(ddp_dtype t) {
-    return t == DDP_F16 ? ncclFloat16 : t == DDP_BF16 ? ncclBfloat16 : ncclFloat32;
-}
-
-/* One step of the hand-written ring: a send and a receive in one NCCL group. A call that fails
-   inside the group still closes it, or every later NCCL call of this thread would join it. */
-DDP__PRIVATE ddp_status ddp__nccl_step(ddp_pg* pg, const void* sbuf, size_t slen, void* rbuf, size_t rlen,
-                                       ncclDataType_t t, int right, int left) {
-    ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    ncclResult_t r = ncclGroupStart(), e;
-    if (r == ncclSuccess && slen) r = ncclSend(sbuf, slen, t, right, n->comm, n->stream->s);
-    if ((r == ncclSuccess || r == ncclInProgress) && rlen) r = ncclRecv(rbuf, rlen, t, left, n->comm, n->stream->s);
-    e = ncclGroupEnd();
-    if (r != ncclSuccess && r != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, "ncclSend/ncclRecv", __LINE__));
-    return ddp__nccl_done(pg, e, "ncclGroupEnd (a ring step)", __LINE__);
-}
-
-/* The >>ring algorithm over NCCL point-to-point calls: the same segments and steps as the CPU
-   ring, each step one send to rank+1 and one receive from rank-1, then a reduction kernel, all
-   in order on the group's stream. */
-DDP__PRIVATE ddp_status ddp__nccl_ring(ddp_pg* pg, ddp_work* w) {
-    ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    const int W = pg->world, r = pg->rank, left = (r - 1 + W) % W, right = (r + 1) % W;
-    const size_t es = ddp_dtype_size(w->dtype);
-    unsigned char* buf = (unsigned char*)w->buf;
-    int t;
-    size_t maxseg = w->count / (size_t)W + 1;
-    if (maxseg * es > n->scratch_bytes) {
-        ddp_free(pg->device, n->scratch);
-        n->scratch = NULL;
-        n->scratch_bytes = 0;
-        DDP__TRY(ddp_alloc(pg->device, maxseg * es, &n->scratch));
-        n->scratch_bytes = maxseg * es;
-    }
-    for (t = 0; t < 2 * W - 2; t++) {
-        int sseg = ddp__mod(r - t, W), rseg = ddp__mod(r - t - 1, W);
-        size_t s0 = ddp__seg_start(w->count, W, sseg), slen = ddp__seg_start(w->count, W, sseg + 1) - s0;
-        size_t r0 = ddp__seg_start(w->count, W, rseg), rlen = ddp__seg_start(w->count, W, rseg + 1) - r0;
-        int reducing = t < W - 1;
-        void* dst = reducing ? n->scratch : (void*)(buf + r0 * es);
-        DDP__TRY(ddp__nccl_step(pg, buf + s0 * es, slen, dst, rlen, ddp__nccl_type(w->dtype), right, left));
-        if (reducing && rlen) { /* queued after the receive, on the same stream */
-            void* mine = buf + r0 * es;
-            long long cnt = (long long)rlen;
-            int dt = (int)w->dtype, op = w->op == DDP_MAX ? 1 : 0;
-            float divisor = (t == W - 2 && w->op == DDP_AVG) ? (float)W : 1.f; /* as ddp__divide */
-            void* args[6];
-            args[0] = &mine, args[1] = &n->scratch, args[2] = &cnt, args[3] = &dt, args[4] = &op, args[5] = &divisor;
-            DDP__TRY(ddp__launch(pg->device, n->stream, DDP__K_reduce, cnt, args));
-        }
-    }
-    return DDP_OK;
-}
-
-DDP__PRIVATE ddp_status ddp__nccl_submit(ddp_pg* pg, ddp_work* w) {
-    ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    ncclDataType_t t = ddp__nccl_type(w->dtype);
-    ncclRedOp_t op = w->op == DDP_MAX ? ncclMax : w->op == DDP_AVG ? ncclAvg : ncclSum;
-    DDP__TRY(ddp__device_activate(pg->device));
-    /* order after the producer's stream without blocking the host */
-    DDP__TRY(ddp__event_record(n->produced, pg->user_stream));
-    DDP__TRY(ddp__stream_wait_event(n->stream, n->produced));
-    switch (w->kind) {
-    case DDP__ALL_REDUCE:
-        if (n->own_ring && pg->world > 1) DDP__TRY(ddp__nccl_ring(pg, w));
-        else DDP__NCCL(ncclAllReduce(w->buf, w->buf, w->count, t, op, n->comm, n->stream->s));
-        break;
-    case DDP__BROADCAST:
-        DDP__NCCL(ncclBroadcast(w->buf, w->buf, w->count, t, w->root, n->comm, n->stream->s));
-        break;
-    case DDP__ALL_GATHER:
-        DDP__NCCL(ncclAllGather(w->send, w->buf, w->count, t, n->comm, n->stream->s));
-        break;
-    default:
-        DDP__NCCL(ncclReduceScatter(w->send, w->buf, w->count, t, op, n->comm, n->stream->s));
-        break;
-    }
-    /* w->ready marks the collective's end on the group's stream (NCCL has put it there: settled) */
-    if (n->nspare > 0) w->ready = n->spare[--n->nspare];
-    else DDP__TRY(ddp__event_create(pg->device, &w->ready));
-    DDP__TRY(ddp__event_record(w->ready, n->stream));
-    ddp__flight_note(pg, w, DDP__FL_RUNNING);
-    return DDP_OK;
-}
-
-/* Poll event e (the end of a collective, or of everything on the group's stream) and NCCL's
-   asynchronous error until e has happened; an error or the deadline breaks the group. */
-DDP__PRIVATE ddp_status ddp__nccl_poll(ddp_pg* pg, ddp_event* e, double deadline, const char* what) {
-    ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    double start = ddp__now();
-    for (;;) {
-        int done = 0;
-        ncclResult_t st = ncclSuccess, r;
-        DDP__TRY(ddp__event_query(e, &done));
-        if (done) return DDP_OK;
-        if (!n->comm) return ddp__fail(DDP_ERR_STATE, "%s: the NCCL communicator was aborted", what);
-        r = ncclCommGetAsyncError(n->comm, &st);
-        if (r != ncclSuccess) st = r;
-        if (st != ncclSuccess && st != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, st, what, __LINE__));
-        if (ddp__now() >= deadline)
-            return ddp__nccl_break(pg, ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the NCCL "
-                                                 "communicator was aborted: a rank is stuck, stopped, or calling a "
-                                                 "different collective", what, pg->timeout));
-        ddp__nccl_pause(start);
-    }
-}
-
-/* The end event of a finished collective goes back to the spares. */
-DDP__PRIVATE void ddp__nccl_recycle(ddp__nccl* n, ddp_work* w) {
-    if (w->ready && n->nspare < DDP__NCCL_EVENTS) {
-        n->spare[n->nspare++] = w->ready;
-        w->ready = NULL;
-    }
-}
-
-DDP__PRIVATE ddp_status ddp__nccl_wait(ddp_pg* pg, ddp_work* w) {
-    ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    char what[128];
-    ddp_status s;
-    ddp__fingerprint(w, what, sizeof what);
-    s = ddp__nccl_poll(pg, w->ready, ddp__now() + pg->timeout, what);
-    if (s != DDP_OK) {
-        ddp__flight_note(pg, w, DDP__FL_FAILED);
-        if (s == DDP_ERR_TIMEOUT) ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
-        return s;
-    }
-    /* later work on the producer's stream waits for the result, as PyTorch's Work.wait() does */
-    if (pg->user_stream) DDP__TRY(ddp__stream_wait_event(pg->user_stream, w->ready));
-    ddp__flight_note(pg, w, DDP__FL_DONE);
-    ddp__nccl_recycle(n, w);
-    return DDP_OK;
-}
-
-/* ddp__work_test: the end event, without blocking. A failure reports *done = 1 (ddp_work_wait
-   then returns the error). */
-DDP__PRIVATE ddp_status ddp__nccl_test(ddp_pg* pg, ddp_work* w, int* done) {
-    ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    ncclResult_t st = ncclSuccess;
-    DDP__TRY(ddp__event_query(w->ready, done));
-    if (!*done && (!n->comm || ncclCommGetAsyncError(n->comm, &st) != ncclSuccess ||
-                   (st != ncclSuccess && st != ncclInProgress)))
-        *done = 1;
-    return DDP_OK;
-}
-
-DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
-    ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    int i;
-    if (!n) return;
-    if (n->comm) {
-        /* A healthy communicator is destroyed once its work has drained (within the deadline);
-           one with an error, or whose work never ends, is aborted: ncclCommDestroy would wait for
-           a collective that cannot finish. */
-        ddp_event* end = NULL;
-        ddp_status s = pg->broken ? pg->broken : ddp__event_create(pg->device, &end);
-        if (s == DDP_OK) s = ddp__event_record(end, n->stream);
-        if (s == DDP_OK) s = ddp__nccl_poll(pg, end, ddp__now() + pg->timeout, "the collectives still queued at ddp_destroy");
-        ddp__event_destroy(end);
-        if (s == DDP_OK && n->comm) {
-            ncclResult_t st = ncclSuccess;
-            if (ncclCommGetAsyncError(n->comm, &st) == ncclSuccess && st == ncclSuccess) ncclCommDestroy(n->comm);
-            else ncclCommAbort(n->comm);
-        } else if (n->comm) {
-            ncclCommAbort(n->comm);
-        }
-        n->comm = NULL;
-    }
-    ddp__stream_destroy(n->stream);
-    ddp__event_destroy(n->produced);
-    for (i = 0; i < n->nspare; i++) ddp__event_destroy(n->spare[i]);
-    ddp_free(pg->device, n->scratch);
-    DDP_FREE(n);
-    pg->nccl = NULL;
-}
-
-static const ddp__backend_vt ddp__nccl_backend = {"nccl",          ddp__nccl_connect, ddp__nccl_submit,
-                                                  ddp__nccl_wait,  ddp__nccl_test,    ddp__nccl_destroy};
-#endif
-
+/* ============================================================================================== */
+/* >>mpi: the MPI backend                                                                         */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
 /* ---- the MPI backend (>>mpi) -------------------------------------------------------------------- */
 /*
    Compiled only with -DDDP_MPI and MPI's headers (make builds *_mpi variants of some programs when
@@ -6337,7 +8445,6 @@ static const ddp__backend_vt ddp__nccl_backend = {"nccl",          ddp__nccl_con
    MPI does not say how many bytes its algorithms moved.
 */
 #if defined(DDP_MPI)
-#define DDP__MPI 1
 #if !defined(OMPI_SKIP_MPICXX)
 #define OMPI_SKIP_MPICXX 1  /* a C++ build gets the C API only: the old C++ bindings warn with -Wextra */
 #endif
@@ -6788,165 +8895,16 @@ DDP__PRIVATE void ddp__mpi_destroy(ddp_pg* pg) {
 
 static const ddp__backend_vt ddp__mpi_backend = {"mpi", ddp__mpi_connect, ddp__mpi_submit, ddp__mpi_wait,
                                                  ddp__mpi_test, ddp__mpi_destroy};
-#else
-#define DDP__MPI 0
+/* The mpi backend's entry in the backend table (>>pg). */
+DDP__PRIVATE const ddp__backend_vt* ddp__mpi_vt(void) { return &ddp__mpi_backend; }
 #endif
 
-/* ---- joining the job --------------------------------------------------------------------------- */
+#endif /* DDP__IMPLEMENT */
 
-/* The first caller for `key` stores `value` under it; a later one gets the first one's value in
-   `first` (n bytes) and *taken = 1. The store has no compare-and-set: a counter decides. */
-DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* value, char* first, size_t n, int* taken) {
-    char count[DDP_STORE_MAX_KEY + 8];
-    int64_t claims = 0;
-    size_t got = 0;
-    snprintf(count, sizeof count, "%s/claims", key);
-    DDP__TRY(ddp__store_add(pg->store, count, 1, &claims));
-    *taken = claims > 1;
-    if (!*taken) return ddp_store_set(pg->store, key, value, strlen(value));
-    memset(first, 0, n);
-    return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
-}
-
-/* The ranks 0..n-1 whose flag equals `want`, compactly ("0-3, 7, 9-12"), cut short with "..." when
-   they do not fit in out. Returns how many there are. */
-DDP__PRIVATE int ddp__rank_list(const unsigned char* flags, int n, int want, char* out, size_t cap) {
-    int i = 0, count = 0;
-    size_t len = 0;
-    out[0] = 0;
-    while (i < n) {
-        int j = i;
-        if ((flags[i] != 0) != (want != 0)) { i++; continue; }
-        while (j + 1 < n && (flags[j + 1] != 0) == (want != 0)) j++;
-        count += j - i + 1;
-        if (len + 32 < cap) {
-            int k = j == i ? snprintf(out + len, cap - len, "%s%d", len ? ", " : "", i)
-                           : snprintf(out + len, cap - len, "%s%d-%d", len ? ", " : "", i, j);
-            len += k > 0 ? (size_t)k : 0;
-        } else if (len + 5 < cap && strcmp(out + len - 3, "...") != 0) {
-            len += (size_t)snprintf(out + len, cap - len, ", ...");
-        }
-        i = j + 1;
-    }
-    return count;
-}
-
-/* While ranks are missing from the rendezvous: which have joined (published their world size)
-   and which are awaited. Rank 0, which hosts the store, says so every few seconds (as torchrun's
-   rendezvous does), so that a WORLD_SIZE larger than the processes started is not 300 s of
-   silence; every rank notes it for a SIGTERM to print. */
-DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say) {
-    unsigned char* joined = (unsigned char*)ddp__calloc((size_t)pg->world);
-    char have[160], missing[160], key[64];
-    int i, nj, nm, present = 0;
-    if (!joined) return;
-    for (i = 0; i < pg->world; i++) {
-        const char* k[1];
-        snprintf(key, sizeof key, "ddp/world/%d", i);
-        k[0] = key;
-        if (ddp__store_check(pg->store, k, 1, &present) != DDP_OK) break;
-        joined[i] = (unsigned char)(present != 0);
-    }
-    if (i == pg->world) {
-        nj = ddp__rank_list(joined, pg->world, 1, have, sizeof have);
-        nm = ddp__rank_list(joined, pg->world, 0, missing, sizeof missing);
-        ddp__wait_note("waiting for rank%s %s to join the job: %d of %d (WORLD_SIZE) had joined after %.0f s (rank%s %s)",
-                       nm == 1 ? "" : "s", missing, nj, pg->world, ddp__now() - started, nj == 1 ? "" : "s", have);
-        if (say)
-            ddp__log(DDP_LOG_WARN, "waiting for rank%s %s to join the job: %d of %d ranks (WORLD_SIZE=%d) have joined "
-                    "after %.0f s (rank%s %s). Start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
-                    "or fix WORLD_SIZE if fewer processes belong to the job; DDP_TIMEOUT ends the wait after %.0f s",
-                    nm == 1 ? "" : "s", missing, nj, pg->world, pg->world, ddp__now() - started, nj == 1 ? "" : "s",
-                    have, pg->timeout);
-    }
-    DDP_FREE(joined);
-}
-
-/* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
-   disagreement publishes it under ddp/abort so that the others fail at once with the same
-   explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
-   for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
-#define DDP__JOIN_REPORT_S 5.0 /* seconds between rank 0's first reports of who is missing */
-DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
-    char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
-    const char* abort_key[1] = {"ddp/abort"};
-    const char* launch = getenv("DDP_LAUNCH_ID");
-    int i, present, taken = 0;
-    double started = ddp__now(), deadline = started + pg->timeout, report = started + DDP__JOIN_REPORT_S;
-    gethostname(host, sizeof host - 1);
-    /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
-       launch that started that node's first rank, or two launches given one MASTER_PORT and one
-       DDP_JOB_TOKEN would mix their ranks (the later one's rank 1 taking the free slot). */
-    if (launch && *launch) {
-        snprintf(me, sizeof me, "%.200s", launch);
-        snprintf(key, sizeof key, "ddp/launch/%d", pg->env.node_rank);
-        DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
-        if (taken && strcmp(holder, me) != 0)
-            return ddp__fail(DDP_ERR_STORE_REFUSED, "the store at %s:%d refused this rank: it belongs to another "
-                             "launch. Node %d of the job there was started by launch %s (host:launcher pid:start time), "
-                             "this rank by launch %s: two jobs share MASTER_PORT %d and DDP_JOB_TOKEN. Give each job its "
-                             "own MASTER_PORT (ddprun --standalone picks a free one) or its own DDP_JOB_TOKEN",
-                             pg->env.master_addr, pg->env.master_port, pg->env.node_rank, holder, me, pg->env.master_port);
-    }
-    snprintf(me, sizeof me, "pid %ld on host %.250s", (long)getpid(), host);
-    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
-    DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
-    if (taken)
-        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "two processes were started with RANK=%d: %s holds rank %d (it "
-                         "came first), and this process, %s, came later. Give each process its own rank 0..%d; if "
-                         "another job uses this MASTER_PORT with the same DDP_JOB_TOKEN, give each job its own port",
-                         pg->rank, holder, pg->rank, me, pg->world - 1);
-    snprintf(mine, sizeof mine, "%d", pg->world);
-    snprintf(key, sizeof key, "ddp/world/%d", pg->rank);
-    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
-    for (i = 0; i < pg->world; i++) {
-        const char* k[1];
-        size_t n = 0;
-        snprintf(key, sizeof key, "ddp/world/%d", i);
-        k[0] = key;
-        ddp__wait_note("waiting for rank %d to join the job (WORLD_SIZE=%d)", i, pg->world);
-        for (;;) {
-            DDP__TRY(ddp__store_check(pg->store, abort_key, 1, &present));
-            if (present) {
-                char why[256] = "";
-                ddp_store_get(pg->store, "ddp/abort", why, sizeof why - 1, &n);
-                return ddp__fail(DDP_ERR_WORLD_MISMATCH, "another rank stopped the job: %s", why);
-            }
-            DDP__TRY(ddp__store_check(pg->store, k, 1, &present));
-            if (present) break;
-            if (ddp__now() >= deadline)
-                return ddp__fail(DDP_ERR_TIMEOUT, "rank %d never joined within %.0f s (this rank expects WORLD_SIZE=%d): "
-                                 "start all %d processes, or fix WORLD_SIZE", i, pg->timeout, pg->world, pg->world);
-            if (ddp__now() >= report) { /* every 5 s, and every 30 s after the first half minute */
-                ddp__join_progress(pg, started, pg->rank == 0);
-                report = ddp__now() + (ddp__now() - started < 30 ? DDP__JOIN_REPORT_S : 6 * DDP__JOIN_REPORT_S);
-            }
-            ddp__sleep(0.02);
-        }
-        memset(theirs, 0, sizeof theirs);
-        DDP__TRY(ddp_store_get(pg->store, key, theirs, 15, &n)); /* a world size: a few digits */
-        if (strcmp(theirs, mine) != 0) {
-            char why[256];
-            snprintf(why, sizeof why, "rank %d was started with WORLD_SIZE=%s but rank %d with WORLD_SIZE=%s: every "
-                     "rank needs the same WORLD_SIZE", i, theirs, pg->rank, mine);
-            ddp_store_set(pg->store, "ddp/abort", why, strlen(why));
-            return ddp__fail(DDP_ERR_WORLD_MISMATCH, "%s", why);
-        }
-    }
-    return DDP_OK;
-}
-
-/* Ranks of one machine each get their own share of the cores this process may use (Linux; as
-   mpirun's --bind-to core does): a rank that waits by spinning then never sits on the core of the
-   rank it waits for, and the scheduler stops moving ranks between cores, which costs them their
-   caches. Shares are whole physical cores (a core's hyper-threads go together: two ranks on the
-   two threads of one core would share its units), and a rank on a GPU takes its share of the
-   cores next to that GPU (its PCI device's local_cpulist, the GPU's NUMA node), shared with the
-   local ranks whose GPUs sit there too. Only when every rank can have a core of its own;
-   DDP_BIND=none leaves placement to the system. The raw system call needs no _GNU_SOURCE. Threads
-   already running (a BLAS library's, the store's) are moved too; threads started later inherit
-   the mask. */
-#define DDP__BIND_MAXCPU 1024
+/* ============================================================================================== */
+/* >>bind: keeping each rank on its own cores                                                     */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
 typedef struct ddp__cpu_core {
     int cpu;  /* a CPU number */
     int core; /* its physical core: CPUs with the same value are hyper-threads of one core */
@@ -7093,488 +9051,13 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
 #endif
 }
 
-/* Whether two ranks of this machine share a GPU: each rank publishes the PCI bus id of its GPU
-   (cuda:index in its own numbering) in the store and reads every local rank's, since
-   CUDA_VISIBLE_DEVICES may number the GPUs differently for each rank. pair[0] is -1 when all
-   differ, else pair[0] < pair[1] are the first two local ranks found on one GPU. A bus id that
-   cannot be read counts as shared. */
-DDP__PRIVATE ddp_status ddp__gpu_sharer(ddp_pg* pg, int index, char mine[64], int pair[2]) {
-    char key[384], host[256] = "?", (*ids)[64];
-    int r, q, lws = pg->env.local_world_size;
-    size_t n;
-    ddp_status s = DDP_OK;
-    mine[0] = 0;
-    pair[0] = pair[1] = -1;
-    gethostname(host, sizeof host - 1);
-#if DDP__CUDA
-    if (cudaDeviceGetPCIBusId(mine, 64, index) != cudaSuccess) {
-        (void)cudaGetLastError();
-        mine[0] = 0;
-    }
-#else
-    (void)index;
-#endif
-    snprintf(key, sizeof key, "ddp/gpu/%s/%d/%d", host, pg->env.node_rank, pg->env.local_rank);
-    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine) + 1));
-    ids = (char(*)[64])ddp__calloc((size_t)lws * sizeof *ids);
-    if (!ids) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %d GPU bus ids failed", lws);
-    for (r = 0; r < lws && s == DDP_OK; r++) { /* every local rank's id, this one's too, read once */
-        snprintf(key, sizeof key, "ddp/gpu/%s/%d/%d", host, pg->env.node_rank, r);
-        s = ddp_store_get(pg->store, key, ids[r], sizeof ids[r] - 1, &n);
-    }
-    /* every pair, so that all ranks of this machine reach the same verdict */
-    for (r = 0; r < lws && s == DDP_OK && pair[0] == -1; r++)
-        for (q = r + 1; q < lws; q++)
-            if (!ids[r][0] || !ids[q][0] || !strcmp(ids[r], ids[q])) {
-                pair[0] = r, pair[1] = q;
-                break;
-            }
-    DDP_FREE(ids);
-    if (s != DDP_OK) return s;
-    /* Nobody acts on the verdict before every local rank has read the ids: rank 0 failing at
-       once would take the store with it while a neighbour still reads, and that neighbour would
-       report a lost store instead of the shared GPU. */
-    snprintf(key, sizeof key, "gpu/%s/%d", host, pg->env.node_rank);
-    return ddp__store_barrier(pg->store, key, lws);
-}
-
-/* AUTO on a machine that shows this rank fewer GPUs than it has local ranks: each rank takes GPU
-   want.index if every local rank's GPU is a different one (told by its PCI bus id, published in
-   the store), as when CUDA_VISIBLE_DEVICES gives each rank its own; else every rank uses the CPU. */
-DDP__PRIVATE ddp_status ddp__own_gpu(ddp_pg* pg, ddp_device want, ddp_device* out) {
-    char mine[64];
-    int pair[2];
-    want.type = DDP_DEVICE_CUDA;
-    DDP__TRY(ddp__gpu_sharer(pg, want.index, mine, pair));
-    if (pair[0] != -1) {
-        ddp__log(DDP_LOG_INFO, "%d GPU%s for %d local ranks, shared: every rank uses the CPU (NCCL needs a GPU of its "
-                "own for each rank)", ddp__cuda_device_count(), ddp__cuda_device_count() == 1 ? "" : "s",
-                pg->env.local_world_size);
-        want.type = DDP_DEVICE_CPU, want.index = 0;
-    } else {
-        ddp__log(DDP_LOG_INFO, "each local rank sees a GPU of its own (this one: %s, cuda:%d here)", mine, want.index);
-    }
-    return ddp_device_resolve(want, out);
-}
-
-/* The nccl backend on a GPU named by the program: two ranks on one GPU are refused here, by name,
-   with the way out, rather than by NCCL's "Duplicate GPU detected" at the first collective setup.
-   Every rank of this machine sees the same pairs, so every one of them stops with the same words. */
-DDP__PRIVATE ddp_status ddp__nccl_gpu_own(ddp_pg* pg) {
-    char mine[64];
-    int pair[2], gpus = ddp__cuda_device_count();
-    if (pg->env.local_world_size < 2) return DDP_OK;
-    DDP__TRY(ddp__gpu_sharer(pg, pg->device.index, mine, pair));
-    if (pair[0] == -1) return DDP_OK;
-    return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "local ranks %d and %d of this machine share one GPU, and the nccl "
-                     "backend needs a GPU of its own for each rank (this rank: cuda:%d, bus id %s; this process sees "
-                     "%d GPU%s for %d ranks here). Start at most %d rank%s per machine (ddprun --nproc, torchrun "
-                     "--nproc_per_node, srun --ntasks-per-node), or use the cpu backend (DDP_BACKEND=cpu), which "
-                     "reduces GPU buffers through host memory", pair[0], pair[1], pg->device.index,
-                     mine[0] ? mine : "unknown", gpus, gpus == 1 ? "" : "s", pg->env.local_world_size,
-                     gpus > 0 ? gpus : 1, gpus == 1 ? "" : "s");
-}
-
-/* The backend desc.backend or DDP_BACKEND names (DEFAULT when neither does). ddp_init asks before
-   reading the environment, because the mpi backend takes the placement from MPI itself. */
-DDP__PRIVATE ddp_status ddp__named_backend(const ddp_desc* d, ddp_backend* out) {
-    const char* env = getenv("DDP_BACKEND");
-    *out = d->backend;
-    if (*out == DDP_BACKEND_DEFAULT && env && *env) {
-        if (!strcmp(env, "cpu") || !strcmp(env, "gloo")) *out = DDP_BACKEND_CPU;
-        else if (!strcmp(env, "nccl")) *out = DDP_BACKEND_NCCL;
-        else if (!strcmp(env, "mpi")) *out = DDP_BACKEND_MPI;
-        else return ddp__fail(DDP_ERR_ENV, "DDP_BACKEND=%s is not cpu, nccl or mpi", env);
-    }
-    if (*out == DDP_BACKEND_MPI && !DDP__MPI)
-        return ddp__fail(DDP_ERR_NOT_BUILT, "the mpi backend was asked for (%s), but this program was built without "
-                         "it: compile with -DDDP_MPI and mpicc's flags (make builds the _mpi programs when it finds "
-                         "mpicc; " DDP__HINT_INSTALL_MPI "), or use the cpu backend",
-                         d->backend == DDP_BACKEND_MPI ? "desc.backend" : "DDP_BACKEND=mpi");
-    return DDP_OK;
-}
-
-DDP__PRIVATE ddp_status ddp__pick_backend(const ddp_desc* d, ddp_device dev, ddp_backend* out) {
-    DDP__TRY(ddp__named_backend(d, out));
-    if (*out == DDP_BACKEND_DEFAULT) *out = dev.type == DDP_DEVICE_CUDA ? DDP_BACKEND_NCCL : DDP_BACKEND_CPU;
-    if (*out == DDP_BACKEND_NCCL && dev.type != DDP_DEVICE_CUDA)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "the nccl backend needs GPU buffers, but this rank's device is "
-                         "the CPU (%s): use the cpu backend", ddp__cuda_unavailable_reason());
-    return DDP_OK;
-}
-
-DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
-    ddp_desc d;
-    ddp_pg* pg;
-    ddp_store_desc sd;
-    ddp_device want;
-    ddp_status s;
-    char devname[32];
-    *out = NULL;
-    if (desc) d = *desc;
-    else memset(&d, 0, sizeof d);
-    if (d.log) ddp__set_log(d.log, d.log_user);
-    pg = (ddp_pg*)ddp__calloc(sizeof *pg);
-    if (!pg) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a process group failed");
-    ddp__wait_watch(1); /* a SIGTERM or SIGINT from here to the end says what init waited for */
-    pg->left_fd = pg->right_fd = -1;
-    pthread_mutex_init(&pg->lock, NULL);
-    pthread_cond_init(&pg->cond, NULL);
-    pthread_cond_init(&pg->done_cond, NULL);
-    s = ddp__named_backend(&d, &pg->backend);
-#if DDP__MPI
-    if (s == DDP_OK && pg->backend == DDP_BACKEND_MPI) {
-        pg->vt = &ddp__mpi_backend; /* from here on ddp_destroy cleans MPI up */
-        s = ddp__mpi_join(&d, pg);  /* placement from MPI_COMM_WORLD; also creates the store */
-    } else
-#endif
-    if (s == DDP_OK) s = ddp__env_resolve(&d, &pg->env);
-    if (s != DDP_OK) goto fail;
-    pg->rank = pg->env.rank;
-    pg->world = pg->env.world_size;
-    s = ddp__timeout(d.timeout_s, &pg->timeout);
-    if (s != DDP_OK) goto fail;
-    want = d.device;
-    if (want.type == DDP_DEVICE_AUTO) {
-        /* One GPU per rank when this machine shows enough of them (NCCL refuses two ranks on one
-           GPU), else the CPU for every rank. Fewer GPUs than local ranks may still be one each:
-           CUDA_VISIBLE_DEVICES set per rank (SLURM's --gpus-per-task) shows each rank only its
-           own. That is settled with the other ranks, once the store is up. */
-        int gpus = ddp__cuda_device_count();
-        want.type = gpus >= pg->env.local_world_size ? DDP_DEVICE_CUDA : gpus > 0 ? DDP_DEVICE_AUTO : DDP_DEVICE_CPU;
-        want.index = gpus > 0 ? pg->env.local_rank % gpus : 0;
-    } else if (want.type == DDP_DEVICE_CUDA && ddp__cuda_device_count() > 0) {
-        int gpus = ddp__cuda_device_count();
-        if (d.device.index == 0) /* "cuda" means this rank's GPU: LOCAL_RANK picks it */
-            want.index = pg->env.local_rank % gpus;
-        else if (gpus == 1 && d.device.index == pg->env.local_rank) {
-            /* cuda:LOCAL_RANK where each rank is shown only its own GPU */
-            ddp__log(DDP_LOG_INFO, "device cuda:%d is this rank's LOCAL_RANK, and this process sees one GPU "
-                    "(CUDA_VISIBLE_DEVICES=%s): using it", d.device.index,
-                    getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
-            want.index = 0;
-        }
-    }
-    /* torch.cuda.set_device(rank): fine on one machine, where RANK == LOCAL_RANK; past this
-       machine's GPUs on the next one. Said before the device is even looked at, so a machine
-       without that GPU (or without any) shows the cause next to the error. */
-    if (d.device.type == DDP_DEVICE_CUDA && d.device.index > 0 && d.device.index == pg->env.rank &&
-        pg->env.rank != pg->env.local_rank)
-        ddp__log(DDP_LOG_WARN, "device cuda:%d is this process's RANK, but a GPU is picked by LOCAL_RANK (%d here): "
-                "RANK counts the ranks of every machine, so from the second machine on it points past this "
-                "machine's GPUs. Use cuda:LOCAL_RANK, or \"cuda\", which picks this rank's GPU",
-                d.device.index, pg->env.local_rank);
-    s = want.type == DDP_DEVICE_AUTO ? DDP_OK : ddp_device_resolve(want, &pg->device);
-    if (s != DDP_OK) goto fail;
-    memset(&sd, 0, sizeof sd);
-    sd.host = pg->env.master_addr;
-    sd.port = pg->env.master_port;
-    sd.is_server = pg->rank == 0;
-    sd.timeout_s = pg->timeout;
-    sd.token = d.token;
-    if (pg->rank == 0) ddp__wait_note("starting the rendezvous store on port %d", sd.port);
-    else ddp__wait_note("connecting to the rendezvous store at %s:%d, which rank 0 hosts", sd.host, sd.port);
-    s = pg->store ? DDP_OK : ddp__store_create(&sd, &pg->store); /* the mpi backend made it already */
-    if (s == DDP_OK) s = ddp__agree(pg);
-    if (s == DDP_OK && want.type == DDP_DEVICE_AUTO) s = ddp__own_gpu(pg, want, &pg->device);
-    if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
-    if (s == DDP_OK && want.type != DDP_DEVICE_AUTO && pg->backend == DDP_BACKEND_NCCL) s = ddp__nccl_gpu_own(pg);
-    if (s != DDP_OK) goto fail;
-    ddp__bind_cores(pg); /* now that this rank's GPU, and so its NUMA node, is known */
-#if DDP__CUDA
-    if (pg->backend == DDP_BACKEND_NCCL) pg->vt = &ddp__nccl_backend;
-    else
-#endif
-#if DDP__MPI
-    if (pg->backend == DDP_BACKEND_MPI) pg->vt = &ddp__mpi_backend;
-    else
-#endif
-        pg->vt = &ddp__cpu_backend;
-    ddp__wait_note("connecting to the other ranks (backend %s)", pg->vt->name);
-    s = pg->vt->connect(pg);
-    if (s != DDP_OK) goto fail;
-    if (pg->vt == &ddp__cpu_backend) {
-        if (pthread_create(&pg->thread, NULL, ddp__comm_main, pg) != 0) {
-            s = ddp__fail(DDP_ERR_IO, "starting the communication thread failed");
-            goto fail;
-        }
-        pg->thread_started = 1;
-    }
-#if defined(DDP_CBLAS) && defined(OPENBLAS_VERSION)
-    {
-        /* ranks on one machine share its cores: give each its share of BLAS threads, unless the
-           user chose (OPENBLAS_NUM_THREADS, OMP_NUM_THREADS) */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int share = (int)(cores / (pg->env.local_world_size > 0 ? pg->env.local_world_size : 1));
-        if (!getenv("OPENBLAS_NUM_THREADS") && !getenv("OMP_NUM_THREADS")) openblas_set_num_threads(share > 0 ? share : 1);
-    }
-#endif
-    /* Nobody leaves init before everyone has read what it needs from the store. */
-    ddp__wait_note("waiting for every rank to finish ddp_init");
-    s = ddp__store_barrier(pg->store, "init", pg->world);
-    if (s != DDP_OK) goto fail;
-    pg->joined = 1;
-    pthread_once(&ddp__usr1_once, ddp__usr1_setup);
-    pthread_mutex_lock(&ddp__usr1_lock);
-    ddp__usr1_pg = pg; /* SIGUSR1 prints this group's last collectives */
-    pthread_mutex_unlock(&ddp__usr1_lock);
-    {
-        char host[256] = "?";
-        gethostname(host, sizeof host - 1);
-        ddp__log(DDP_LOG_INFO, "joined the job on host %s: backend %s, device %s, store %s:%d (placement from %s)",
-                host, pg->vt->name, ddp_device_name(pg->device, devname, sizeof devname), pg->env.master_addr,
-                pg->env.master_port, pg->env.source);
-    }
-    ddp__wait_watch(0);
-    *out = pg;
-    return DDP_OK;
-fail:
-    {
-        char msg[sizeof ddp__err_msg];
-        const char* fix = ddp__err_fix;
-        memcpy(msg, ddp__err_msg, sizeof msg);
-        ddp_destroy(pg);
-        ddp__fail(s, "%s", msg);
-        ddp__err_fix = fix;
-    }
-    ddp__wait_watch(0);
-    return s;
-}
-
-DDP__DEF void ddp_destroy(ddp_pg* pg) {
-    int wait_store = 0;
-    double deadline = 0;
-    if (!pg) return;
-    pthread_mutex_lock(&ddp__usr1_lock);
-    if (ddp__usr1_pg == pg) ddp__usr1_pg = NULL;
-    pthread_mutex_unlock(&ddp__usr1_lock);
-    if (pg->joined) {
-        /* Rank 0 hosts the store: it stays until every rank has left, or a rank still on its way
-           out of ddp_init, or reading a key, would find the store gone (torchrun's exit barrier). */
-        int64_t left = 0;
-        if (pg->vt == &ddp__cpu_backend) ddp__cpu_leave(pg);
-        deadline = ddp__now() + pg->timeout;
-        if (ddp__store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
-            if (pg->rank != 0) wait_store = 1;
-            while (pg->rank == 0 && left < pg->world && ddp__now() < deadline &&
-                   ddp__store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
-                ddp__sleep(0.002);
-            if (left < pg->world && pg->rank == 0)
-                ddp__log(DDP_LOG_WARN, "ddp_destroy: only %lld of %d ranks reached ddp_destroy within %.0f s; the others "
-                        "are still inside a collective or have failed (see their output)", (long long)left, pg->world,
-                        pg->timeout);
-        }
-    }
-    if (pg->vt) pg->vt->destroy(pg);
-    /* The other ranks return only once rank 0 has stopped the store (it closes their connections
-       after its listening socket): a program that calls ddp_init again at once then reaches the
-       next job's store, never this one on its way out, where its rank would already be taken. */
-    if (wait_store && !ddp__store_wait_closed(pg->store, deadline))
-        ddp__log(DDP_LOG_WARN, "ddp_destroy: rank 0 has not closed the store within %.0f s of this rank leaving (it is "
-                "still busy, or waiting for a rank that never called ddp_destroy); a ddp_init now on the same port could "
-                "meet that store", pg->timeout);
-    ddp__trace_write(); /* DDP_TRACE: this rank's file, while its rank is still known */
-    ddp_free(pg->device, pg->one);
-    ddp__store_destroy(pg->store);
-    pthread_mutex_destroy(&pg->lock);
-    pthread_cond_destroy(&pg->cond);
-    pthread_cond_destroy(&pg->done_cond);
-    DDP_FREE(pg);
-}
-
-/* ---- desync detection (DDP_DEBUG=DETAIL) ------------------------------------------------------------ */
-/* Before each collective every rank publishes what it is about to call, "all_reduce #42 (1091 x
-   f32, sum)", under ddp/fp/<rank>/<seq % 4>, and reads every other rank's entry for the same
-   sequence number. Different entries mean the ranks have fallen out of step (the classic cause
-   of a DDP hang); an entry that never comes means a rank is not calling this collective at all.
-   Four slots per rank suffice: no rank can get more than one collective ahead of another,
-   because each waits here for all the others. Costs a few store round trips per collective. */
-DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w) {
-    char mine[128], theirs[128], key[64], seqtag[32];
-    size_t n;
-    int r;
-    double deadline = ddp__now() + pg->timeout;
-    ddp__fingerprint(w, mine, sizeof mine);
-    snprintf(seqtag, sizeof seqtag, " #%llu ", (unsigned long long)w->seq);
-    snprintf(key, sizeof key, "ddp/fp/%d/%d", pg->rank, (int)(w->seq % 4));
-    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
-    snprintf(key, sizeof key, "ddp/fp/%d/last", pg->rank);
-    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
-    for (r = 0; r < pg->world; r++) {
-        const char* k = key;
-        int present = 0;
-        if (r == pg->rank) continue;
-        snprintf(key, sizeof key, "ddp/fp/%d/%d", r, (int)(w->seq % 4));
-        for (;;) { /* until rank r's slot holds this sequence number */
-            DDP__TRY(ddp__store_check(pg->store, &k, 1, &present));
-            if (present) {
-                memset(theirs, 0, sizeof theirs);
-                DDP__TRY(ddp_store_get(pg->store, key, theirs, sizeof theirs - 1, &n));
-                if (strstr(theirs, seqtag)) break;
-            }
-            if (ddp__now() >= deadline) {
-                char lastkey[64];
-                const char* lk = lastkey;
-                snprintf(lastkey, sizeof lastkey, "ddp/fp/%d/last", r);
-                memset(theirs, 0, sizeof theirs);
-                if (ddp__store_check(pg->store, &lk, 1, &present) == DDP_OK && present)
-                    ddp_store_get(pg->store, lastkey, theirs, sizeof theirs - 1, &n);
-                return ddp__fail(DDP_ERR_TIMEOUT, "desync: this rank (%d) is calling %s, but rank %d has not reached "
-                                 "collective #%llu within %.0f s; its last collective was %s. A collective must be "
-                                 "called by every rank: look for one that only some ranks reach (inside an if on "
-                                 "the rank, or a loop with a different number of batches per rank)", pg->rank, mine,
-                                 r, (unsigned long long)w->seq, pg->timeout, theirs[0] ? theirs : "none yet");
-            }
-            ddp__sleep(0.0005);
-        }
-        if (strcmp(theirs, mine) != 0)
-            return ddp__fail(DDP_ERR_DESYNC, "desync at collective #%llu: this rank (%d) calls %s, rank %d calls %s. "
-                             "Every rank must call the same collectives in the same order with the same sizes",
-                             (unsigned long long)w->seq, pg->rank, mine, r, theirs);
-    }
-    return DDP_OK;
-}
-
-/* ---- the collectives' common entrance -------------------------------------------------------------- */
-
-DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const void* send, size_t count,
-                                        ddp_dtype dtype, ddp_reduce_op op, int root, int lazy, ddp_work** work) {
-    ddp_work* w;
-    ddp_status s;
-    if (work) *work = NULL;
-    if (dtype == DDP_DTYPE_DEFAULT) dtype = DDP_F32;
-    if (ddp_dtype_size(dtype) == 0)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", ddp__coll_name(kind), (int)dtype);
-    if (op != DDP_SUM && op != DDP_AVG && op != DDP_MAX)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", ddp__coll_name(kind), (int)op);
-    if (root < 0 || root >= pg->world)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d is not a rank (0..%d)", root, pg->world - 1);
-    if (count > 0 && (!buf || ((kind == DDP__ALL_GATHER || kind == DDP__REDUCE_SCATTER) && !send)))
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: a buffer is NULL", ddp__coll_name(kind));
-    pthread_mutex_lock(&pg->lock); /* the communication thread sets broken under it */
-    s = pg->broken;
-    if (s != DDP_OK) {
-        char msg[sizeof pg->broken_msg];
-        memcpy(msg, pg->broken_msg, sizeof msg);
-        pthread_mutex_unlock(&pg->lock);
-        return ddp__fail(s, "an earlier collective failed, so this group can no longer be used: %s", msg);
-    }
-    pthread_mutex_unlock(&pg->lock);
-    w = (ddp_work*)ddp__calloc(sizeof *w);
-    if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a work handle failed");
-    w->pg = pg, w->kind = kind, w->buf = buf, w->send = send, w->count = count;
-    w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq, w->lazy = lazy;
-    ddp__flight_note(pg, w, DDP__FL_QUEUED);
-    if (ddp__log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
-        ddp__flight_note(pg, w, DDP__FL_FAILED);
-        DDP_FREE(w);
-        return ddp__pg_break(pg, s);
-    }
-    if (pg->device.type == DDP_DEVICE_CUDA && pg->vt == &ddp__cpu_backend) {
-        /* the host thread must not read GPU memory before the kernels writing it are done */
-        s = ddp__event_create(pg->device, &w->ready);
-        if (s == DDP_OK) s = ddp__event_record(w->ready, pg->user_stream);
-        if (s != DDP_OK) {
-            ddp__event_destroy(w->ready);
-            DDP_FREE(w);
-            return s;
-        }
-    }
-    if (!work && pg->vt == &ddp__cpu_backend) {
-        /* A blocking call with nothing queued runs right here: handing it to the communication
-           thread and waiting for it to finish would only add two thread switches. */
-        int idle;
-        pthread_mutex_lock(&pg->lock);
-        idle = !pg->head && !pg->inline_busy;
-        if (idle) pg->inline_busy = 1;
-        pthread_mutex_unlock(&pg->lock);
-        if (idle) {
-            s = ddp__cpu_run(pg, w);
-            pthread_mutex_lock(&pg->lock);
-            pg->inline_busy = 0;
-            if (s != DDP_OK && !pg->broken) {
-                pg->broken = s;
-                snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", ddp_error_string());
-            }
-            if (pg->head) pthread_cond_signal(&pg->cond); /* queued by another thread meanwhile */
-            pthread_mutex_unlock(&pg->lock);
-            ddp__event_destroy(w->ready);
-            DDP_FREE(w);
-            return s;
-        }
-    }
-    s = pg->vt->submit(pg, w);
-    if (s != DDP_OK) {
-        ddp__event_destroy(w->ready);
-        DDP_FREE(w);
-        return s;
-    }
-    if (work) {
-        *work = w;
-        return DDP_OK;
-    }
-    return ddp_work_wait(w);
-}
-
-DDP__DEF ddp_status ddp_work_wait(ddp_work* w) {
-    ddp_status s;
-    ddp_pg* pg;
-    if (!w) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_work_wait: work is NULL");
-    pg = w->pg;
-    s = pg->vt->wait(pg, w);
-    /* the CPU backend's wait frees w, or (abandoned) leaves it to the communication thread */
-    if (pg->vt != &ddp__cpu_backend) {
-        ddp__event_destroy(w->ready);
-        DDP_FREE(w);
-    }
-    return s;
-}
-
-/* *done = 1 when the collective has finished (successfully or not), without blocking. */
-DDP__PRIVATE ddp_status ddp__work_test(ddp_work* w, int* done) {
-    if (!w) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp__work_test: work is NULL");
-    return w->pg->vt->test(w->pg, w, done);
-}
-
-DDP__DEF ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
-                                   ddp_work** work) {
-    return ddp__collective(pg, DDP__ALL_REDUCE, buf, NULL, count, dtype, op, 0, 0, work);
-}
-/* buf[0..count) = root's buf, on every rank. */
-DDP__PRIVATE ddp_status ddp__broadcast(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, int root, ddp_work** work) {
-    return ddp__collective(pg, DDP__BROADCAST, buf, NULL, count, dtype, DDP_SUM, root, 0, work);
-}
-DDP__DEF ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
-                                   ddp_work** work) {
-    return ddp__collective(pg, DDP__ALL_GATHER, recv, send, count, dtype, DDP_SUM, 0, 0, work);
-}
-DDP__DEF ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
-                                       ddp_reduce_op op, ddp_work** work) {
-    return ddp__collective(pg, DDP__REDUCE_SCATTER, recv, send, count, dtype, op, 0, 0, work);
-}
-DDP__DEF ddp_status ddp_barrier(ddp_pg* pg) {
-    /* an all-reduce of one number: ordered with the other collectives, and done by every rank
-       only when every rank has contributed */
-    if (!pg->one) DDP__TRY(ddp_alloc(pg->device, sizeof(float), (void**)&pg->one)); /* kept: no malloc per call */
-    return ddp_all_reduce(pg, pg->one, 1, DDP_F32, DDP_SUM, NULL);
-}
+#endif /* DDP__IMPLEMENT */
 
 /* ============================================================================================== */
-/* >>data: data files, split, standardisation; the distributed sampler; batches  (chapters 1-2)  */
+/* >>files: file formats: CSV rows, the safetensors header, atomic writes                         */
 /* ============================================================================================== */
-
-DDP__DEF void ddp_dataset_free(ddp_dataset* d) {
-    if (!d) return;
-    if (d->x) DDP_FREE(d->x);
-    if (d->y) DDP_FREE(d->y);
-    memset(d, 0, sizeof *d);
-}
-
-/* The largest data file we agree to read: far above the bundled sets, far below a mistake such
-   as pointing the loader at a disk image. */
-#ifndef DDP_MAX_DATA_FILE
-#define DDP_MAX_DATA_FILE ((size_t)1 << 30)
-#endif
+#if DDP__IMPLEMENT
+/* ---- reading a data file (>>data) ---------------------------------------------------------------- */
 
 /* What a file that is not a regular one is, for "it is not a regular file (...)". */
 DDP__PRIVATE const char* ddp__file_kind(mode_t m) {
@@ -7728,733 +9211,7 @@ DDP__PRIVATE ddp_status ddp__dataset_load_csv(const char* path, ddp_dataset* out
     return DDP_OK;
 }
 
-DDP__DEF ddp_status ddp_dataset_load(const char* name, const char* dir, ddp_dataset* out) {
-    char path[1024];
-    size_t len = name ? strlen(name) : 0;
-    const char* env = getenv("DDP_DATA_DIR");
-    ddp_status s;
-    memset(out, 0, sizeof *out); /* empty on every error, as ddp__dataset_load_csv */
-    if (!name) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_dataset_load: name is NULL");
-    if (len > 4 && !strcmp(name + len - 4, ".csv")) return ddp__dataset_load_csv(name, out);
-    if (strchr(name, '/') || len == 0 || len > 64)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
-                         "data set \"%s\" is neither a bundled name (wine, digits) nor a .csv path", name);
-    if (!dir) dir = (env && *env) ? env : "examples/data";
-    snprintf(path, sizeof path, "%s/%s.csv", dir, name);
-    s = ddp__dataset_load_csv(path, out);
-    if (s == DDP_ERR_IO) {
-        char first[sizeof ddp__err_msg];
-        memcpy(first, ddp__err_msg, sizeof first);
-        return ddp__fail(DDP_ERR_IO,
-                         "%s. The bundled data sets are wine and digits in examples/data: run from "
-                         "the repository's top folder, or set DDP_DATA_DIR (or --data-dir) to that "
-                         "folder", first);
-    }
-    return s;
-}
-
-DDP__DEF ddp_status ddp_dataset_split(const ddp_dataset* all, double test_fraction, uint64_t seed,
-                                      ddp_dataset* train, ddp_dataset* test) {
-    int ntest, ntrain, *perm;
-    ddp_dataset parts[2];
-    int k;
-    memset(train, 0, sizeof *train);
-    memset(test, 0, sizeof *test);
-    if (!(test_fraction > 0.0 && test_fraction < 1.0))
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "test_fraction is %g; it must be between 0 and 1",
-                         test_fraction);
-    ntest = (int)ceil(test_fraction * all->n);
-    ntrain = all->n - ntest;
-    if (ntest < 1 || ntrain < 1)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
-                         "splitting %d samples with test_fraction %g leaves an empty part", all->n,
-                         test_fraction);
-    perm = (int*)ddp__malloc((size_t)all->n * sizeof(int));
-    if (!perm) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a permutation failed");
-    ddp_permutation(all->n, seed, perm);
-    for (k = 0; k < 2; k++) {
-        ddp_dataset* d = &parts[k];
-        d->n = k == 0 ? ntest : ntrain;
-        d->nfeatures = all->nfeatures;
-        d->nclasses = all->nclasses;
-        d->x = (float*)ddp__malloc((size_t)d->n * d->nfeatures * sizeof(float));
-        d->y = (int*)ddp__malloc((size_t)d->n * sizeof(int));
-        if (!d->x || !d->y) {
-            if (k == 1) ddp_dataset_free(&parts[0]);
-            ddp_dataset_free(d);
-            DDP_FREE(perm);
-            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the split failed");
-        }
-        ddp__dataset_gather(all, perm + (k == 0 ? 0 : ntest), d->n, d->x, d->y);
-    }
-    DDP_FREE(perm);
-    *test = parts[0];
-    *train = parts[1];
-    return DDP_OK;
-}
-
-DDP__DEF void ddp_dataset_standardize(ddp_dataset* train, ddp_dataset* test) {
-    int j, i, f = train->nfeatures;
-    for (j = 0; j < f; j++) {
-        double mean = 0, var = 0, sd;
-        for (i = 0; i < train->n; i++) mean += train->x[(size_t)i * f + j];
-        mean /= train->n;
-        for (i = 0; i < train->n; i++) {
-            double dv = train->x[(size_t)i * f + j] - mean;
-            var += dv * dv;
-        }
-        sd = sqrt(var / train->n); /* population deviation, as scikit-learn's StandardScaler */
-        if (sd == 0) sd = 1;       /* a constant feature carries no information: map it to 0 */
-        for (i = 0; i < train->n; i++)
-            train->x[(size_t)i * f + j] = (float)((train->x[(size_t)i * f + j] - mean) / sd);
-        if (test)
-            for (i = 0; i < test->n; i++)
-                test->x[(size_t)i * f + j] = (float)((test->x[(size_t)i * f + j] - mean) / sd);
-    }
-}
-
-/* Copy the samples idx[0..count) into x [count, nfeatures] and y [count]. */
-DDP__PRIVATE void ddp__dataset_gather(const ddp_dataset* d, const int* idx, int count, float* x, int* y) {
-    int i;
-    for (i = 0; i < count; i++) {
-        memcpy(x + (size_t)i * d->nfeatures, d->x + (size_t)idx[i] * d->nfeatures,
-               (size_t)d->nfeatures * sizeof(float));
-        y[i] = d->y[idx[i]];
-    }
-}
-
-/* ---- the distributed sampler (PyTorch's DistributedSampler) ---------------------------------- */
-
-DDP__DEF ddp_status ddp_sampler_init(ddp_sampler* s, int n, const ddp_sampler_desc* desc) {
-    ddp_sampler_desc d;
-    long long total;
-    memset(s, 0, sizeof *s);
-    if (desc) d = *desc;
-    else memset(&d, 0, sizeof d);
-    if (d.pg) {
-        d.num_replicas = ddp_world_size(d.pg);
-        d.rank = ddp_rank(d.pg);
-    } else if (d.num_replicas == 0) {
-        d.num_replicas = 1;
-    }
-    if (n < 0) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_init: n is %d; it must be >= 0", n);
-    if (d.num_replicas < 1)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_sampler_init: num_replicas is %d; it must be >= 1",
-                         d.num_replicas);
-    if (d.rank < 0 || d.rank >= d.num_replicas)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
-                         "ddp_sampler_init: rank is %d; it must be in 0..%d (num_replicas is %d)", d.rank,
-                         d.num_replicas - 1, d.num_replicas);
-    s->n = n;
-    s->num_replicas = d.num_replicas;
-    s->rank = d.rank;
-    s->shuffle = !d.in_order;
-    s->drop_last = d.drop_last;
-    s->seed = d.seed;
-    /* PyTorch's rule: ceil((n - R) / R) with drop_last is floor(n / R); else ceil(n / R) */
-    s->num_samples = n / d.num_replicas + (!d.drop_last && n % d.num_replicas != 0);
-    total = (long long)s->num_samples * d.num_replicas;
-    if (total > 0x7fffffff) {
-        memset(s, 0, sizeof *s);
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
-                         "ddp_sampler_init: n = %d padded for %d replicas is more than 2^31 - 1 positions", n,
-                         d.num_replicas);
-    }
-    s->total_size = (int)total;
-    return DDP_OK;
-}
-
-DDP__DEF void ddp_sampler_set_epoch(ddp_sampler* s, int epoch) { s->epoch = epoch; }
-
-/* Padding never reaches a whole round (total_size < n + R), so a rank holds at most one padded
-   position, and it is its last. */
-DDP__DEF int ddp_sampler_padding(const ddp_sampler* s) {
-    if (s->drop_last || s->num_samples == 0) return 0;
-    return s->rank + (s->num_samples - 1) * s->num_replicas >= s->n;
-}
-
-/* Entry q of ddp_permutation(n, seed) without the array, for when memory for it is short: follow
-   position q back through the Fisher-Yates swaps, the last swap first. splitmix64 advances its
-   state by a constant, so the draw of each swap can be made directly. O(n) per entry. */
-DDP__PRIVATE int ddp__permutation_at(int n, uint64_t seed, int q) {
-    int i;
-    for (i = 1; i < n; i++) { /* the swap at i is the (n - i)-th draw */
-        ddp_rng r = ddp_rng_seed(seed + (uint64_t)(n - 1 - i) * 0x9E3779B97F4A7C15ull);
-        int j = (int)ddp_rng_below(&r, (uint32_t)i + 1);
-        if (q == i) q = j;
-        else if (q == j) q = i;
-    }
-    return q;
-}
-
-/* This rank's indices into out, using work[0..n) for the epoch's order. work may be out itself
-   (when out has room for n): position r + kR is never before k, so the strided reads stay ahead of
-   the writes, apart from the padded last one, read first. */
-DDP__PRIVATE void ddp__sampler_fill(const ddp_sampler* s, int* work, int* out) {
-    int k, ns = s->num_samples, R = s->num_replicas, pad = ddp_sampler_padding(s), last = 0;
-    if (ns == 0) return;
-    if (s->shuffle) ddp_permutation(s->n, s->seed + (uint64_t)s->epoch, work);
-    else
-        for (k = 0; k < s->n; k++) work[k] = k;
-    /* the padded list repeats the order from its front: position p holds order[p % n] */
-    if (pad) last = work[(s->rank + (ns - 1) * R) % s->n];
-    for (k = 0; k < ns - pad; k++) out[k] = work[s->rank + k * R];
-    if (pad) out[ns - 1] = last;
-}
-
-DDP__DEF void ddp_sampler_indices(const ddp_sampler* s, int* out) {
-    int k, *work;
-    if (s->num_samples == 0) return;
-    if (!s->shuffle) {
-        for (k = 0; k < s->num_samples; k++) out[k] = (s->rank + k * s->num_replicas) % s->n;
-        return;
-    }
-    if (s->num_samples >= s->n) { /* one replica, or n < R: out holds the whole order */
-        ddp__sampler_fill(s, out, out);
-        return;
-    }
-    work = (int*)ddp__malloc((size_t)s->n * sizeof(int));
-    if (work) {
-        ddp__sampler_fill(s, work, out);
-        DDP_FREE(work);
-        return;
-    }
-    /* no memory for the order: slower, but every rank still gets the same answer */
-    for (k = 0; k < s->num_samples; k++)
-        out[k] = ddp__permutation_at(s->n, s->seed + (uint64_t)s->epoch,
-                                     (s->rank + k * s->num_replicas) % s->n);
-}
-
-/* ---- batches (PyTorch's DataLoader over a sampler) ----------------------------------------- */
-
-DDP__DEF ddp_status ddp_loader_init(ddp_loader* l, const ddp_dataset* data, const ddp_loader_desc* desc) {
-    int rows, batch_size = desc ? desc->batch_size : 0, drop_last = desc ? desc->drop_last : 0;
-    memset(l, 0, sizeof *l);
-    if (!data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: data is NULL");
-    if (batch_size < 0)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_init: batch_size is %d; it must be >= 1 (0: the "
-                         "default, 1)", batch_size);
-    if (batch_size == 0) batch_size = 1;
-    rows = batch_size < data->n ? batch_size : data->n; /* a batch never holds more than the data set */
-    if (rows < 1) rows = 1;
-    l->x = (float*)ddp__malloc((size_t)rows * (size_t)data->nfeatures * sizeof(float));
-    l->y = (int*)ddp__malloc((size_t)rows * sizeof(int));
-    if ((!l->x && data->nfeatures > 0) || !l->y) {
-        ddp_loader_free(l);
-        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_loader_init: allocating a batch of %d x %d failed", rows,
-                         data->nfeatures);
-    }
-    l->data = data;
-    l->batch_size = batch_size;
-    l->drop_last = drop_last;
-    return DDP_OK;
-}
-
-DDP__DEF ddp_status ddp_loader_start(ddp_loader* l, const ddp_sampler* s) {
-    if (!l->data) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_loader_start: the loader is not initialised");
-    if (s->n > l->data->n)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT,
-                         "ddp_loader_start: the sampler is over %d samples, the data set has only %d", s->n,
-                         l->data->n);
-    /* n entries: enough for any sampler over this data set (num_samples <= n) and for the whole
-       order as scratch, so no epoch allocates again */
-    if (!l->order && l->data->n > 0) {
-        l->order = (int*)ddp__malloc((size_t)l->data->n * sizeof(int));
-        if (!l->order)
-            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_loader_start: allocating %d indices failed", l->data->n);
-    }
-    ddp__sampler_fill(s, l->order, l->order);
-    l->count = s->num_samples;
-    l->pos = 0;
-    /* A snapshot's position belongs to the epoch it was taken in. A program that resumes at the
-       next epoch (it saved after an epoch's last batch, with the next epoch as its counter) starts
-       that epoch at its first batch; only a position in the middle of its epoch is then lost, and
-       said so. */
-    if (l->resume == 1 && s->epoch != l->resume_epoch) {
-        if (l->resume_pos > 0 && l->resume_pos < l->count &&
-            !(l->drop_last && l->count - l->resume_pos < l->batch_size))
-            ddp__log(DDP_LOG_WARN, "ddp_loader_start: the snapshot was taken %d samples into epoch %d (of %d on this "
-                    "rank), but the sampler is at epoch %d: epoch %d starts at its first batch, and the last %d samples "
-                    "of epoch %d are skipped. A snapshot taken inside the batch loop names the epoch it is in "
-                    "(snap.epoch = epoch); one taken after the loop names the next", l->resume_pos, l->resume_epoch,
-                    l->count, s->epoch, s->epoch, l->count - l->resume_pos, l->resume_epoch);
-    } else if (l->resume) {
-        l->pos = l->resume_pos < l->count ? l->resume_pos : l->count;
-    }
-    l->resume = 0, l->resume_pos = 0;
-    l->epoch = s->epoch;
-    /* PyTorch's most common sampler slip: no set_epoch, so every epoch draws the same order (the
-       order is a function of the seed and the epoch). A resumed epoch (ddp_snapshot_load) starts
-       afresh. */
-    if (s->shuffle && s->num_samples > 0) {
-        if (s->epoch + 1 == l->last_epoch && ddp__first_time(&ddp__warned_set_epoch))
-            ddp__log(DDP_LOG_WARN, "ddp_loader_start: the sampler's epoch is %d again, as at this loader's previous "
-                    "start, so this epoch visits the samples in the same order as the last one. Call "
-                    "ddp_sampler_set_epoch(&sampler, epoch) before each ddp_loader_start (PyTorch: "
-                    "sampler.set_epoch(epoch)). Printed once per process", s->epoch);
-        l->last_epoch = s->epoch + 1;
-    } else {
-        l->last_epoch = 0;
-    }
-    return DDP_OK;
-}
-
-DDP__DEF int ddp_loader_next(ddp_loader* l, const float** x, const int** y) {
-    int b = l->count - l->pos;
-    if (b > l->batch_size) b = l->batch_size;
-    if (b <= 0 || (l->drop_last && b < l->batch_size)) {
-        l->pos = l->count;
-        return 0;
-    }
-    ddp__dataset_gather(l->data, l->order + l->pos, b, l->x, l->y);
-    l->pos += b;
-    if (x) *x = l->x;
-    if (y) *y = l->y;
-    return b;
-}
-
-DDP__DEF int ddp_loader_batches(const ddp_loader* l) {
-    if (l->batch_size < 1) return 0;
-    return l->count / l->batch_size + (!l->drop_last && l->count % l->batch_size != 0);
-}
-
-DDP__DEF void ddp_loader_free(ddp_loader* l) {
-    if (!l) return;
-    if (l->order) DDP_FREE(l->order);
-    if (l->x) DDP_FREE(l->x);
-    if (l->y) DDP_FREE(l->y);
-    memset(l, 0, sizeof *l);
-}
-
-/* ============================================================================================== */
-/* >>reducer: the DDP wrapper: buckets, hooks, overlap, no_sync                  (chapters 2, 7-8) */
-/* ============================================================================================== */
-/*
-   The life of one synchronised backward pass:
-     1. ddp_model_backward reaches a parameter whose gradient is final and calls its hook;
-     2. the hook copies grad * (1/W) into the parameter's slot of its bucket (with
-        gradient_as_bucket_view the gradient already lives there and is scaled in place);
-     3. when every parameter of a bucket is in, the bucket is ready; ready buckets are launched
-        as asynchronous all-reduces (sum) strictly in bucket order, the same on every rank;
-     4. backward goes on with earlier layers while the all-reduces run;
-     5. the post-backward callback waits for every bucket and copies the averages back into
-        p->grad.
-   Pre-dividing by W and then summing is PyTorch's choice too: the sum of W averages cannot
-   overflow where a sum of W gradients might.
-*/
-
-typedef struct ddp__bucket {
-    int* params;        /* indexes into the model's parameters, in the order they arrive */
-    int nparams, pending;
-    size_t count;       /* f32 elements */
-    float* buf;         /* on the model's device */
-    void* wire;         /* the compressed copy that travels, when compressing */
-    ddp_work* work;
-} ddp__bucket;
-
-struct ddp_wrapper {
-    ddp_pg* pg;
-    ddp_model* m;
-    ddp_wrap_desc d;
-    int nbuckets, next_launch, sync;
-    ddp_status broken;   /* a failure in a hook, reported when backward ends */
-    ddp__bucket* buckets;
-    int* bucket_of;     /* per parameter */
-    size_t* offset_of;  /* per parameter, elements into its bucket */
-    unsigned char* ready;
-    float** old_grad;   /* gradient_as_bucket_view: the parameter's own grad, restored at the end */
-    ddp_wrap_stats st;
-    double t_backward_start;
-    ddp_event* backward_done; /* GPU: the end of backward's kernels, where exposed waiting starts */
-    char err[sizeof ddp__err_msg];
-};
-
-/* f32 dst = src * a on the model's device, in order on its stream. */
-DDP__PRIVATE ddp_status ddp__scale(ddp_model* m, float* dst, const float* src, size_t n, float a) {
-    (void)m;
-#if DDP__CUDA
-    if (m->device.type == DDP_DEVICE_CUDA) {
-        long long cnt = (long long)n;
-        void* args[4];
-        args[0] = &dst, args[1] = (void*)&src, args[2] = &cnt, args[3] = &a;
-        return n ? ddp__launch(m->device, m->stream, DDP__K_scale, cnt, args) : DDP_OK;
-    }
-#endif
-    {
-        size_t i;
-        for (i = 0; i < n; i++) dst[i] = src[i] * a;
-    }
-    return DDP_OK;
-}
-
-/* Launch every ready bucket from next_launch on, in order: bucket k never overtakes k-1. */
-DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
-    while (w->next_launch < w->nbuckets && w->buckets[w->next_launch].pending == 0) {
-        ddp__bucket* b = &w->buckets[w->next_launch];
-        /* Every gradient is in once the last bucket goes: it is waited for next, so it need not
-           wake the communication thread (see ddp__cpu_submit). */
-        int lazy = w->next_launch == w->nbuckets - 1;
-        ddp_status s;
-        if (w->d.compress == DDP_F16 || w->d.compress == DDP_BF16) {
-            s = ddp__convert(w->m->device, w->d.compress, b->wire, DDP_F32, b->buf, b->count, w->m->stream);
-            if (s == DDP_OK)
-                s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->wire, NULL, b->count, w->d.compress, DDP_SUM, 0, lazy,
-                                    &b->work);
-            w->st.bytes_reduced += b->count * 2;
-        } else {
-            s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->buf, NULL, b->count, DDP_F32, DDP_SUM, 0, lazy, &b->work);
-            w->st.bytes_reduced += b->count * 4;
-        }
-        if (s != DDP_OK) return s;
-        w->st.all_reduces++;
-        ddp__log(DDP_LOG_DETAIL, "reducer: bucket %d ready (%d parameters, %zu bytes): all-reduce launched",
-                w->next_launch, b->nparams, b->count * 4);
-        w->next_launch++;
-    }
-    return DDP_OK;
-}
-
-/* The gradient-ready hook: step 2 and 3 above. */
-static void ddp__reducer_hook(ddp_param* p, void* user) {
-    ddp_wrapper* w = (ddp_wrapper*)user;
-    ddp__bucket* b;
-    float* slot;
-    ddp_status s;
-    if (!w->sync || w->broken) return; /* no_sync: the gradient just accumulates in p->grad */
-    if (w->t_backward_start == 0) w->t_backward_start = ddp__now(); /* the first gradient of this pass */
-    if (w->ready[p->index]) {
-        w->broken = DDP_ERR_STATE;
-        snprintf(w->err, sizeof w->err, "parameter %s was marked ready twice in one backward pass (a hand-written "
-                 "backward calling ddp_param_grad_ready twice?)", p->name);
-        return;
-    }
-    w->ready[p->index] = 1;
-    b = &w->buckets[w->bucket_of[p->index]];
-    slot = b->buf + w->offset_of[p->index];
-    /* into the bucket, already divided by the world size (in place for a bucket view) */
-    s = ddp__scale(w->m, slot, p->grad, p->count, 1.f / (float)ddp_world_size(w->pg));
-    if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
-    if (s != DDP_OK) {
-        w->broken = s;
-        snprintf(w->err, sizeof w->err, "%s", ddp_error_string());
-    }
-}
-
-/* Step 5: after the last layer, wait for every bucket and hand the averages back. */
-static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
-    ddp_wrapper* w = (ddp_wrapper*)user;
-    double t0;
-    int i, k;
-    ddp_status s = DDP_OK;
-    if (!w->sync) { /* no_sync: the gradients stay this rank's own until a synchronised backward */
-        /* With one rank there is no other replica to drift from: nothing to warn about later. */
-        if (ddp_world_size(w->pg) > 1) m->local_backwards++;
-        return DDP_OK;
-    }
-    if (w->broken) return ddp__fail(w->broken, "%s", w->err);
-    /* parameters that received no gradient this time */
-    for (i = 0; i < m->nparams; i++) {
-        ddp_param* p = m->params[i];
-        if (w->ready[i]) continue;
-        if (!w->d.find_unused_parameters) {
-            w->broken = DDP_ERR_UNUSED_PARAMETER;
-            snprintf(w->err, sizeof w->err, "parameter %s (index %d) received no gradient in this backward pass on "
-                     "rank %d, so its bucket can never be all-reduced. Make every parameter take part in the loss, "
-                     "or set ddp_wrap_desc.find_unused_parameters", p->name, i, ddp_rank(w->pg));
-            return ddp__fail(DDP_ERR_UNUSED_PARAMETER, "%s", w->err);
-        }
-        /* find_unused_parameters: it contributes zeros, and its bucket can go */
-        w->ready[i] = 1;
-        {
-            ddp__bucket* b = &w->buckets[w->bucket_of[i]];
-            s = ddp__zero(m->device, b->buf + w->offset_of[i], p->count * sizeof(float), m->stream);
-            if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
-            if (s != DDP_OK) return s;
-        }
-    }
-    /* On a GPU the host reaches this point while backward's kernels still run: the wait that
-       communication adds starts only when they are done. */
-    if (m->device.type == DDP_DEVICE_CUDA) {
-        if (!w->backward_done) s = ddp__event_create(m->device, &w->backward_done);
-        if (s == DDP_OK) s = ddp__event_record(w->backward_done, m->stream);
-        if (s == DDP_OK) s = ddp__event_sync(w->backward_done);
-    }
-    t0 = ddp__now();
-    for (k = 0; k < w->nbuckets && s == DDP_OK; k++) {
-        ddp__bucket* b = &w->buckets[k];
-        s = ddp_work_wait(b->work);
-        b->work = NULL;
-        if (s == DDP_OK && b->wire) s = ddp__convert(m->device, DDP_F32, b->buf, w->d.compress, b->wire, b->count, m->stream);
-    }
-    w->st.wait_s += ddp__now() - t0;
-    ddp__trace("wait for buckets", DDP__TRACE_COMPUTE, t0, ddp__now());
-    for (k = 0; k < w->nbuckets && s == DDP_OK && !w->d.gradient_as_bucket_view; k++) {
-        ddp__bucket* b = &w->buckets[k];
-        for (i = 0; i < b->nparams && s == DDP_OK; i++) {
-            ddp_param* p = m->params[b->params[i]];
-            s = ddp_copy(m->device, p->grad, m->device, b->buf + w->offset_of[p->index], p->count * sizeof(float),
-                         m->stream);
-        }
-    }
-    if (s != DDP_OK) {
-        w->broken = s;
-        snprintf(w->err, sizeof w->err, "%s", ddp_error_string());
-        return s;
-    }
-    /* ready for the next backward */
-    memset(w->ready, 0, (size_t)m->nparams);
-    for (k = 0; k < w->nbuckets; k++) w->buckets[k].pending = w->buckets[k].nparams;
-    w->next_launch = 0;
-    w->st.steps++;
-    m->local_backwards = 0; /* what accumulated under no_sync has now been averaged too */
-    if (w->t_backward_start > 0) w->st.backward_s += ddp__now() - w->t_backward_start;
-    w->t_backward_start = 0;
-    return DDP_OK;
-}
-
-/* Bucket assignment: walk the parameters last to first (the order backward makes them ready)
-   and close a bucket once it holds at least its limit: first_bucket_bytes for the first, then
-   bucket_cap_bytes. A parameter is never split, so a bucket may overshoot by one parameter. */
-DDP__PRIVATE ddp_status ddp__assign_buckets(ddp_wrapper* w) {
-    ddp_model* m = w->m;
-    int i, k = 0;
-    size_t bytes = 0;
-    w->buckets = (ddp__bucket*)ddp__calloc((size_t)m->nparams * sizeof *w->buckets);
-    w->bucket_of = (int*)ddp__calloc((size_t)m->nparams * sizeof(int));
-    w->offset_of = (size_t*)ddp__calloc((size_t)m->nparams * sizeof(size_t));
-    w->ready = (unsigned char*)ddp__calloc((size_t)m->nparams + 1);
-    if (!w->buckets || !w->bucket_of || !w->offset_of || !w->ready)
-        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the bucket map failed");
-    for (i = m->nparams - 1; i >= 0; i--) {
-        ddp__bucket* b = &w->buckets[k];
-        size_t limit = k == 0 ? w->d.first_bucket_bytes : w->d.bucket_cap_bytes;
-        if (!b->params) {
-            b->params = (int*)ddp__malloc((size_t)m->nparams * sizeof(int));
-            if (!b->params) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a bucket failed");
-        }
-        w->bucket_of[i] = k;
-        w->offset_of[i] = b->count;
-        b->params[b->nparams++] = i;
-        b->count += m->params[i]->count;
-        bytes += m->params[i]->count * sizeof(float);
-        if (bytes >= limit || i == 0) {
-            k++;
-            bytes = 0;
-        }
-    }
-    w->nbuckets = k;
-    for (k = 0; k < w->nbuckets; k++) {
-        ddp__bucket* b = &w->buckets[k];
-        b->pending = b->nparams;
-        DDP__TRY(ddp_alloc(m->device, b->count * sizeof(float), (void**)&b->buf));
-        if (w->d.compress == DDP_F16 || w->d.compress == DDP_BF16)
-            DDP__TRY(ddp_alloc(m->device, b->count * 2, &b->wire));
-        if (k < 64) {
-            w->st.bucket_bytes[k] = b->count * sizeof(float);
-            w->st.bucket_params[k] = b->nparams;
-        }
-    }
-    w->st.buckets = w->nbuckets;
-    return DDP_OK;
-}
-
-/* Every rank must hold the same model: compare each rank's list of names and shapes with rank
-   0's through the store, and let every rank fail with the same explanation when one differs. */
-DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
-    ddp_store* st = ddp_pg_store(w->pg);
-    char sig[4096], other[4096], key[96], verdict[512];
-    size_t n = 0, pos = 0;
-    int i, W = ddp_world_size(w->pg), me = ddp_rank(w->pg);
-    int gen = w->pg->wraps++; /* a fresh key space per wrap: every rank wraps in the same order */
-    ddp_model* m = w->m;
-    pos += (size_t)snprintf(sig + pos, sizeof sig - pos, "%d parameters:", m->nparams);
-    for (i = 0; i < m->nparams && pos < sizeof sig - 64; i++)
-        pos += (size_t)snprintf(sig + pos, sizeof sig - pos, " %s[%d%s%.0d]", m->params[i]->name, m->params[i]->shape[0],
-                                m->params[i]->ndim == 2 ? "," : "", m->params[i]->ndim == 2 ? m->params[i]->shape[1] : 0);
-    snprintf(key, sizeof key, "ddp/wrap/%d/sig/0", gen);
-    if (me == 0) DDP__TRY(ddp_store_set(st, key, sig, strlen(sig)));
-    memset(other, 0, sizeof other);
-    DDP__TRY(ddp_store_get(st, key, other, sizeof other - 1, &n));
-    verdict[0] = 0;
-    if (strcmp(sig, other) != 0) {
-        /* name the first differing parameter */
-        const char *a = sig, *b = other;
-        while (*a && *a == *b) a++, b++;
-        while (a > sig && a[-1] != ' ') a--, b--;
-        /* quote one parameter from each side: up to the next space */
-        snprintf(verdict, sizeof verdict, "rank %d has %.*s where rank 0 has %.*s (rank %d: %d parameters, rank 0: "
-                 "%d)", me, (int)strcspn(a, " "), a, (int)strcspn(b, " "), *b ? b : "nothing", me, m->nparams,
-                 atoi(other));
-    }
-    snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
-    DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
-    /* Every rank reads every verdict (the first one given, in rank order, is the one all report),
-       even after finding one: returning at the first would let rank 0 fail, and its program exit
-       with the store, while a slower rank still waits for a verdict, which would then see the
-       store vanish instead of the mismatch. */
-    verdict[0] = 0;
-    for (i = 0; i < W; i++) {
-        char theirs[512];
-        memset(theirs, 0, sizeof theirs);
-        snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, i);
-        DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
-        if (theirs[0] && !verdict[0]) snprintf(verdict, sizeof verdict, "%s", theirs);
-    }
-    if (!verdict[0]) return DDP_OK;
-    /* A mismatch ends the job. Rank 0 holds the store until every rank has read its verdicts
-       (each says so with one add, whose answer it has when the count is complete). */
-    snprintf(key, sizeof key, "ddp/wrap/%d/told", gen);
-    {
-        int64_t told = 0;
-        double deadline = ddp__now() + w->pg->timeout;
-        if (ddp__store_add(st, key, 1, &told) == DDP_OK)
-            while (me == 0 && told < W && ddp__now() < deadline && ddp__store_add(st, key, 0, &told) == DDP_OK)
-                ddp__sleep(0.002);
-    }
-    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the same "
-                     "model", verdict);
-}
-
-DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out) {
-    ddp_wrapper* w;
-    ddp_status s;
-    int i;
-    char dn[32], pn[32];
-    *out = NULL;
-    if (m->device.type != pg->device.type || m->device.index != pg->device.index)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "the model is on %s but the group's buffers are on %s: create the "
-                         "model on ddp_pg_device(pg)", ddp_device_name(m->device, dn, sizeof dn),
-                         ddp_device_name(pg->device, pn, sizeof pn));
-    w = (ddp_wrapper*)ddp__calloc(sizeof *w);
-    if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the wrapper failed");
-    if (desc) w->d = *desc;
-    if (w->d.bucket_cap_bytes == 0) w->d.bucket_cap_bytes = (size_t)25 << 20;
-    if (w->d.first_bucket_bytes == 0) w->d.first_bucket_bytes = (size_t)1 << 20;
-    if (w->d.compress == DDP_DTYPE_DEFAULT) w->d.compress = DDP_F32;
-    w->pg = pg, w->m = m, w->sync = 1;
-    s = ddp__verify_model(w);
-    /* every rank starts from rank 0's weights, whatever its own seed was */
-    for (i = 0; i < m->nparams && s == DDP_OK; i++)
-        s = ddp__broadcast(pg, m->params[i]->data, m->params[i]->count, DDP_F32, 0, NULL);
-    if (s == DDP_OK) s = ddp__assign_buckets(w);
-    if (s == DDP_OK && w->d.gradient_as_bucket_view) {
-        w->old_grad = (float**)ddp__calloc((size_t)m->nparams * sizeof(float*));
-        if (!w->old_grad) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the gradient views failed");
-        for (i = 0; i < m->nparams && s == DDP_OK; i++) {
-            ddp_param* p = m->params[i];
-            float* view = w->buckets[w->bucket_of[i]].buf + w->offset_of[i];
-            s = ddp_copy(m->device, view, m->device, p->grad, p->count * sizeof(float), m->stream);
-            w->old_grad[i] = p->grad;
-            p->grad = view; /* the gradient now lives in the bucket: no copy in, no copy out */
-        }
-    }
-    for (i = 0; i < m->nparams && s == DDP_OK; i++) s = ddp_param_add_hook(m->params[i], ddp__reducer_hook, w);
-    if (s != DDP_OK) {
-        char msg[sizeof ddp__err_msg];
-        memcpy(msg, ddp__err_msg, sizeof msg);
-        ddp_wrapper_destroy(w);
-        return ddp__fail(s, "%s", msg);
-    }
-    ddp__model_set_post_backward(m, ddp__reducer_finish, w);
-    ddp__pg_set_stream(pg, m->device.type == DDP_DEVICE_CUDA ? m->stream : NULL);
-    *out = w;
-    if (ddp__log_level_enabled() >= DDP_LOG_INFO && ddp_rank(pg) == 0) ddp__wrapper_log_buckets(w);
-    return DDP_OK;
-}
-
-DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
-    int i;
-    if (!w) return;
-    for (i = 0; i < w->m->nparams; i++) {
-        ddp_param* p = w->m->params[i];
-        int k, j = 0;
-        for (k = 0; k < p->nhooks; k++) /* remove only our hook */
-            if (p->hooks[k] != ddp__reducer_hook || p->hook_user[k] != w)
-                p->hooks[j] = p->hooks[k], p->hook_user[j] = p->hook_user[k], j++;
-        p->nhooks = j;
-        if (w->old_grad && w->old_grad[i]) {
-            ddp_copy(w->m->device, w->old_grad[i], w->m->device, p->grad, p->count * sizeof(float), w->m->stream);
-            p->grad = w->old_grad[i];
-        }
-    }
-    if (w->m->post_backward == ddp__reducer_finish) ddp__model_set_post_backward(w->m, NULL, NULL);
-    ddp_stream_sync(w->m->stream);
-    ddp__event_destroy(w->backward_done);
-    for (i = 0; i < w->nbuckets; i++) {
-        if (w->buckets[i].work) ddp_work_wait(w->buckets[i].work);
-        ddp_free(w->m->device, w->buckets[i].buf);
-        ddp_free(w->m->device, w->buckets[i].wire);
-    }
-    if (w->buckets) {
-        for (i = 0; i < w->m->nparams; i++)
-            if (w->buckets[i].params) DDP_FREE(w->buckets[i].params);
-        DDP_FREE(w->buckets);
-    }
-    if (w->bucket_of) DDP_FREE(w->bucket_of);
-    if (w->offset_of) DDP_FREE(w->offset_of);
-    if (w->ready) DDP_FREE(w->ready);
-    if (w->old_grad) DDP_FREE(w->old_grad);
-    DDP_FREE(w);
-}
-
-DDP__DEF void ddp_no_sync(ddp_wrapper* w, int on) { w->sync = !on; }
-
-DDP__DEF void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out) { *out = w->st; }
-
-/* Print the bucket map (which parameters in which bucket) through the log, at INFO level. */
-DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w) {
-    int k, i;
-    ddp__log(DDP_LOG_INFO, "reducer: %d bucket%s (cap %zu bytes, first %zu bytes), reduced in this order:", w->nbuckets,
-            w->nbuckets == 1 ? "" : "s", w->d.bucket_cap_bytes, w->d.first_bucket_bytes);
-    for (k = 0; k < w->nbuckets; k++) {
-        char names[512];
-        size_t pos = 0;
-        names[0] = 0;
-        for (i = 0; i < w->buckets[k].nparams && pos < sizeof names - 40; i++)
-            pos += (size_t)snprintf(names + pos, sizeof names - pos, "%s%s", i ? ", " : "",
-                                    w->m->params[w->buckets[k].params[i]]->name);
-        ddp__log(DDP_LOG_INFO, "  bucket %d: %zu bytes: %s", k, w->buckets[k].count * sizeof(float), names);
-    }
-}
-
-/* ============================================================================================== */
-/* >>snapshot: everything needed to resume, in a safetensors file              (chapters 1, 6)    */
-/* ============================================================================================== */
-/* Saving builds the whole file in memory (header, then data), patches in the checksum and writes
-   it atomically. Loading reads the whole file, parses the header into a table (ddp__st_parse,
-   which never looks at a model and is what the fuzzer drives), checks the table against the
-   snapshot struct, and only then copies into the model and the rest. */
-
-/* A growable byte buffer for building the file in memory. ddp__put appends n bytes from src, or
-   n bytes of room when src is NULL (for data that a copy from a GPU will fill). */
-typedef struct ddp__bytes { unsigned char* p; size_t n, cap; int oom; } ddp__bytes;
-DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n) {
-    if (b->oom) return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        unsigned char* q;
-        while (cap < b->n + n) cap *= 2;
-        q = (unsigned char*)ddp__malloc(cap);
-        if (!q) { b->oom = 1; return; }
-        if (b->n) memcpy(q, b->p, b->n);
-        if (b->p) DDP_FREE(b->p);
-        b->p = q;
-        b->cap = cap;
-    }
-    if (src) memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) DDP__PRINTF(2, 3);
-DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) {
-    char tmp[256];
-    int n;
-    va_list ap;
-    va_start(ap, fmt);
-    n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0 || n >= (int)sizeof tmp) { b->oom = 1; return; } /* every piece we write is short */
-    ddp__put(b, tmp, (size_t)n);
-}
+/* ---- writing a snapshot file atomically (>>snapshot) ------------------------------------------------ */
 
 /* This host's name as the temporary files carry it: up to its first dot, no slash. */
 DDP__PRIVATE void ddp__tmp_host(char* host, size_t n) {
@@ -8533,141 +9290,8 @@ DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char*
     return DDP_OK;
 }
 
-/* ---- the tensors a snapshot holds ---------------------------------------------------------------- */
+/* ---- the safetensors header's JSON (>>snapshot) ------------------------------------------------------ */
 
-static const char* const ddp__optim_names[] = {"none", "sgd", "adam", "adamw"};
-#define DDP__ST_MAX_TENSORS (3 * 2 * DDP_MAX_LAYERS)
-
-/* The i-th tensor of a snapshot of (m, o): parameters first, then each parameter's optimizer
-   state. Writes its name, its device pointer, and the parameter it belongs to (whose shape and
-   count it has); 0 past the end. */
-DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name, size_t nn, float** data,
-                                   const ddp_param** owner) {
-    int per = 0, k;
-    if (i < m->nparams) {
-        snprintf(name, nn, "%s", m->params[i]->name);
-        *data = m->params[i]->data;
-        *owner = m->params[i];
-        return 1;
-    }
-    i -= m->nparams;
-    if (o) per = o->d.kind == DDP_SGD ? (o->state1[0] != NULL) : 2;
-    if (per == 0 || i >= per * m->nparams) return 0;
-    k = i / per;
-    if (o->d.kind == DDP_SGD) {
-        snprintf(name, nn, "optim.%s.momentum_buffer", m->params[k]->name);
-        *data = o->state1[k];
-    } else {
-        snprintf(name, nn, "optim.%s.%s", m->params[k]->name, i % per ? "exp_avg_sq" : "exp_avg");
-        *data = i % per ? o->state2[k] : o->state1[k];
-    }
-    *owner = m->params[k];
-    return 1;
-}
-
-DDP__DEF int ddp_snapshot_exists(const char* path) {
-    struct stat st;
-    if (!path) return 0;
-    ddp__remove_stale_tmp(path); /* a run is starting: a torn save of an earlier one is garbage */
-    if (stat(path, &st) == 0) return 1;
-    if (errno == ENOENT) return 0;
-    /* Only absence means "no snapshot": a symlink loop or a folder we may not search would
-       otherwise train from step 0 without a word, then fail (or replace the link) at the save. */
-    ddp__fail(DDP_ERR_IO, "cannot tell whether the snapshot %s exists: %s. Fix the path or its folder's "
-              "permissions (or remove it to start afresh)", path, strerror(errno));
-    return -1;
-}
-
-DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
-    ddp__bytes b;
-    ddp_model* m;
-    char name[96];
-    float* data;
-    const ddp_param* p;
-    size_t off = 0, hdr_start, cs_at = 0;
-    int i, okind;
-    ddp_status st = DDP_OK;
-    if (!s || !s->model || !path)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_save: %s is NULL", !path ? "path" : "the model");
-    m = s->model;
-    okind = s->optim ? (int)s->optim->d.kind : 0;
-    memset(&b, 0, sizeof b);
-    ddp__put(&b, "\0\0\0\0\0\0\0\0", 8); /* the header's length, filled in below */
-    hdr_start = b.n;
-    ddp__putf(&b, "{\"__metadata__\":{\"format\":\"ddp.h snapshot 1\",\"epoch\":\"%d\",\"step\":\"%ld\"", s->epoch,
-              s->step);
-    ddp__putf(&b, ",\"optimizer\":\"%s\",\"optimizer_steps\":\"%ld\"", ddp__optim_names[okind],
-              s->optim ? s->optim->steps : 0L);
-    if (s->sampler)
-        ddp__putf(&b, ",\"sampler_n\":\"%d\",\"sampler_replicas\":\"%d\",\"sampler_seed\":\"%llu\","
-                      "\"sampler_shuffle\":\"%d\",\"sampler_drop_last\":\"%d\",\"sampler_epoch\":\"%d\"",
-                  s->sampler->n, s->sampler->num_replicas, (unsigned long long)s->sampler->seed,
-                  s->sampler->shuffle, s->sampler->drop_last, s->sampler->epoch);
-    /* A position loaded but not yet used (no ddp_loader_start since) is still the position. The
-       epoch it belongs to goes with it: a resumed loader starts at the position only in that epoch. */
-    if (s->loader) {
-        const ddp_loader* l = s->loader;
-        ddp__putf(&b, ",\"loader_position\":\"%d\",\"loader_epoch\":\"%d\"", l->resume ? l->resume_pos : l->pos,
-                  l->resume == 1 ? l->resume_epoch : l->resume && s->sampler ? s->sampler->epoch : l->epoch);
-    }
-    if (s->rng) ddp__putf(&b, ",\"rng\":\"%016llx\"", (unsigned long long)s->rng->state);
-    ddp__putf(&b, ",\"checksum\":\"");
-    cs_at = b.n;
-    ddp__putf(&b, "0000000000000000\"}");
-    for (i = 0; ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &p); i++) {
-        ddp__putf(&b, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", name);
-        if (p->ndim == 2) ddp__putf(&b, "%d,%d", p->shape[0], p->shape[1]);
-        else ddp__putf(&b, "%d", p->shape[0]);
-        ddp__putf(&b, "],\"data_offsets\":[%zu,%zu]}", off, off + p->count * sizeof(float));
-        off += p->count * sizeof(float);
-    }
-    ddp__put(&b, "}", 1);
-    while ((b.n - hdr_start) % 8) ddp__put(&b, " ", 1); /* the data starts 8-byte aligned */
-    if (!b.oom) {
-        uint64_t len = b.n - hdr_start;
-        for (i = 0; i < 8; i++) b.p[i] = (unsigned char)(len >> (8 * i));
-    }
-    st = ddp_stream_sync(m->stream); /* the weights are final only once the GPU is done */
-    for (i = 0; st == DDP_OK && !b.oom && ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &p); i++) {
-        size_t at = b.n, nb = p->count * sizeof(float);
-        /* GPU memory cannot be read by the host: room for it, filled by a copy */
-        ddp__put(&b, m->device.type == DDP_DEVICE_CPU ? data : NULL, nb);
-        if (!b.oom && m->device.type != DDP_DEVICE_CPU) st = ddp_copy(ddp__cpu(), b.p + at, m->device, data, nb, NULL);
-    }
-    if (b.oom && st == DDP_OK) st = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "building the snapshot in memory failed");
-    if (st == DDP_OK) {
-        char hex[17];
-        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)ddp__fnv1a(b.p, b.n));
-        memcpy(b.p + cs_at, hex, 16);
-        st = ddp__write_atomic(path, b.p, b.n);
-    }
-    if (b.p) DDP_FREE(b.p);
-    return st;
-}
-
-/* ---- reading: the header parser ----------------------------------------------------------------- */
-
-typedef struct ddp__st_tensor {
-    char name[96];
-    char dtype[8];
-    int ndim;
-    uint64_t shape[4];
-    uint64_t begin, end; /* byte offsets into the data section */
-    int used;            /* matched by the loader */
-} ddp__st_tensor;
-
-typedef struct ddp__st_meta { char key[32]; char val[64]; } ddp__st_meta;
-
-typedef struct ddp__st {
-    ddp__st_tensor t[DDP__ST_MAX_TENSORS];
-    int nt;
-    ddp__st_meta meta[32];
-    int nmeta;
-    size_t data_off;     /* where the data section starts in the file */
-    size_t checksum_at;  /* where the checksum's 16 digits are in the file; 0 if absent */
-} ddp__st;
-
-/* The JSON reader: a cursor over the header, strict about the subset safetensors uses. */
 typedef struct ddp__js { const unsigned char *p, *end, *base; const char* err; } ddp__js;
 
 DDP__PRIVATE void ddp__js_ws(ddp__js* j) {
@@ -8853,469 +9477,12 @@ DDP__PRIVATE ddp_status ddp__st_parse(const unsigned char* buf, size_t size, con
     return DDP_OK;
 }
 
-/* ---- reading: checking the file against the snapshot struct, then loading ------------------------- */
-
-DDP__PRIVATE const char* ddp__st_get(const ddp__st* st, const char* key) {
-    int i;
-    for (i = 0; i < st->nmeta; i++)
-        if (!strcmp(st->meta[i].key, key)) return st->meta[i].val;
-    return NULL;
-}
-/* A metadata value as a whole number in [lo, hi]; 0 (after setting the error) if absent or bad. */
-DDP__PRIVATE int ddp__st_num(const ddp__st* st, const char* what, const char* key, long long lo, long long hi,
-                             long long* out) {
-    const char* v = ddp__st_get(st, key);
-    char* end;
-    long long x;
-    if (!v) { ddp__fail(DDP_ERR_CHECKPOINT, "%s: the metadata lacks \"%s\"", what, key); return 0; }
-    errno = 0;
-    x = strtoll(v, &end, 10);
-    if (!*v || *end || errno || x < lo || x > hi) {
-        ddp__fail(DDP_ERR_CHECKPOINT, "%s: metadata \"%s\" is \"%s\", not a number from %lld to %lld", what, key, v, lo,
-                  hi);
-        return 0;
-    }
-    *out = x;
-    return 1;
-}
-
-DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
-    unsigned char* buf = NULL;
-    ddp__st* st = NULL;
-    ddp_model* m;
-    size_t size;
-    char name[96], hex[17];
-    float* data;
-    const ddp_param* p;
-    const char* v;
-    long long epoch = 0, step = 0, osteps = 0, pos = 0, x = 0, pos_epoch = 0;
-    int pos_epoch_known = 0;
-    uint64_t rng = 0;
-    int i, k, okind = 0;
-    int match[DDP__ST_MAX_TENSORS]; /* match[i]: where the i-th tensor the struct needs is in st->t */
-    ddp_status r = DDP_OK;
-    if (!s || !s->model || !path)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: %s is NULL", !path ? "path" : "the model");
-    if (s->loader && !s->loader->data)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: initialise the loader (ddp_loader_init) first");
-    m = s->model;
-    ddp__remove_stale_tmp(path);
-    DDP__TRY(ddp__read_file(path, DDP_MAX_DATA_FILE * 4, (char**)&buf, &size));
-    st = (ddp__st*)ddp__malloc(sizeof *st);
-    if (!st) { DDP_FREE(buf); return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_snapshot_load: no memory"); }
-#define DDP__ST_BAD(...) do { r = ddp__fail(DDP_ERR_CHECKPOINT, __VA_ARGS__); goto done; } while (0)
-#define DDP__ST_NUM(key, lo, hi, out) do { if (!ddp__st_num(st, path, key, lo, hi, out)) { r = DDP_ERR_CHECKPOINT; goto done; } } while (0)
-    if ((r = ddp__st_parse(buf, size, path, st)) != DDP_OK) goto done;
-    v = ddp__st_get(st, "format");
-    if (!v || strcmp(v, "ddp.h snapshot 1") != 0)
-        DDP__ST_BAD("%s is a safetensors file but not a ddp.h snapshot (metadata \"format\" is %s%s%s)", path,
-                    v ? "\"" : "", v ? v : "missing", v ? "\"" : "");
-    /* the checksum: FNV-1a over the file with its own 16 digits read as zeros */
-    if (!st->checksum_at || strlen(ddp__st_get(st, "checksum")) != 16)
-        DDP__ST_BAD("%s: the metadata lacks its 16-digit \"checksum\"", path);
-    memcpy(hex, buf + st->checksum_at, 16);
-    hex[16] = 0;
-    memset(buf + st->checksum_at, '0', 16);
-    {
-        char want[17];
-        snprintf(want, sizeof want, "%016llx", (unsigned long long)ddp__fnv1a(buf, size));
-        memcpy(buf + st->checksum_at, hex, 16);
-        if (strcmp(want, hex) != 0)
-            DDP__ST_BAD("%s is damaged: its checksum is %s, its bytes give %s (a flipped bit, or an edited file)", path,
-                        hex, want);
-    }
-    DDP__ST_NUM("epoch", INT_MIN, INT_MAX, &epoch);
-    DDP__ST_NUM("step", LONG_MIN, LONG_MAX, &step);
-    DDP__ST_NUM("optimizer_steps", 0, LONG_MAX, &osteps);
-    v = ddp__st_get(st, "optimizer");
-    for (okind = 0; v && okind < 4 && strcmp(v, ddp__optim_names[okind]); okind++) {}
-    if (!v || okind == 4) DDP__ST_BAD("%s: metadata \"optimizer\" is %s", path, v ? v : "missing");
-    if (s->optim && okind != (int)s->optim->d.kind)
-        DDP__ST_BAD("%s holds %s state, but the optimizer is %s: resume with the same optimizer", path,
-                    okind ? ddp__optim_names[okind] : "no optimizer", ddp__optim_names[s->optim->d.kind]);
-    /* every tensor the struct needs, with its shape; nothing the struct cannot take */
-    for (i = 0; ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &p); i++) {
-        ddp__st_tensor* t = NULL;
-        for (k = 0; k < st->nt; k++)
-            if (!strcmp(st->t[k].name, name)) { t = &st->t[k]; match[i] = k; break; }
-        if (!t) DDP__ST_BAD("%s has no tensor \"%s\": it was written by another model%s", path, name,
-                            i >= m->nparams ? " or optimizer" : "");
-        if (t->ndim != p->ndim || t->shape[0] != (uint64_t)p->shape[0] ||
-            (p->ndim == 2 && t->shape[1] != (uint64_t)p->shape[1])) {
-            char fs[64], ms[32];
-            int n = snprintf(fs, sizeof fs, "[");
-            for (k = 0; k < t->ndim && n < 40; k++)
-                n += snprintf(fs + n, sizeof fs - (size_t)n, "%s%llu", k ? ", " : "", (unsigned long long)t->shape[k]);
-            snprintf(fs + n, sizeof fs - (size_t)n, "]");
-            if (p->ndim == 2) snprintf(ms, sizeof ms, "[%d, %d]", p->shape[0], p->shape[1]);
-            else snprintf(ms, sizeof ms, "[%d]", p->shape[0]);
-            DDP__ST_BAD("%s: %s has shape %s, the model's is %s: another model's snapshot", path, name, fs, ms);
-        }
-        t->used = 1;
-    }
-    for (k = 0; k < st->nt; k++)
-        if (!st->t[k].used && (s->optim || strncmp(st->t[k].name, "optim.", 6) != 0))
-            DDP__ST_BAD("%s holds tensor \"%s\", which this model%s does not have: another model's snapshot", path,
-                        st->t[k].name, strncmp(st->t[k].name, "optim.", 6) ? "" : "'s optimizer");
-    if (s->sampler) {
-        const ddp_sampler* sp = s->sampler;
-        long long n, reps, shuffle, drop;
-        DDP__ST_NUM("sampler_n", 0, INT_MAX, &n);
-        DDP__ST_NUM("sampler_replicas", 1, INT_MAX, &reps);
-        DDP__ST_NUM("sampler_shuffle", 0, 1, &shuffle);
-        DDP__ST_NUM("sampler_drop_last", 0, 1, &drop);
-        DDP__ST_NUM("sampler_epoch", INT_MIN, INT_MAX, &x);
-        v = ddp__st_get(st, "sampler_seed");
-        if (!v || !*v || strspn(v, "0123456789") != strlen(v) || strlen(v) > 20)
-            DDP__ST_BAD("%s: metadata \"sampler_seed\" is not a whole number", path);
-        if (n != sp->n || shuffle != sp->shuffle || drop != sp->drop_last || strtoull(v, NULL, 10) != sp->seed)
-            DDP__ST_BAD("%s was taken with a sampler over %lld samples (shuffle %lld, drop_last %lld, seed %s); this "
-                        "one is over %d (shuffle %d, drop_last %d, seed %llu): not the same data or settings",
-                        path, n, shuffle, drop, v ? v : "?", sp->n, sp->shuffle, sp->drop_last,
-                        (unsigned long long)sp->seed);
-        /* Each rank's share of every epoch depends on the number of ranks: a run resumed with
-           another number trains on other batches than the run that wrote the file. */
-        if (reps != sp->num_replicas)
-            DDP__ST_BAD("%s was taken by a job of %lld rank%s; this job has %d rank%s, so each rank's share of the "
-                        "data (and the training from here on) would differ from that run's. Resume with %lld rank%s, "
-                        "or leave snap.sampler and snap.loader NULL to carry on deliberately with %d (the epoch "
-                        "then starts afresh)", path, reps, reps == 1 ? "" : "s", sp->num_replicas,
-                        sp->num_replicas == 1 ? "" : "s", reps, reps == 1 ? "" : "s", sp->num_replicas);
-        pos_epoch = x, pos_epoch_known = 1;
-    }
-    if (s->loader) {
-        DDP__ST_NUM("loader_position", 0, INT_MAX, &pos);
-        if (ddp__st_get(st, "loader_epoch")) { /* older files name only the sampler's epoch */
-            DDP__ST_NUM("loader_epoch", INT_MIN, INT_MAX, &pos_epoch);
-            pos_epoch_known = 1;
-        } else if (!pos_epoch_known && ddp__st_get(st, "sampler_epoch")) {
-            DDP__ST_NUM("sampler_epoch", INT_MIN, INT_MAX, &pos_epoch);
-            pos_epoch_known = 1;
-        }
-    }
-    if (s->rng) {
-        char* end;
-        v = ddp__st_get(st, "rng");
-        if (!v) DDP__ST_BAD("%s: the metadata lacks \"rng\"", path);
-        if (strlen(v) != 16 || strspn(v, "0123456789abcdef") != 16)
-            DDP__ST_BAD("%s: metadata \"rng\" is not 16 lower-case hex digits", path);
-        rng = (uint64_t)strtoull(v, &end, 16);
-    }
-#undef DDP__ST_BAD
-#undef DDP__ST_NUM
-    /* Everything checked: only now change the model and the rest. */
-    for (i = 0; r == DDP_OK && ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &p); i++)
-        r = ddp_copy(m->device, data, ddp__cpu(), buf + st->data_off + st->t[match[i]].begin, p->count * sizeof(float),
-                     NULL);
-    if (r != DDP_OK) goto done;
-    if (s->optim) s->optim->steps = (long)osteps;
-    if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
-    if (s->loader) {
-        ddp_loader* l = s->loader;
-        l->resume_pos = (int)pos, l->resume_epoch = (int)pos_epoch, l->resume = pos_epoch_known ? 1 : 2;
-        l->last_epoch = 0; /* a resumed epoch is no repeat */
-    }
-    if (s->rng) s->rng->state = rng;
-    s->epoch = (int)epoch;
-    s->step = (long)step;
-done:
-    DDP_FREE(st);
-    DDP_FREE(buf);
-    return r;
-}
+#endif /* DDP__IMPLEMENT */
 
 /* ============================================================================================== */
-/* >>launch: reading the launcher's environment, spawning ranks, supervising them   (chapters 3-5) */
+/* >>slurm: SLURM's compressed node lists (>>launch)                                              */
 /* ============================================================================================== */
-/*
-   Three jobs live here, in the order a process meets them:
-     1. ddp__env_resolve: "who am I in this job?" A launcher (ddprun, torchrun, mpirun, srun) puts
-        the answer in environment variables, each launcher under its own names.
-     2. ddp_spawn: start N copies of a C function on this machine (torch.multiprocessing.spawn).
-     3. the supervision of child processes that ddp_spawn and the ddprun program share: reap
-        children without blocking, stop the others when one fails (SIGTERM, then SIGKILL after a
-        grace period), pass the launcher's own SIGINT/SIGTERM on, and keep a guardian process
-        that stops the ranks if the launcher itself is killed.
-   ddprun itself (torchrun's analogue: flags, restarts, output prefixed by rank) is a user of this
-   header, in tools/ddprun.c; it is not compiled into a training program.
-*/
-
-#include <fcntl.h>      /* open, fcntl(FD_CLOEXEC) */
-#include <limits.h>     /* INT_MAX */
-#include <poll.h>       /* poll over the children's pipes */
-#include <signal.h>     /* sigaction, kill */
-#include <sys/types.h>
-#include <sys/socket.h> /* a free port: bind to port 0 and ask which one we got */
-#include <netinet/in.h>
-#include <arpa/inet.h>
-#include <sys/wait.h>   /* waitpid and the W* macros */
-#include <time.h>       /* clock_gettime, nanosleep */
-#if DDP__LINUX
-#include <sys/prctl.h>  /* PR_SET_PDEATHSIG: a rank dies with its launcher */
-#endif
-
-#define DDP__MAX_SPAWN 256          /* ranks one ddp_spawn or ddprun starts on a machine */
-#define DDP__DEFAULT_PORT 29500     /* torchrun's and TCPStore's default MASTER_PORT */
-
-/* ---- reading the environment -------------------------------------------------------------------- */
-
-/* The variable names one launcher uses. The first one that is present decides everything: mixing
-   torchrun's RANK with SLURM's SLURM_NTASKS would give nonsense. */
-typedef struct ddp__env_src {
-    const char* source;                                        /* ddp_env.source */
-    const char *rank, *world, *local_rank, *local_world, *node; /* node may be NULL */
-    const char* setter;                                        /* who normally sets them */
-} ddp__env_src;
-
-static const char* const ddp__env_what_rank = "this process's number, 0 to the world size - 1";
-static const char* const ddp__env_what_world = "the number of processes";
-static const char* const ddp__env_what_local_rank = "this process's number on its machine";
-static const char* const ddp__env_what_local_world = "the number of processes on this machine";
-static const char* const ddp__env_what_node = "this machine's number, 0 to the number of machines - 1";
-
-/* A whole decimal number: strtol must use every character, so "3x", "" and " 3" are refused. */
-DDP__PRIVATE int ddp__env_parse_int(const char* s, long* out) {
-    char* end;
-    long v;
-    if (!s || !*s || isspace((unsigned char)*s)) return 0;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno != 0 || *end != 0 || v > INT_MAX || v < -INT_MAX) return 0;
-    *out = v;
-    return 1;
-}
-
-/* Read the integer variable `name` (at least `min`) into *out. `because` names the variable that
-   made this source count (for "X is not set but Y is"); `what` completes "set X to ...". */
-DDP__PRIVATE ddp_status ddp__env_read(const ddp__env_src* s, const char* name, const char* because,
-                                      const char* what, int min, int* out) {
-    const char* v = getenv(name);
-    long x;
-    if (!v)
-        return ddp__fail(DDP_ERR_ENV, "%s is not set but %s is: set %s to %s (%s sets it)", name,
-                         because, name, what, s->setter);
-    if (!*v)
-        return ddp__fail(DDP_ERR_ENV, "%s is set but empty: set %s to %s (%s sets it)", name, name,
-                         what, s->setter);
-    if (!ddp__env_parse_int(v, &x))
-        return ddp__fail(DDP_ERR_ENV, "%s=%s is not a whole number: set %s to %s (%s sets it)", name, v,
-                         name, what, s->setter);
-    if (x < min)
-        return ddp__fail(DDP_ERR_ENV, "%s=%s is %s: set %s to %s (%s sets it)", name, v,
-                         min == 0 ? "negative" : "below 1", name, what, s->setter);
-    *out = (int)x;
-    return DDP_OK;
-}
-
-/* The numbers must fit together: rank below world size, local rank below local world size. The
-   names are the variables' (or desc fields') so the message points at what to change. */
-DDP__PRIVATE ddp_status ddp__env_check(const ddp__env_src* s, const ddp_env* e, ddp_status bad) {
-    if (e->world_size < 1)
-        return ddp__fail(bad, "%s=%d is below 1: set it to %s", s->world, e->world_size, ddp__env_what_world);
-    if (e->rank < 0 || e->rank >= e->world_size)
-        return ddp__fail(bad, "%s=%d is not below %s=%d: ranks run 0..%d", s->rank, e->rank, s->world,
-                         e->world_size, e->world_size - 1);
-    if (e->local_world_size < 1 || e->local_world_size > e->world_size)
-        return ddp__fail(bad, "%s=%d is not between 1 and %s=%d: set it to %s", s->local_world,
-                         e->local_world_size, s->world, e->world_size, ddp__env_what_local_world);
-    if (e->local_rank < 0 || e->local_rank >= e->local_world_size)
-        return ddp__fail(bad, "%s=%d is not below %s=%d: local ranks run 0..%d", s->local_rank,
-                         e->local_rank, s->local_world, e->local_world_size, e->local_world_size - 1);
-    return DDP_OK;
-}
-
-/* Explicit placement from ddp_desc. A desc without local numbers means one machine. */
-DDP__PRIVATE ddp_status ddp__env_explicit(const ddp_desc* d, ddp_env* e) {
-    static const ddp__env_src src = {"explicit", "desc.rank", "desc.world_size", "desc.local_rank",
-                                     "desc.local_world_size", NULL, "your program"};
-    e->rank = d->rank;
-    e->world_size = d->world_size;
-    e->local_rank = d->local_world_size > 0 ? d->local_rank : d->rank;
-    e->local_world_size = d->local_world_size > 0 ? d->local_world_size : d->world_size;
-    if (d->local_world_size <= 0 && d->local_rank != 0)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "desc.local_rank=%d is set but desc.local_world_size "
-                         "is not: set both, or neither for ranks that all run on this machine", d->local_rank);
-    DDP__TRY(ddp__env_check(&src, e, DDP_ERR_INVALID_ARGUMENT));
-    e->node_rank = e->rank / e->local_world_size;
-    e->source = src.source;
-    return DDP_OK;
-}
-
-/* torchrun's (and ddprun's) variables. LOCAL_RANK and LOCAL_WORLD_SIZE may both be missing (a
-   hand-made launch on one machine); one without the other is a mistake. */
-DDP__PRIVATE ddp_status ddp__env_torchrun(ddp_env* e) {
-    static const ddp__env_src s = {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                   "GROUP_RANK", "ddprun"};
-    int has_lr = getenv("LOCAL_RANK") != NULL, has_lw = getenv("LOCAL_WORLD_SIZE") != NULL;
-    DDP__TRY(ddp__env_read(&s, "RANK", "RANK", ddp__env_what_rank, 0, &e->rank));
-    DDP__TRY(ddp__env_read(&s, "WORLD_SIZE", "RANK", ddp__env_what_world, 1, &e->world_size));
-    if (!has_lr && !has_lw) {
-        e->local_rank = e->rank;
-        e->local_world_size = e->world_size;
-        ddp__log(DDP_LOG_INFO, "LOCAL_RANK and LOCAL_WORLD_SIZE are not set: assuming all %d ranks run on "
-                "this machine (local rank = rank)", e->world_size);
-    } else {
-        DDP__TRY(ddp__env_read(&s, "LOCAL_RANK", has_lr ? "RANK" : "LOCAL_WORLD_SIZE",
-                               ddp__env_what_local_rank, 0, &e->local_rank));
-        DDP__TRY(ddp__env_read(&s, "LOCAL_WORLD_SIZE", "LOCAL_RANK", ddp__env_what_local_world, 1,
-                               &e->local_world_size));
-    }
-    DDP__TRY(ddp__env_check(&s, e, DDP_ERR_ENV));
-    if (getenv("GROUP_RANK")) DDP__TRY(ddp__env_read(&s, "GROUP_RANK", "RANK", ddp__env_what_node, 0, &e->node_rank));
-    else e->node_rank = e->rank / e->local_world_size;
-    e->source = s.source;
-    return DDP_OK;
-}
-
-/* Open MPI's variables (mpirun -np N): all four are always exported together. */
-DDP__PRIVATE ddp_status ddp__env_openmpi(ddp_env* e) {
-    static const ddp__env_src s = {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                   "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL, "mpirun"};
-    DDP__TRY(ddp__env_read(&s, s.rank, s.rank, ddp__env_what_rank, 0, &e->rank));
-    DDP__TRY(ddp__env_read(&s, s.world, s.rank, ddp__env_what_world, 1, &e->world_size));
-    DDP__TRY(ddp__env_read(&s, s.local_rank, s.rank, ddp__env_what_local_rank, 0, &e->local_rank));
-    DDP__TRY(ddp__env_read(&s, s.local_world, s.rank, ddp__env_what_local_world, 1, &e->local_world_size));
-    DDP__TRY(ddp__env_check(&s, e, DDP_ERR_ENV));
-    e->node_rank = e->rank / e->local_world_size; /* mpirun fills each node's slots in turn */
-    e->source = s.source;
-    return DDP_OK;
-}
-
-/* SLURM writes tasks per node as "2", "2(x3)" (2 on each of 3 nodes) or "3,2" (3 on the first
-   node, 2 on the second). We take the first number: the usual case is the same on every node. */
-DDP__PRIVATE ddp_status ddp__env_slurm_local_world(ddp__env_src* s, int* out) {
-    const char* name = getenv("SLURM_NTASKS_PER_NODE") ? "SLURM_NTASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
-    const char* v = getenv(name);
-    char* end;
-    long x;
-    s->local_world = name;
-    if (!v)
-        return ddp__fail(DDP_ERR_ENV, "neither SLURM_NTASKS_PER_NODE nor SLURM_TASKS_PER_NODE is set but "
-                         "SLURM_PROCID is: run the program through srun, which sets them");
-    errno = 0;
-    x = isdigit((unsigned char)v[0]) ? strtol(v, &end, 10) : -1;
-    if (x < 1 || errno != 0 || x > INT_MAX || (*end != 0 && *end != '(' && *end != ','))
-        return ddp__fail(DDP_ERR_ENV, "%s=%s is not a task count such as 2 or 2(x3): set it to %s "
-                         "(srun sets it)", name, v, ddp__env_what_local_world);
-    *out = (int)x;
-    return DDP_OK;
-}
-
-/* SLURM's variables under srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID. */
-DDP__PRIVATE ddp_status ddp__env_slurm(ddp_env* e) {
-    ddp__env_src s = {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE",
-                      "SLURM_NODEID", "srun"};
-    DDP__TRY(ddp__env_read(&s, s.rank, s.rank, ddp__env_what_rank, 0, &e->rank));
-    DDP__TRY(ddp__env_read(&s, s.world, s.rank, ddp__env_what_world, 1, &e->world_size));
-    DDP__TRY(ddp__env_read(&s, s.local_rank, s.rank, ddp__env_what_local_rank, 0, &e->local_rank));
-    DDP__TRY(ddp__env_slurm_local_world(&s, &e->local_world_size));
-    DDP__TRY(ddp__env_read(&s, s.node, s.rank, ddp__env_what_node, 0, &e->node_rank));
-    DDP__TRY(ddp__env_check(&s, e, DDP_ERR_ENV));
-    e->source = s.source;
-    return DDP_OK;
-}
-
-/* Where rank 0's store listens: desc, MASTER_ADDR, SLURM's first host, or this machine for a job
-   that cannot span machines. A multi-machine job without an address is an error, never a guess. */
-DDP__PRIVATE ddp_status ddp__env_master_addr(const ddp_desc* d, ddp_env* e) {
-    const char* a = d && d->master_addr && *d->master_addr ? d->master_addr : getenv("MASTER_ADDR");
-    const char* list = getenv("SLURM_JOB_NODELIST") ? getenv("SLURM_JOB_NODELIST") : getenv("SLURM_NODELIST");
-    if (a && *a) {
-        const char* colon = strchr(a, ':');
-        if (strlen(a) >= sizeof e->master_addr)
-            return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is %d characters long; at most %d fit",
-                             (int)strlen(a), (int)sizeof e->master_addr - 1);
-        /* one colon is "host:port" (an IPv6 address has several): a common slip */
-        if (colon && !strchr(colon + 1, ':'))
-            return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR=%s holds a port: give only the host in MASTER_ADDR "
-                             "(MASTER_ADDR=%.*s) and the port in MASTER_PORT (MASTER_PORT=%s)", a, (int)(colon - a),
-                             a, colon + 1);
-        strcpy(e->master_addr, a);
-        return DDP_OK;
-    }
-    if (!strcmp(e->source, "slurm") && list)
-        return ddp__slurm_first_host(list, e->master_addr, sizeof e->master_addr);
-    if (e->world_size > 1 && !strcmp(e->source, "openmpi"))
-        return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is not set: Open MPI exports no master address, so "
-                         "MASTER_ADDR and MASTER_PORT must be set and passed on, e.g. "
-                         "mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500 ...");
-    if (e->world_size > 1 && !strcmp(e->source, "torchrun"))
-        return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is not set but WORLD_SIZE=%d: set MASTER_ADDR to the "
-                         "address of rank 0's machine, 127.0.0.1 when every rank runs here (ddprun sets it)",
-                         e->world_size);
-    if (e->world_size > 1 && !strcmp(e->source, "slurm"))
-        return ddp__fail(DDP_ERR_ENV, "MASTER_ADDR is not set and neither is SLURM_JOB_NODELIST: set "
-                         "MASTER_ADDR to the host of rank 0");
-    strcpy(e->master_addr, "127.0.0.1"); /* one process, or explicit ranks: all on this machine */
-    return DDP_OK;
-}
-
-/* The store's port: desc, MASTER_PORT, SLURM's job id (Lightning's rule, so that two jobs sharing
-   a node get different ports), else 29500. */
-DDP__PRIVATE ddp_status ddp__env_master_port(const ddp_desc* d, ddp_env* e) {
-    const char* p = getenv("MASTER_PORT");
-    const char* job = getenv("SLURM_JOB_ID");
-    long x;
-    if (d && d->master_port > 0) {
-        if (d->master_port > 65535)
-            return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "desc.master_port=%d is not a port: use 1..65535",
-                             d->master_port);
-        e->master_port = d->master_port;
-    } else if (p) {
-        if (!ddp__env_parse_int(p, &x) || x < 1 || x > 65535)
-            return ddp__fail(DDP_ERR_ENV, "MASTER_PORT=%s is not a port number: set MASTER_PORT to a free TCP "
-                             "port, 1..65535 (ddprun --standalone picks one)", p);
-        e->master_port = (int)x;
-    } else if (!strcmp(e->source, "slurm") && job && *job) {
-        size_t n = strlen(job);
-        const char* last4 = n > 4 ? job + n - 4 : job;
-        e->master_port = ddp__env_parse_int(last4, &x) && x >= 0 ? 15000 + (int)x : DDP__DEFAULT_PORT;
-    } else {
-        e->master_port = DDP__DEFAULT_PORT;
-    }
-    return DDP_OK;
-}
-
-/* Resolve rank, world size, local rank and the master address from desc and the environment:
-   explicit beats torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK),
-   beats Open MPI's (OMPI_COMM_WORLD_*; MASTER_ADDR must be exported when there is more than one
-   process), beats SLURM's (counted when SLURM_PROCID and SLURM_NTASKS are set; the master is
-   the first host of SLURM_JOB_NODELIST and, without MASTER_PORT, the port is 15000 + the last
-   four digits of SLURM_JOB_ID); nothing set means a single process. Also sets the "[rank R/W]"
-   prefix of log lines. DDP_ERR_ENV naming the variable and what to set when one is missing,
-   non-numeric, out of range or inconsistent with the others; DDP_ERR_INVALID_ARGUMENT naming
-   the desc field for explicit values. */
-DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out) {
-    ddp_env e;
-    ddp_status s;
-    if (!out) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp__env_resolve: out is NULL");
-    memset(&e, 0, sizeof e);
-    if (desc && desc->explicit_rank) s = ddp__env_explicit(desc, &e);
-    else if (getenv("RANK")) s = ddp__env_torchrun(&e);
-    else if (getenv("OMPI_COMM_WORLD_RANK")) s = ddp__env_openmpi(&e);
-    else if (getenv("SLURM_PROCID") && getenv("SLURM_NTASKS")) s = ddp__env_slurm(&e);
-    else if (getenv("WORLD_SIZE"))
-        /* Half a torchrun setup: without this check the process would quietly run alone. */
-        s = ddp__fail(DDP_ERR_ENV, "WORLD_SIZE=%s is set but RANK is not: set RANK to %s (ddprun sets it)",
-                      getenv("WORLD_SIZE"), ddp__env_what_rank);
-    else {
-        e.world_size = e.local_world_size = 1; /* nothing set: a single process */
-        e.source = "default";
-        s = DDP_OK;
-    }
-    if (s == DDP_OK) s = ddp__env_master_addr(desc, &e);
-    if (s == DDP_OK) s = ddp__env_master_port(desc, &e);
-    if (s != DDP_OK) return s;
-    *out = e;
-    ddp__g.rank = e.rank; /* from now on log lines read "[rank R/W]" */
-    ddp__g.world = e.world_size;
-    ddp__g.placed = 1;
-    ddp__log(DDP_LOG_INFO, "placement from %s: rank %d of %d, local rank %d of %d, node %d, master %s:%d",
-            e.source, e.rank, e.world_size, e.local_rank, e.local_world_size, e.node_rank, e.master_addr,
-            e.master_port);
-    return DDP_OK;
-}
-
+#if DDP__IMPLEMENT
 /* ---- SLURM node lists ----------------------------------------------------------------------------- */
 /* A node list names hosts compactly: "a,b", "node[1-4]", "gpu[07,09-12],cpu3", "rack1-node[3-5]".
    The first host is the first name with each [...] replaced by its first number, zero padding
@@ -9384,6 +9551,116 @@ DDP__PRIVATE ddp_status ddp__slurm_first_host(const char* nodelist, char* out, s
     return DDP_OK;
 }
 
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>gpus: which GPU is whose: ranks that share one, the nccl backend's check                     */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
+/* Whether two ranks of this machine share a GPU: each rank publishes the PCI bus id of its GPU
+   (cuda:index in its own numbering) in the store and reads every local rank's, since
+   CUDA_VISIBLE_DEVICES may number the GPUs differently for each rank. pair[0] is -1 when all
+   differ, else pair[0] < pair[1] are the first two local ranks found on one GPU. A bus id that
+   cannot be read counts as shared. */
+DDP__PRIVATE ddp_status ddp__gpu_sharer(ddp_pg* pg, int index, char mine[64], int pair[2]) {
+    char key[384], host[256] = "?", (*ids)[64];
+    int r, q, lws = pg->env.local_world_size;
+    size_t n;
+    ddp_status s = DDP_OK;
+    mine[0] = 0;
+    pair[0] = pair[1] = -1;
+    gethostname(host, sizeof host - 1);
+#if DDP__CUDA
+    if (cudaDeviceGetPCIBusId(mine, 64, index) != cudaSuccess) {
+        (void)cudaGetLastError();
+        mine[0] = 0;
+    }
+#else
+    (void)index;
+#endif
+    snprintf(key, sizeof key, "ddp/gpu/%s/%d/%d", host, pg->env.node_rank, pg->env.local_rank);
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine) + 1));
+    ids = (char(*)[64])ddp__calloc((size_t)lws * sizeof *ids);
+    if (!ids) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %d GPU bus ids failed", lws);
+    for (r = 0; r < lws && s == DDP_OK; r++) { /* every local rank's id, this one's too, read once */
+        snprintf(key, sizeof key, "ddp/gpu/%s/%d/%d", host, pg->env.node_rank, r);
+        s = ddp_store_get(pg->store, key, ids[r], sizeof ids[r] - 1, &n);
+    }
+    /* every pair, so that all ranks of this machine reach the same verdict */
+    for (r = 0; r < lws && s == DDP_OK && pair[0] == -1; r++)
+        for (q = r + 1; q < lws; q++)
+            if (!ids[r][0] || !ids[q][0] || !strcmp(ids[r], ids[q])) {
+                pair[0] = r, pair[1] = q;
+                break;
+            }
+    DDP_FREE(ids);
+    if (s != DDP_OK) return s;
+    /* Nobody acts on the verdict before every local rank has read the ids: rank 0 failing at
+       once would take the store with it while a neighbour still reads, and that neighbour would
+       report a lost store instead of the shared GPU. */
+    snprintf(key, sizeof key, "gpu/%s/%d", host, pg->env.node_rank);
+    return ddp__store_barrier(pg->store, key, lws);
+}
+
+/* AUTO on a machine that shows this rank fewer GPUs than it has local ranks: each rank takes GPU
+   want.index if every local rank's GPU is a different one (told by its PCI bus id, published in
+   the store), as when CUDA_VISIBLE_DEVICES gives each rank its own; else every rank uses the CPU. */
+DDP__PRIVATE ddp_status ddp__own_gpu(ddp_pg* pg, ddp_device want, ddp_device* out) {
+    char mine[64];
+    int pair[2];
+    want.type = DDP_DEVICE_CUDA;
+    DDP__TRY(ddp__gpu_sharer(pg, want.index, mine, pair));
+    if (pair[0] != -1) {
+        ddp__log(DDP_LOG_INFO, "%d GPU%s for %d local ranks, shared: every rank uses the CPU (NCCL needs a GPU of its "
+                "own for each rank)", ddp__cuda_device_count(), ddp__cuda_device_count() == 1 ? "" : "s",
+                pg->env.local_world_size);
+        want.type = DDP_DEVICE_CPU, want.index = 0;
+    } else {
+        ddp__log(DDP_LOG_INFO, "each local rank sees a GPU of its own (this one: %s, cuda:%d here)", mine, want.index);
+    }
+    return ddp_device_resolve(want, out);
+}
+
+/* The nccl backend on a GPU named by the program: two ranks on one GPU are refused here, by name,
+   with the way out, rather than by NCCL's "Duplicate GPU detected" at the first collective setup.
+   Every rank of this machine sees the same pairs, so every one of them stops with the same words. */
+DDP__PRIVATE ddp_status ddp__nccl_gpu_own(ddp_pg* pg) {
+    char mine[64];
+    int pair[2], gpus = ddp__cuda_device_count();
+    if (pg->env.local_world_size < 2) return DDP_OK;
+    DDP__TRY(ddp__gpu_sharer(pg, pg->device.index, mine, pair));
+    if (pair[0] == -1) return DDP_OK;
+    return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "local ranks %d and %d of this machine share one GPU, and the nccl "
+                     "backend needs a GPU of its own for each rank (this rank: cuda:%d, bus id %s; this process sees "
+                     "%d GPU%s for %d ranks here). Start at most %d rank%s per machine (ddprun --nproc, torchrun "
+                     "--nproc_per_node, srun --ntasks-per-node), or use the cpu backend (DDP_BACKEND=cpu), which "
+                     "reduces GPU buffers through host memory", pair[0], pair[1], pg->device.index,
+                     mine[0] ? mine : "unknown", gpus, gpus == 1 ? "" : "s", pg->env.local_world_size,
+                     gpus > 0 ? gpus : 1, gpus == 1 ? "" : "s");
+}
+
+/* The backend desc.backend or DDP_BACKEND names (DEFAULT when neither does). ddp_init asks before
+   reading the environment, because the mpi backend takes the placement from MPI itself. */
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>spawn: spawning ranks and supervising them                                  (chapters 3, 6)  */
+/* ============================================================================================== */
+#if DDP__DECLARE
+
+/* The function each spawned rank runs; its return value is the process's exit status. */
+typedef int (*ddp_spawn_fn)(int rank, void* arg);
+/* Run fn(rank, arg) in nproc new processes on this machine (torch.multiprocessing.spawn), each
+   with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT
+   a fresh DDP_JOB_TOKEN and GROUP_RANK=0 set, each in its own session. Returns when all have
+   ended: DDP_OK if every one returned 0, else DDP_ERR_LAUNCH naming the first rank that failed,
+   after stopping the others (SIGTERM, then SIGKILL after DDP_KILL_GRACE_S, default 5 s); a
+   guardian process stops them the same way if this process is killed, even by SIGKILL. Call
+   it early, before starting threads or any CUDA work: it forks, and a forked child can use
+   neither its parent's other threads nor its GPU context. */
+DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
+#endif /* DDP__DECLARE */
+#if DDP__IMPLEMENT
 /* ---- supervising child processes (shared by ddp_spawn and ddprun) ------------------------------- */
 
 /* How long a stopped rank gets to exit after SIGTERM before SIGKILL: DDP_KILL_GRACE_S, else 5 s
@@ -9795,7 +10072,10 @@ DDP__DEF ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg) {
     return s;
 }
 
-#endif /* DDP_IMPLEMENTATION */
+#endif /* DDP__IMPLEMENT */
+
+#undef DDP__DECLARE
+#undef DDP__IMPLEMENT
 
 /*
 ------------------------------------------------------------------------------------------------

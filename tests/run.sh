@@ -132,6 +132,16 @@ done
 if [ "$n_api" -gt 0 ] && [ "$n_api" -le 80 ] && [ -z "$unused" ]; then ok "public_api_used_or_taught ($n_api DDP_API functions)"
 else bad public_api_used_or_taught "$n_api DDP_API functions (at most 80); used by no example, lab, tool or bench program and not in TUTORIAL.md:${unused:- none}"; fi
 
+# The header's map (its top comment) lists the sections in the order their banners stand, and
+# Part II, the machinery, begins at most a little past the middle of the file (Part I is the course).
+map_tags=$(sed -n '/^    THE MAP: /,/^    GLOSSARY/p' ddp.h | grep -o '^        >>[a-z]*' | tr -d ' ' | tr '\n' ' ')
+file_tags=$(grep -o '^/\* >>[a-z]*: [a-zA-Z]' ddp.h | sed 's/^\/\* //; s/: [a-zA-Z]$//' | tr '\n' ' ')
+part2_at=$(grep -n '^/\*  PART II: THE MACHINERY' ddp.h | cut -d: -f1)
+n_lines=$(wc -l < ddp.h)
+if [ -n "$map_tags" ] && [ "$map_tags" = "$file_tags" ] && [ -n "$part2_at" ] && [ $((part2_at * 100)) -le $((n_lines * 52)) ]
+then ok "header_map_matches (${map_tags% }; Part II at line $part2_at of $n_lines)"
+else bad header_map_matches "the map lists: $map_tags" "the banners are: $file_tags" "Part II begins at line ${part2_at:-?} of $n_lines (at most 52%)"; fi
+
 # The figures redraw from their committed data (into a copy: the test never touches docs/).
 if ! command -v gnuplot >/dev/null 2>&1; then
     skp figures_render "gnuplot is not installed (apt-get install gnuplot-nox)"

@@ -3,7 +3,7 @@
    It parses torchrun-style flags, starts one process per rank with the environment ddp_init
    reads, prefixes each line they print with "[rank R]: ", stops them all when one fails, and
    restarts the job up to --max-restarts times. Starting, reaping and stopping processes, and the
-   guardian that outlives a killed launcher, are the header's (>>launch), shared with ddp_spawn;
+   guardian that outlives a killed launcher, are the header's (>>spawn), shared with ddp_spawn;
    the internal ddp__ names it calls are reachable because this file compiles the implementation.
    Under srun it refuses (status 2) to run as one of several tasks on a node, or with --nnodes 1
    in a step over several nodes. */
