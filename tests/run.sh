@@ -21,8 +21,8 @@ if [ $GPU_ONLY = 1 ]; then
     run_prog test_gpu_pg env DDP_REQUIRE_GPU=1 "$BUILD/tests/test_gpu_pg"
     out=$("$BUILD/examples/ch01_single_gpu" --device cuda --save-every 0 --snapshot "$TMP/c" 2>&1)
     acc=$(sed -n 's/^test accuracy: //p' <<<"$out")
-    if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= 0.95)}"; then ok "example01_gpu_wine_accuracy ($acc)"
-    else bad example01_gpu_wine_accuracy "$(tail -n 3 <<<"$out")"; fi
+    if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= 0.95)}"; then ok "ch01_gpu_wine_accuracy ($acc)"
+    else bad ch01_gpu_wine_accuracy "$(tail -n 3 <<<"$out")"; fi
     echo "$pass passed, $fail failed, $skip skipped"
     [ $fail -eq 0 ]; exit
 fi
@@ -403,32 +403,32 @@ check_accuracy() {  # name, minimum, args...
 # chapter 9: a collective inside `if (rank == 0)` is caught at once, not trained on silently
 out=$(DDP_TIMEOUT=10 with_timeout 60 "$BUILD/examples/ch09_hang" --nproc 2 2>&1); rc=$?
 if [ $rc -ne 0 ] && grep -q "DDP_ERR_DESYNC: desync: this rank (0) calls all_reduce #[0-9]* (1 x f32, sum), but rank 1 calls all_reduce #[0-9]* (1091 x f32, sum)" <<<"$out"; then
-    ok example09_collective_on_one_rank_caught
-else bad example09_collective_on_one_rank_caught "exit status $rc" "$(tail -n 4 <<<"$out")"; fi
+    ok ch09_collective_on_one_rank_caught
+else bad ch09_collective_on_one_rank_caught "exit status $rc" "$(tail -n 4 <<<"$out")"; fi
 out=$(DDP_TIMEOUT=10 with_timeout 60 "$BUILD/examples/ch09_hang" --nproc 2 --fixed 2>&1); rc=$?
-if [ $rc -eq 0 ] && grep -q "epoch 20  mean loss over all ranks" <<<"$out"; then ok example09_fixed_trains
-else bad example09_fixed_trains "exit status $rc" "$(tail -n 4 <<<"$out")"; fi
-check_accuracy example01_wine_cpu 0.95 --device cpu --snapshot "$TMP/wine.st"
-check_accuracy example01_digits_cpu 0.95 --device cpu --data digits --epochs 30 --save-every 0
+if [ $rc -eq 0 ] && grep -q "epoch 20  mean loss over all ranks" <<<"$out"; then ok ch09_fixed_trains
+else bad ch09_fixed_trains "exit status $rc" "$(tail -n 4 <<<"$out")"; fi
+check_accuracy ch01_wine_cpu 0.95 --device cpu --snapshot "$TMP/wine.st"
+check_accuracy ch01_digits_cpu 0.95 --device cpu --data digits --epochs 30 --save-every 0
 
-if [ -s "$TMP/wine.st" ] && ! ls "$TMP"/wine.st.tmp* >/dev/null 2>&1; then ok example01_snapshot_written
-else bad example01_snapshot_written "no snapshot at $TMP/wine.st after --save-every 50, or a temporary file left"; fi
+if [ -s "$TMP/wine.st" ] && ! ls "$TMP"/wine.st.tmp* >/dev/null 2>&1; then ok ch01_snapshot_written
+else bad ch01_snapshot_written "no snapshot at $TMP/wine.st after --save-every 50, or a temporary file left"; fi
 
 # ---- chapters 2 and 3: several ranks, the same accuracy bar ---------------------------------------
 echo "== examples 02 and 03"
 ex="$BUILD/examples/ch03_multi_gpu"
-check_accuracy example02_wine_4_ranks 0.95 --device cpu --save-every 0
-check_accuracy example02_digits_2_ranks 0.95 --device cpu --nproc 2 --data digits --epochs 30 --save-every 0
+check_accuracy ch03_wine_4_ranks 0.95 --device cpu --save-every 0
+check_accuracy ch03_digits_2_ranks 0.95 --device cpu --nproc 2 --data digits --epochs 30 --save-every 0
 ex="$BUILD/ddprun"
-check_accuracy example03_ddprun_4_ranks 0.95 --standalone --nproc-per-node 4 "$BUILD/examples/ch04_multi_node" --device cpu --save-every 0
+check_accuracy ch04_ddprun_4_ranks 0.95 --standalone --nproc-per-node 4 "$BUILD/examples/ch04_multi_node" --device cpu --save-every 0
 if command -v mpirun >/dev/null 2>&1; then
     ex=mpirun
     port=$((20000 + RANDOM % 20000))
-    check_accuracy example03_mpirun_4_ranks 0.95 --allow-run-as-root --oversubscribe -np 4 -x MASTER_ADDR=127.0.0.1 \
+    check_accuracy ch04_mpirun_4_ranks 0.95 --allow-run-as-root --oversubscribe -np 4 -x MASTER_ADDR=127.0.0.1 \
         -x MASTER_PORT=$port "$BUILD/examples/ch04_multi_node" --device cpu --save-every 0
     cpu03_out=$CHECK_OUT
 else
-    skp example03_mpirun_4_ranks "Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
+    skp ch04_mpirun_4_ranks "Open MPI (mpirun) is not installed: apt-get install openmpi-bin"
 fi
 ex="$BUILD/examples/ch01_single_gpu"
 
@@ -444,7 +444,7 @@ elif [ "${DDP_TSAN:-0}" = 1 ]; then
     mpi_skip="Open MPI is not built with -fsanitize=thread, and TSan reports its own locking (mca_pml_ob1, mca_btl_tcp)"
 fi
 if [ -n "$mpi_skip" ]; then
-    for c in mpi_backend_np2 mpi_backend_np4 mpi_backend_timeout example03_mpi_backend_4_ranks; do skp "$c" "$mpi_skip"; done
+    for c in mpi_backend_np2 mpi_backend_np4 mpi_backend_timeout ch04_mpi_backend_4_ranks; do skp "$c" "$mpi_skip"; done
 else
     # fast_unwind_on_malloc=0 (used under make sanitize only): whole stacks through Open MPI's plugins,
     # so that tests/lsan.supp tells what Open MPI keeps from what ddp.h would leak
@@ -466,9 +466,9 @@ else
     acc_cpu=$(sed -n 's/^test accuracy: //p' <<<"${cpu03_out:-}"); loss_cpu=$(sed -n 's/^test loss: //p' <<<"${cpu03_out:-}")
     if [ -n "$acc" ] && [ "$acc" = "$acc_cpu" ] && [ -n "$loss_cpu" ] && awk "BEGIN{d = $loss - $loss_cpu; exit !(d < 2e-3 && d > -2e-3)}" &&
        [ "$(grep -c 'joined the job on host .*: backend mpi, .*(placement from mpi)' <<<"$out")" = 4 ]; then
-        ok "example03_mpi_backend_4_ranks (test accuracy $acc, loss $loss; the cpu backend: $acc_cpu, $loss_cpu)"
+        ok "ch04_mpi_backend_4_ranks (test accuracy $acc, loss $loss; the cpu backend: $acc_cpu, $loss_cpu)"
     else
-        bad example03_mpi_backend_4_ranks "want the cpu backend's test accuracy ${acc_cpu:-?} and loss ${loss_cpu:-?} (+-0.002), 4 ranks on the mpi backend" \
+        bad ch04_mpi_backend_4_ranks "want the cpu backend's test accuracy ${acc_cpu:-?} and loss ${loss_cpu:-?} (+-0.002), 4 ranks on the mpi backend" \
             "$(grep -E 'test (loss|accuracy)|joined|DDP_ERR' <<<"$out" | tail -n 6)"
     fi
 fi
@@ -493,11 +493,11 @@ fi
 
 # ---- chapter 3 across two hosts: network namespaces, and a real two-node SLURM cluster ------------
 echo "== multi-node"
-TWO_HOSTS_NAME=example03_two_hosts_netns \
+TWO_HOSTS_NAME=ch04_two_hosts_netns \
 TWO_HOSTS_CMD="env DDP_DEBUG=INFO $BUILD/ddprun --nnodes {NNODES} --node-rank {NODE_RANK} --nproc-per-node 2 --master-addr {MASTER_ADDR} --master-port {MASTER_PORT} $BUILD/examples/ch04_multi_node --device cpu --save-every 0" \
 TWO_HOSTS_EXPECT=$'test accuracy: (0\\.9[5-9]|1\\.0)\njoined the job on host node1' \
     run_prog multinode_netns bash tests/multiproc/netns_two_hosts.sh "$BUILD"
-DDP_BUILD="$BUILD" DDP_DEBUG=INFO SLURM_TWO_HOSTS_NAME=example03_slurm_two_hosts \
+DDP_BUILD="$BUILD" DDP_DEBUG=INFO SLURM_TWO_HOSTS_NAME=ch04_slurm_two_hosts \
 SLURM_TWO_HOSTS_EXPECT=$'test accuracy: (0\\.9[5-9]|1\\.0)\njoined the job on host node1\njoined the job on host node2\nplacement from slurm' \
     run_prog slurm_two_hosts bash tests/multiproc/slurm_two_hosts.sh examples/ch05_multi_node.sbatch
 
@@ -509,16 +509,16 @@ expect_error() {  # name, text the error must contain, args...
     else bad "$name" "expected a non-zero exit and \"$want\"; got status $rc:" "$(tail -n 3 <<<"$out")"; fi
 }
 if [ "$(uname)" = Linux ] && [ "${HAVE_CUDA:-0}" = 1 ] && ! "$BUILD/tests/test_gpu" 2>/dev/null | grep -q '^ok   gpu_streams_events'; then
-    expect_error example01_cuda_without_gpu "DDP_ERR_NO_GPU" "$ex" --device cuda
+    expect_error ch01_cuda_without_gpu "DDP_ERR_NO_GPU" "$ex" --device cuda
 elif [ "${HAVE_CUDA:-0}" = 0 ]; then
-    expect_error example01_cuda_without_cuda "DDP_ERR_NOT_BUILT" "$ex" --device cuda
+    expect_error ch01_cuda_without_cuda "DDP_ERR_NOT_BUILT" "$ex" --device cuda
 else
-    skp example01_cuda_without_gpu "this machine has a GPU"
+    skp ch01_cuda_without_gpu "this machine has a GPU"
 fi
-expect_error example01_missing_data "DDP_DATA_DIR" "$ex" --data-dir "$TMP/nowhere"
-expect_error example01_bad_device "is not one of cpu, cuda" "$ex" --device tpu
+expect_error ch01_missing_data "DDP_DATA_DIR" "$ex" --data-dir "$TMP/nowhere"
+expect_error ch01_bad_device "is not one of cpu, cuda" "$ex" --device tpu
 printf 'a,b,label\n1,2,0\n3,x,1\n' > "$TMP/bad.csv"
-expect_error example01_bad_csv "bad.csv:3: column 2" "$ex" --data "$TMP/bad.csv"
+expect_error ch01_bad_csv "bad.csv:3: column 2" "$ex" --data "$TMP/bad.csv"
 
 # ---- what would turn the skips into tests ---------------------------------------------------------
 # tests/skip_hints.sh reads every skip's reason and prints the packages that cure them (a check on

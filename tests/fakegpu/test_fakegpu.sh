@@ -79,9 +79,9 @@ for n in 2 4; do
     acc=$(sed -n 's/^\(\[rank [0-9]*\]: \)\{0,1\}test accuracy: //p' <<<"$out")
     joined=$(grep -c 'joined the job on host .*: backend nccl, device cuda:' <<<"$out")
     if [ -n "$acc" ] && awk "BEGIN{exit !($acc >= 0.95)}" && [ "$joined" = $n ]; then
-        ok "example02_nccl_${n}_ranks (test accuracy $acc; $n ranks on NCCL, one GPU each)"
+        ok "ch03_nccl_${n}_ranks (test accuracy $acc; $n ranks on NCCL, one GPU each)"
     else
-        bad "example02_nccl_${n}_ranks" "want test accuracy >= 0.95 and $n ranks joined on nccl ($joined did)" \
+        bad "ch03_nccl_${n}_ranks" "want test accuracy >= 0.95 and $n ranks joined on nccl ($joined did)" \
             "$(grep -E 'DDP_ERR|accuracy|fakegpu' <<<"$out" | tail -n 6)"
     fi
 done

@@ -13,7 +13,7 @@
 # Not here: item 2 (the tutorial's commands drifting from the code) is the docs test's
 # (tools/docs.py); different models on different ranks is test_bad_input.sh's models_differ; a
 # collective inside if (rank == 0) in the middle of training is run.sh's
-# example09_collective_on_one_rank_caught; MASTER_PORT held by a program that is not a ddp.h store is
+# ch09_collective_on_one_rank_caught; MASTER_PORT held by a program that is not a ddp.h store is
 # test_bad_input.sh's port_held_by_* cases.
 set -u
 BUILD=${1:-build}
@@ -192,7 +192,7 @@ fi
 kill -TERM $A 2>/dev/null; wait $A 2>/dev/null
 
 # ---- 7: a collective on one rank only, at the very end --------------------------------------------
-# (One in the middle of training is run.sh's example09_collective_on_one_rank_caught.) Rank 0 calls
+# (One in the middle of training is run.sh's ch09_collective_on_one_rank_caught.) Rank 0 calls
 # ddp_barrier after "saving a checkpoint"; rank 1 has gone on to ddp_destroy. DDP_TIMEOUT=20: the
 # answer must come at once, not after a deadline.
 run_fg barrier 40 DDP_TIMEOUT=20 -- "$DDPRUN" --standalone --nproc-per-node 2 "$C" barrier
