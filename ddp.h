@@ -4098,6 +4098,10 @@ DDP__PRIVATE size_t ddp__seg_start(size_t count, int world, int s) {
 }
 DDP__PRIVATE int ddp__mod(int a, int w) { return ((a % w) + w) % w; }
 
+/* The rule: the segments rank r sends and receives at step t. */
+DDP__PRIVATE int ddp__ring_send_seg(int r, int t, int shift, int W) { return ddp__mod(r - t + shift, W); }
+DDP__PRIVATE int ddp__ring_recv_seg(int r, int t, int shift, int W) { return ddp__mod(r - t - 1 + shift, W); }
+
 typedef struct ddp__ring_cursor {
     int t;        /* step */
     size_t off;   /* elements of this step's segment already done */
@@ -4106,6 +4110,43 @@ typedef struct ddp__ring_cursor {
 
 /* Pieces in step t's segment. */
 DDP__PRIVATE size_t ddp__pieces(size_t seglen, size_t piece) { return (seglen + piece - 1) / piece; }
+
+/* DDP_DEBUG=DETAIL's line for one step: "send segment ..." when `did` is NULL, else "received
+   segment ... and <did> it". */
+DDP__PRIVATE void ddp__ring_say(const ddp_pg* pg, const ddp_work* w, int t, int seg, size_t from, size_t to,
+                                int peer, const char* did) {
+    const int W = pg->world;
+    const char* phase = t < W - 1 ? "reduce-scatter" : "all-gather";
+    if (!did)
+        ddp__log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): send segment %d [%zu, %zu) to rank %d",
+                 ddp__coll_name(w->kind), (unsigned long long)w->seq, t + 1, 2 * W - 2, phase, seg, from, to,
+                 peer);
+    else
+        ddp__log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): received segment %d [%zu, %zu) from rank %d and %s it",
+                 ddp__coll_name(w->kind), (unsigned long long)w->seq, t + 1, 2 * W - 2, phase, seg, from, to,
+                 peer, did);
+}
+
+/* The error when rank `left` sent nothing before the deadline, at step t. */
+DDP__PRIVATE ddp_status ddp__ring_timed_out(const ddp_pg* pg, const ddp_work* w, int t, int left) {
+    return ddp__fail(DDP_ERR_TIMEOUT,
+                     "%s #%llu (%zu x %s) timed out after %.0f s at step %d waiting for rank %d "
+                     "(it sends to this rank): that rank is stuck, stopped, or calling a different "
+                     "collective (every rank must issue the same collectives in the same order)",
+                     ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count, ddp__dtype_name(w->dtype),
+                     pg->timeout, t + 1, left);
+}
+
+/* The error when the connection to `peer` broke: while sending to it (t < 0), or while receiving
+   from it at step t. */
+DDP__PRIVATE ddp_status ddp__ring_lost(const ddp_work* w, int peer, int t, const char* why) {
+    if (t < 0)
+        return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): that rank has probably "
+                         "died; look at its output", ddp__coll_name(w->kind), (unsigned long long)w->seq, peer, why);
+    return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection at step %d (%s): that rank has "
+                     "probably died; look at its output", ddp__coll_name(w->kind), (unsigned long long)w->seq,
+                     peer, t + 1, why);
+}
 
 /* The ring engine. Runs steps [t0, t1) of the rule above on buf (count elements of dtype) with
    the given shift; reduce-scatter steps combine with `op` (dividing the owned segment by the world
@@ -4124,7 +4165,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
     if (!prefix) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating ring bookkeeping failed");
     prefix[0] = 0;
     for (t = t0; t < t1; t++) {
-        int seg = ddp__mod(r - t - 1 + shift, W);
+        int seg = ddp__ring_recv_seg(r, t, shift, W);
         size_t len = ddp__seg_start(count, W, seg + 1) - ddp__seg_start(count, W, seg);
         prefix[t - t0 + 1] = prefix[t - t0] + ddp__pieces(len, piece);
     }
@@ -4133,7 +4174,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
     snd.t = rcv.t = t0;
     while (snd.t < t1 || rcv.t < t1) {
         struct pollfd pf[2];
-        int sseg = ddp__mod(r - snd.t + shift, W), rseg = ddp__mod(r - rcv.t - 1 + shift, W);
+        int sseg = ddp__ring_send_seg(r, snd.t, shift, W), rseg = ddp__ring_recv_seg(r, rcv.t, shift, W);
         size_t s0 = ddp__seg_start(count, W, sseg), slen = ddp__seg_start(count, W, sseg + 1) - s0;
         size_t r0 = ddp__seg_start(count, W, rseg), rlen = ddp__seg_start(count, W, rseg + 1) - r0;
         size_t sn = slen - snd.off < piece ? slen - snd.off : piece;
@@ -4146,29 +4187,20 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
         if (snd.t < t1 && slen == 0 && can_send) { snd.t++; continue; }
         if (rcv.t < t1 && rlen == 0) { rcv.t++; continue; }
         if (detail && snd.t < t1 && snd.off == 0 && snd_sent == 0 && can_send)
-            ddp__log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): send segment %d [%zu, %zu) to rank %d",
-                    ddp__coll_name(w->kind), (unsigned long long)w->seq, snd.t + 1, 2 * W - 2,
-                    snd.t < W - 1 ? "reduce-scatter" : "all-gather", sseg, s0, s0 + slen, right);
+            ddp__ring_say(pg, w, snd.t, sseg, s0, s0 + slen, right, NULL);
         if (can_send) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
         if (rcv.t < t1) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, ri = n++;
         if (n == 0) break; /* cannot happen: a send waits only for a receive that is pending */
         if (poll(pf, (nfds_t)n, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline) {
             DDP_FREE(prefix);
-            return ddp__fail(DDP_ERR_TIMEOUT,
-                             "%s #%llu (%zu x %s) timed out after %.0f s at step %d waiting for rank %d "
-                             "(it sends to this rank): that rank is stuck, stopped, or calling a different "
-                             "collective (every rank must issue the same collectives in the same order)",
-                             ddp__coll_name(w->kind), (unsigned long long)w->seq, w->count,
-                             ddp__dtype_name(w->dtype), pg->timeout, rcv.t + 1, left);
+            return ddp__ring_timed_out(pg, w, rcv.t, left);
         }
         if (si >= 0 && (pf[si].revents & (POLLOUT | POLLERR | POLLHUP))) {
             ssize_t k = send(pg->right_fd, buf + (s0 + snd.off) * es + snd_sent, sn * es - snd_sent, DDP__SEND_FLAGS);
             if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
                 int e = errno;
                 DDP_FREE(prefix);
-                return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): that rank has "
-                                 "probably died; look at its output", ddp__coll_name(w->kind),
-                                 (unsigned long long)w->seq, right, strerror(e));
+                return ddp__ring_lost(w, right, -1, strerror(e));
             }
             if (k > 0) {
                 snd_sent += (size_t)k;
@@ -4189,9 +4221,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
                 int e = k == 0 ? ECONNRESET : errno;
                 DDP_FREE(prefix);
-                return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection at step %d (%s): "
-                                 "that rank has probably died; look at its output", ddp__coll_name(w->kind),
-                                 (unsigned long long)w->seq, left, rcv.t + 1, k == 0 ? "end of stream" : strerror(e));
+                return ddp__ring_lost(w, left, rcv.t, k == 0 ? "end of stream" : strerror(e));
             }
             if (k > 0) {
                 rcv_got += (size_t)k;
@@ -4203,10 +4233,8 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
                         if (rcv.t == W - 2 && w->op == DDP_AVG) ddp__divide(mine, rn, w->dtype, W);
                     }
                     if (detail && rcv.off == 0)
-                        ddp__log(DDP_LOG_DETAIL, "%s #%llu step %d/%d (%s): received segment %d [%zu, %zu) from "
-                                "rank %d and %s it", ddp__coll_name(w->kind), (unsigned long long)w->seq,
-                                rcv.t + 1, 2 * W - 2, reducing ? "reduce-scatter" : "all-gather", rseg, r0,
-                                r0 + rlen, left, reducing ? (w->op == DDP_MAX ? "took the maximum with" : "added") : "copied");
+                        ddp__ring_say(pg, w, rcv.t, rseg, r0, r0 + rlen, left,
+                                      reducing ? (w->op == DDP_MAX ? "took the maximum with" : "added") : "copied");
                     rcv_got = 0;
                     rcv.off += rn;
                     rcv.done++;
