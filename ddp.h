@@ -985,6 +985,10 @@ DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
 #define DDP__PRIVATE static
 #define DDP__TLS
 #endif
+#if defined(DDP__EXPORT_INTERNALS) /* build-internal (Makefile): internals get external linkage, for tests to link */
+#undef DDP__PRIVATE
+#define DDP__PRIVATE
+#endif
 
 #if defined(DDP_STATIC)
 #define DDP__DEF DDP__PRIVATE /* static, and no warning for the functions a program never calls */
@@ -1038,7 +1042,7 @@ DDP__PRIVATE const char* ddp__status_fix(ddp_status s) {
 
 /* Process-wide facts every log line needs. rank/world are set when the placement is known
    (ddp__env_resolve, or MPI); until then log lines take them from the launcher's variables. */
-static struct {
+DDP__PRIVATE struct {
     int rank, world;
     ddp_log_fn log_fn;
     void* log_user;
@@ -1384,7 +1388,7 @@ DDP__PRIVATE void ddp__sleep(double s) {
    one for communication, so the overlap of the two can be seen. */
 enum { DDP__TRACE_COMPUTE = 1, DDP__TRACE_COMM = 2 };
 typedef struct ddp__tev { char name[48]; int tid; double t0, t1; } ddp__tev;
-static struct {
+DDP__PRIVATE struct {
     pthread_once_t once;
     int state; /* 0: DDP_TRACE not read yet, 1: off, 2: on */
     char prefix[512];
@@ -9452,7 +9456,7 @@ typedef struct ddp__ln_job {
    runs in a process at a time. */
 static pid_t* volatile ddp__ln_fwd_pid;
 static volatile int ddp__ln_fwd_n;
-static volatile sig_atomic_t ddp__ln_got_signal; /* the SIGINT or SIGTERM we received, 0 if none */
+DDP__PRIVATE volatile sig_atomic_t ddp__ln_got_signal; /* the SIGINT or SIGTERM we received, 0 if none */
 
 /* Signal a rank's process group; a rank that has not reached setsid() yet has no group, so then
    the rank itself. Safe in a signal handler (kill is async-signal-safe). */
