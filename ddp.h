@@ -985,7 +985,7 @@ DDP_API ddp_status ddp_spawn(int nproc, ddp_spawn_fn fn, void* arg);
 #define DDP__PRIVATE static
 #define DDP__TLS
 #endif
-#if defined(DDP__EXPORT_INTERNALS) /* build-internal (Makefile): internals get external linkage, for tests to link */
+#if defined(DDP__EXPORT_INTERNALS) /* build-internal (Makefile): internals get external linkage, for the tests and ddprun */
 #undef DDP__PRIVATE
 #define DDP__PRIVATE
 #endif

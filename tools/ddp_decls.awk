@@ -2,18 +2,21 @@
 # implementation once into an object and every program against this header:
 #     awk -f tools/ddp_decls.awk ddp.h > BUILD/obj/ddp_decls.h
 # The output defines DDP_IMPLEMENTATION and DDP__EXPORT_INTERNALS, then holds ddp.h line for line,
-# except that each function definition becomes its prototype, a static function or variable is
-# left out (it lives in the object), and a DDP__PRIVATE variable becomes an extern declaration.
+# except that each function definition becomes its prototype (a static function is left out), a
+# line that only calls a macro at top level (DDP__CONVERSIONS(DDP__PRIVATE): definitions) is left
+# out, and each top-level variable becomes an extern declaration without its initializer: a
+# DDP__PRIVATE one is defined in ddp_internals.o, a static one serves only the sizeof of a type.
 # So a program compiled with -include of it sees every type, macro, system header and prototype
 # that compiling the whole header would give it (the internals, ddp__ names, too), and its own
 # #include "ddp.h" then adds nothing (ddp.h's guards, DDP_H_INCLUDED and DDP__IMPLEMENTED, are set).
 #
 # It reads ddp.h's layout, and stops with an error naming the line where that layout breaks:
 #   - a top-level declaration starts in column 0; a function definition's "{" ends the line of its
-#     head, and its body ends with a line that is exactly "}" (or the whole definition is one line);
-#   - a top-level variable is static or DDP__PRIVATE, and a DDP__PRIVATE variable's initializer
-#     starts on its last line.
-# POSIX awk only: mawk, gawk and BSD awk (macOS) run it.
+#     head, and its body ends with a line that is exactly "}", where its braces balance (or the
+#     whole definition is one line);
+#   - a top-level variable is static or DDP__PRIVATE, and no literal or comment comes before its
+#     initializer's "=" on that line.
+# POSIX awk only: mawk (Debian's awk) and BSD awk (macOS's; Debian's original-awk) give the same output.
 
 BEGIN {
     state = "top"  # top, decl (reading a declaration), body (inside a function body)
@@ -120,7 +123,7 @@ function extern_decl(    i, d, k, n, ch, cut, pre) {
 }
 
 # A declaration read to its end (no body): emit it, its extern form, or only its preprocessor lines.
-function finish_decl(    kind, i, last, pre) {
+function finish_decl(    kind) {
     kind = first_of(dcode)
     if (dcode ~ /^[ \t]*typedef[ \t]/) {
         emit_held()
