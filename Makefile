@@ -161,40 +161,86 @@ endif
 .PHONY: all demo test test-portable test-faults test-gpu diffs sanitize tsan fuzz install uninstall clean help
 all: $(EXAMPLES) $(TOOLS) $(TESTS) $(MPI_PROGS) $(FAKE_PROGS)
 
-$(BUILD)/%: tools/%.c ddp.h
+# ddp.h's implementation is compiled once per configuration and linked into every program here.
+# Each program's source starts with #define DDP_IMPLEMENTATION and #include "ddp.h", and compiles
+# alone like that, as a student's does; make compiles it with -include $(DECLS) instead: ddp.h
+# without its function bodies (tools/ddp_decls.awk writes it), so the program sees the same types,
+# macros, system headers and prototypes, and its own #include "ddp.h" then adds nothing. The
+# examples, tools and bench programs link $(OBJ)/ddp.o (ddp_mpi.o with -DDDP_MPI). The tests and
+# ddprun, which call internals (ddp__ names), link ddp_internals.o (ddp_internals_mpi.o): the
+# implementation compiled with -DDDP__EXPORT_INTERNALS, which gives those external linkage.
+OBJ   := $(BUILD)/obj
+DECLS := $(OBJ)/ddp_decls.h
+$(DECLS): ddp.h tools/ddp_decls.awk
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
+	awk -f tools/ddp_decls.awk ddp.h > $@
+# $(call IMPL,MORE CFLAGS): the implementation alone, into the object $@
+IMPL = $(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $(1) -DDDP_IMPLEMENTATION -x c -c ddp.h -o $@
+$(OBJ)/ddp.o: ddp.h
+	@mkdir -p $(@D)
+	$(call IMPL,)
+$(OBJ)/ddp_mpi.o: ddp.h
+	@mkdir -p $(@D)
+	$(call IMPL,-DDDP_MPI $(MPI_CFLAGS))
+$(OBJ)/ddp_internals.o: ddp.h
+	@mkdir -p $(@D)
+	$(call IMPL,-DDDP__EXPORT_INTERNALS)
+$(OBJ)/ddp_internals_mpi.o: ddp.h
+	@mkdir -p $(@D)
+	$(call IMPL,-DDDP_MPI $(MPI_CFLAGS) -DDDP__EXPORT_INTERNALS)
+# $(call PROG,OBJECT,LIBRARIES[,MORE CFLAGS]): the program $< against $(DECLS), linked with OBJECT
+PROG = $(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $(3) -include $(DECLS) $< $(1) -o $@ $(LDFLAGS) $(2)
+# $(call ONE_FILE,LIBRARIES): the program $< with the whole implementation compiled into it
+ONE_FILE = $(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(1)
+MPI_FLAGS := -DDDP_MPI $(MPI_CFLAGS)
 
-$(BUILD)/examples/%: examples/%.c ddp.h
+$(BUILD)/%: tools/%.c $(DECLS) $(OBJ)/ddp.o
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
+	$(call PROG,$(OBJ)/ddp.o,$(DDP_LIBS))
+$(BUILD)/ddprun: tools/ddprun.c $(DECLS) $(OBJ)/ddp_internals.o
+	@mkdir -p $(@D)
+	$(call PROG,$(OBJ)/ddp_internals.o,$(DDP_LIBS))
+
+$(BUILD)/examples/%: examples/%.c $(DECLS) $(OBJ)/ddp.o
+	@mkdir -p $(@D)
+	$(call PROG,$(OBJ)/ddp.o,$(DDP_LIBS))
 
 # The test programs' sources lie in tests/unit, tests/multiproc (the helpers its scripts drive, and
 # confusions/) and tests/crosscheck (the dump programs the Python cross-checks read); every binary
 # lands in $(BUILD)/tests/ whatever its source folder.
-$(BUILD)/tests/%: tests/unit/%.c ddp.h tests/unit/harness.h
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/harness.h $(DECLS) $(OBJ)/ddp_internals.o
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
-$(BUILD)/tests/%: tests/multiproc/%.c ddp.h
+	$(call PROG,$(OBJ)/ddp_internals.o,$(DDP_LIBS))
+$(BUILD)/tests/%: tests/multiproc/%.c $(DECLS) $(OBJ)/ddp_internals.o
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
-$(BUILD)/tests/%: tests/crosscheck/%.c ddp.h
+	$(call PROG,$(OBJ)/ddp_internals.o,$(DDP_LIBS))
+$(BUILD)/tests/%: tests/crosscheck/%.c $(DECLS) $(OBJ)/ddp_internals.o
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
+	$(call PROG,$(OBJ)/ddp_internals.o,$(DDP_LIBS))
+# Three compile the implementation into themselves, as a student's program does: test_sampler and
+# sampler_dump give it their own allocator (DDP_MALLOC), test_desync a hook inside its shared-memory
+# wait (DDP__TEST_SHM_GAP); an object compiled once has neither.
+$(BUILD)/tests/test_sampler $(BUILD)/tests/test_desync: $(BUILD)/tests/%: tests/unit/%.c ddp.h tests/unit/harness.h
+	@mkdir -p $(@D)
+	$(call ONE_FILE,$(DDP_LIBS))
+$(BUILD)/tests/sampler_dump: tests/crosscheck/sampler_dump.c ddp.h
+	@mkdir -p $(@D)
+	$(call ONE_FILE,$(DDP_LIBS))
 
-MPI_BUILD = $(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) -DDDP_MPI $(MPI_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS) $(MPI_LIBS)
-$(BUILD)/%_mpi: tools/%.c ddp.h
+$(BUILD)/%_mpi: tools/%.c $(DECLS) $(OBJ)/ddp_mpi.o
 	@mkdir -p $(@D)
-	$(MPI_BUILD)
-$(BUILD)/examples/%_mpi: examples/%.c ddp.h
+	$(call PROG,$(OBJ)/ddp_mpi.o,$(DDP_LIBS) $(MPI_LIBS),$(MPI_FLAGS))
+$(BUILD)/examples/%_mpi: examples/%.c $(DECLS) $(OBJ)/ddp_mpi.o
 	@mkdir -p $(@D)
-	$(MPI_BUILD)
-$(BUILD)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c ddp.h tests/unit/harness.h
+	$(call PROG,$(OBJ)/ddp_mpi.o,$(DDP_LIBS) $(MPI_LIBS),$(MPI_FLAGS))
+$(BUILD)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c tests/unit/harness.h $(DECLS) $(OBJ)/ddp_internals_mpi.o
 	@mkdir -p $(@D)
-	$(MPI_BUILD)
+	$(call PROG,$(OBJ)/ddp_internals_mpi.o,$(DDP_LIBS) $(MPI_LIBS),$(MPI_FLAGS))
 
 # The stand-in library (C, warning-free; visibility hidden but for the API calls it implements), and
-# programs linked with it in place of cudart, cuBLAS, NVRTC and NCCL.
+# programs linked with it in place of cudart, cuBLAS, NVRTC and NCCL: the same objects as above
+# (compiled against the same CUDA headers), linked with other libraries.
+FAKE_LINK := $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
 $(FAKE_LIB): $(FAKE_SRC) tests/fakegpu/fakegpu.h tests/fakegpu/kernel_shim.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) -fPIC -shared -fvisibility=hidden $(CUDA_CFLAGS) \
@@ -202,27 +248,34 @@ $(FAKE_LIB): $(FAKE_SRC) tests/fakegpu/fakegpu.h tests/fakegpu/kernel_shim.h
 $(FAKE_DIR)/tests/fakegpu/selftest: tests/fakegpu/selftest.c tests/unit/harness.h $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) $(CUDA_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) -lpthread
-$(FAKE_DIR)/tests/%: tests/unit/%.c ddp.h tests/unit/harness.h $(FAKE_LIB)
+$(FAKE_DIR)/tests/%: tests/unit/%.c tests/unit/harness.h $(DECLS) $(OBJ)/ddp_internals.o $(FAKE_LIB)
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
-$(FAKE_DIR)/tests/%: tests/multiproc/%.c ddp.h $(FAKE_LIB)
+	$(call PROG,$(OBJ)/ddp_internals.o,$(FAKE_LINK))
+$(FAKE_DIR)/tests/%: tests/multiproc/%.c $(DECLS) $(OBJ)/ddp_internals.o $(FAKE_LIB)
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
-$(FAKE_DIR)/examples/%: examples/%.c ddp.h $(FAKE_LIB)
+	$(call PROG,$(OBJ)/ddp_internals.o,$(FAKE_LINK))
+$(FAKE_DIR)/examples/%: examples/%.c $(DECLS) $(OBJ)/ddp.o $(FAKE_LIB)
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
-$(FAKE_DIR)/allreduce_perf: tools/allreduce_perf.c ddp.h $(FAKE_LIB)
+	$(call PROG,$(OBJ)/ddp.o,$(FAKE_LINK))
+$(FAKE_DIR)/allreduce_perf: tools/allreduce_perf.c $(DECLS) $(OBJ)/ddp.o $(FAKE_LIB)
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
-$(FAKE_DIR)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c ddp.h tests/unit/harness.h $(FAKE_LIB)
+	$(call PROG,$(OBJ)/ddp.o,$(FAKE_LINK))
+$(FAKE_DIR)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c tests/unit/harness.h $(DECLS) $(OBJ)/ddp_internals_mpi.o $(FAKE_LIB)
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) -DDDP_MPI $(MPI_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -lpthread -lm
-$(FAKE_DIR)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/ch08_large_mlp.c ddp.h $(FAKE_LIB)
+	$(call PROG,$(OBJ)/ddp_internals_mpi.o,$(FAKE_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -lpthread -lm,$(MPI_FLAGS))
+$(FAKE_DIR)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/ch08_large_mlp.c $(DECLS) $(OBJ)/ddp.o $(FAKE_LIB)
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
+	$(call PROG,$(OBJ)/ddp.o,$(FAKE_LINK))
 
 # The main job: the chapter-3 program (examples/ch03_multi_gpu.c) on 4 ranks (CPU backend) on the bundled wine data.
 # It builds that one program only, so that a fresh clone trains within a minute; `make` builds the rest.
+# Alone on the command line, it compiles the program in one file, a little sooner on a fresh clone
+# than the generated header and ddp.o first (a later `make` links it like the others).
+ifeq ($(MAKECMDGOALS),demo)
+$(BUILD)/examples/ch03_multi_gpu: examples/ch03_multi_gpu.c ddp.h
+	@mkdir -p $(@D)
+	$(call ONE_FILE,$(DDP_LIBS))
+endif
 demo: $(BUILD)/examples/ch03_multi_gpu
 	@$(BUILD)/examples/ch03_multi_gpu --nproc 4 --device cpu --save-every 0
 
@@ -308,9 +361,9 @@ bench: $(BUILD)/ddprun $(BUILD)/allreduce_perf $(BUILD)/examples/ch08_large_mlp 
        $(BUILD)/examples/ch03_multi_gpu
 	@python3 bench/run.py $(BUILD)
 
-$(BUILD)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/ch08_large_mlp.c ddp.h
+$(BUILD)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/ch08_large_mlp.c $(DECLS) $(OBJ)/ddp.o
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(DDP_CFLAGS) $< -o $@ $(LDFLAGS) $(DDP_LIBS)
+	$(call PROG,$(OBJ)/ddp.o,$(DDP_LIBS))
 
 bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/ch08_large_mlp $(BUILD)/bench/large_mlp_launched $(BUILD)/examples/ch01_single_gpu
 	@BENCH_HAVE_CUDA=$(HAVE_CUDA) python3 bench/run.py --gpu $(BUILD)

@@ -464,6 +464,10 @@ DDP_API void ddp_permutation(int n, uint64_t seed, int* out);
 #define DDP__PRIVATE static
 #define DDP__TLS
 #endif
+#if defined(DDP__EXPORT_INTERNALS) /* build-internal (Makefile): internals get external linkage, for the tests and ddprun */
+#undef DDP__PRIVATE
+#define DDP__PRIVATE
+#endif
 
 #if defined(DDP_STATIC)
 #define DDP__DEF DDP__PRIVATE /* static, and no warning for the functions a program never calls */
@@ -532,7 +536,7 @@ DDP__PRIVATE const char* ddp__status_fix(ddp_status s) {
 
 /* Process-wide facts every log line needs. rank/world are set when the placement is known
    (ddp__env_resolve, or MPI); until then log lines take them from the launcher's variables. */
-static struct {
+DDP__PRIVATE struct {
     int rank, world;
     ddp_log_fn log_fn;
     void* log_user;
@@ -5244,7 +5248,7 @@ done:
    Perfetto (ui.perfetto.dev) and chrome://tracing draw as a timeline, one row for computation and
    one for communication, so the overlap of the two can be seen. */
 typedef struct ddp__tev { char name[48]; int tid; double t0, t1; } ddp__tev;
-static struct {
+DDP__PRIVATE struct {
     pthread_once_t once;
     int state; /* 0: DDP_TRACE not read yet, 1: off, 2: on */
     char prefix[512];
@@ -8201,7 +8205,7 @@ DDP__PRIVATE void ddp__work_finish(ddp_pg* pg, ddp_work* w, ddp_status s) {
 }
 
 /* The communication thread: take collectives in issue order, run each, mark it done. */
-static void* ddp__comm_main(void* arg) {
+DDP__PRIVATE void* ddp__comm_main(void* arg) {
     ddp_pg* pg = (ddp_pg*)arg;
     ddp__comm_thread = 1;
 #if DDP__CUDA
@@ -9757,7 +9761,7 @@ typedef struct ddp__ln_job {
    runs in a process at a time. */
 static pid_t* volatile ddp__ln_fwd_pid;
 static volatile int ddp__ln_fwd_n;
-static volatile sig_atomic_t ddp__ln_got_signal; /* the SIGINT or SIGTERM we received, 0 if none */
+DDP__PRIVATE volatile sig_atomic_t ddp__ln_got_signal; /* the SIGINT or SIGTERM we received, 0 if none */
 
 /* Signal a rank's process group; a rank that has not reached setsid() yet has no group, so then
    the rank itself. Safe in a signal handler (kill is async-signal-safe). */

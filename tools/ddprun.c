@@ -4,7 +4,8 @@
    reads, prefixes each line they print with "[rank R]: ", stops them all when one fails, and
    restarts the job up to --max-restarts times. Starting, reaping and stopping processes, and the
    guardian that outlives a killed launcher, are the header's (>>spawn), shared with ddp_spawn;
-   the internal ddp__ names it calls are reachable because this file compiles the implementation.
+   the internal ddp__ names it calls are reachable because this file compiles the implementation
+   (make links it with ddp_internals.o instead, the implementation with those names exported).
    Under srun it refuses (status 2) to run as one of several tasks on a node, or with --nnodes 1
    in a step over several nodes. */
 #define DDP_IMPLEMENTATION
