@@ -3011,6 +3011,9 @@ struct ddp_model {
     int have_loss;          /* 0: no loss since forward, 1: a loss to backpropagate, 2: backward used it */
     ddp_post_backward_fn post_backward;
     void* post_backward_user;
+    ddp_pg* shard_pg;        /* ZeRO-1 (ddp_wrap's zero_stage 1): the group an optimizer created
+                                from now on shards its state over; NULL: the full state */
+    size_t optim_state_bytes; /* what the model's optimizer holds (ddp_wrapper_stats reports it) */
     int local_backwards;  /* backward passes added into p->grad under ddp_no_sync since the last
                              all-reduce or zero_grad: gradients no other rank has seen */
     char trace_name[48];  /* the layer whose backward span is open (DDP_TRACE) */
@@ -3619,6 +3622,10 @@ typedef struct ddp_wrap_desc {
     int find_unused_parameters;   /* 1: a parameter without a gradient counts as zero, not an error */
     ddp_dtype compress;           /* DDP_F16 or DDP_BF16: all-reduce in 16 bits (PyTorch's
                                      fp16/bf16_compress_hook); default: no compression */
+    int zero_stage;               /* 0: DDP, every rank holds all the optimizer state; 1: ZeRO-1,
+                                     each rank keeps the optimizer state of its 1/N shard of the
+                                     parameters, updates that shard and all-gathers the rest
+                                     (create the optimizer after ddp_wrap). 2 and 3: not built */
 } ddp_wrap_desc;
 
 typedef struct ddp_wrapper ddp_wrapper;
@@ -3634,6 +3641,8 @@ typedef struct ddp_wrap_stats {
     double wait_s;                /* time backward spent waiting for communication after its
                                      last layer: the communication overlap did not hide (on a
                                      GPU, counted from when backward's kernels have finished) */
+    size_t optim_state_bytes;     /* optimizer state this rank holds for the model (ZeRO-1: its
+                                     shard's; DDP: all of it) */
     double backward_s;            /* time from each synchronised backward's first ready gradient to
                                      its end, for comparison */
 } ddp_wrap_stats;
@@ -3963,6 +3972,12 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
     if (w->d.bucket_cap_bytes == 0) w->d.bucket_cap_bytes = (size_t)25 << 20;
     if (w->d.first_bucket_bytes == 0) w->d.first_bucket_bytes = (size_t)1 << 20;
     if (w->d.compress == DDP_DTYPE_DEFAULT) w->d.compress = DDP_F32;
+    if (w->d.zero_stage < 0 || w->d.zero_stage > 1) {
+        DDP_FREE(w);
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc.zero_stage %d: this ddp.h shards the optimizer "
+                         "state (1) or nothing (0); sharding gradients (2) and weights (3) is not built yet",
+                         desc ? desc->zero_stage : 0);
+    }
     w->pg = pg, w->m = m, w->sync = 1;
     s = ddp__verify_model(w);
     /* every rank starts from rank 0's weights, whatever its own seed was */
@@ -3989,6 +4004,7 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
     }
     ddp__model_set_post_backward(m, ddp__reducer_finish, w);
     ddp__pg_set_stream(pg, m->device.type == DDP_DEVICE_CUDA ? m->stream : NULL);
+    m->shard_pg = w->d.zero_stage >= 1 ? pg : NULL;
     *out = w;
     if (ddp__log_level_enabled() >= DDP_LOG_INFO && ddp_rank(pg) == 0) ddp__wrapper_log_buckets(w);
     return DDP_OK;
@@ -4010,6 +4026,7 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
         }
     }
     if (w->m->post_backward == ddp__reducer_finish) ddp__model_set_post_backward(w->m, NULL, NULL);
+    if (w->m->shard_pg == w->pg) w->m->shard_pg = NULL;
     ddp_stream_sync(w->m->stream);
     ddp__event_destroy(w->backward_done);
     for (i = 0; i < w->nbuckets; i++) {
@@ -4031,7 +4048,10 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
 
 DDP__DEF void ddp_no_sync(ddp_wrapper* w, int on) { w->sync = !on; }
 
-DDP__DEF void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out) { *out = w->st; }
+DDP__DEF void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out) {
+    *out = w->st;
+    out->optim_state_bytes = w->m->optim_state_bytes;
+}
 
 /* Print the bucket map (which parameters in which bucket) through the log, at INFO level. */
 DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w) {
@@ -4646,7 +4666,67 @@ struct ddp_optim {
     long steps;
     float* state1[2 * DDP_MAX_LAYERS]; /* SGD momentum buffer, or Adam's first moment */
     float* state2[2 * DDP_MAX_LAYERS]; /* Adam's second moment */
+    /* ZeRO-1: the state covers elements [first[i], first[i] + len[i]) of parameter i only, the
+       part of it inside this rank's shard; without sharding first is 0 and len the count. */
+    size_t first[2 * DDP_MAX_LAYERS], len[2 * DDP_MAX_LAYERS];
+    ddp_pg* pg;       /* ZeRO-1: the group the state is sharded over; NULL: not sharded */
+    size_t shard, lo; /* ZeRO-1: elements per shard; where this rank's begins in the flat model */
+    float *send, *recv; /* ZeRO-1: this rank's updated shard, and every rank's, for the all-gather */
+    size_t state_bytes; /* the state held, counted into the model's optim_state_bytes */
 };
+
+/*
+   ZeRO-1 (Rajbhandari et al., 2020; PyTorch's ZeroRedundancyOptimizer). Lay the parameters end to
+   end in their registration order: N elements. Rank r owns the shard [r S, (r+1) S) of that flat
+   vector, S = ceil(N / W). After backward every rank holds the same averaged gradients, as in
+   DDP, so the owner of an element computes exactly the update DDP would; only the owner keeps its
+   optimizer state (Adam's two moments: 2N/W floats per rank instead of 2N). After updating its
+   shard a rank all-gathers every shard, and all ranks hold identical weights again. The cost:
+   one all-gather of the weights per step (the second half of an all-reduce's traffic).
+*/
+DDP__PRIVATE ddp_status ddp__optim_shard(ddp_optim* o, ddp_pg* pg) {
+    ddp_model* m = o->m;
+    size_t n = ddp_model_num_elements(m), at = 0, hi;
+    int W = ddp_world_size(pg), i;
+    ddp_status s;
+    o->pg = pg;
+    o->shard = (n + (size_t)W - 1) / (size_t)W;
+    o->lo = o->shard * (size_t)ddp_rank(pg);
+    hi = o->lo + o->shard < n ? o->lo + o->shard : n;
+    for (i = 0; i < m->nparams; i++) {
+        size_t count = m->params[i]->count;
+        size_t a = o->lo > at ? o->lo - at : 0, b = hi > at ? hi - at : 0;
+        if (a > count) a = count;
+        if (b > count) b = count;
+        o->first[i] = a;
+        o->len[i] = b > a ? b - a : 0;
+        at += count;
+    }
+    s = ddp_alloc(m->device, o->shard * sizeof(float), (void**)&o->send); /* zeroed: the padding */
+    if (s == DDP_OK) s = ddp_alloc(m->device, o->shard * (size_t)W * sizeof(float), (void**)&o->recv);
+    return s;
+}
+
+/* ZeRO-1, after the update of this rank's shard: every rank's shard to every rank. */
+DDP__PRIVATE ddp_status ddp__optim_gather(ddp_optim* o) {
+    ddp_model* m = o->m;
+    size_t at = 0;
+    int i;
+    for (i = 0; i < m->nparams; i++) {
+        ddp_param* p = m->params[i];
+        if (o->len[i])
+            DDP__TRY(ddp_copy(m->device, o->send + (at + o->first[i] - o->lo), m->device, p->data + o->first[i],
+                              o->len[i] * sizeof(float), m->stream));
+        at += p->count;
+    }
+    DDP__TRY(ddp_all_gather(o->pg, o->send, o->recv, o->shard, DDP_F32, NULL));
+    for (i = 0, at = 0; i < m->nparams; i++) {
+        ddp_param* p = m->params[i];
+        DDP__TRY(ddp_copy(m->device, p->data, m->device, o->recv + at, p->count * sizeof(float), m->stream));
+        at += p->count;
+    }
+    return DDP_OK;
+}
 
 DDP__DEF ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, ddp_optim** out) {
     ddp_optim* o;
@@ -4679,8 +4759,10 @@ DDP__DEF ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, d
     if (!o) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating an optimizer failed");
     o->m = m;
     o->d = d;
+    for (i = 0; i < m->nparams; i++) o->len[i] = m->params[i]->count;
+    if (m->shard_pg) s = ddp__optim_shard(o, m->shard_pg);
     for (i = 0; i < m->nparams && s == DDP_OK; i++) {
-        size_t nb = m->params[i]->count * sizeof(float);
+        size_t nb = o->len[i] * sizeof(float);
         /* zeroed, so a snapshot taken before the first step holds no stray bytes */
         if (d.kind != DDP_SGD || d.momentum != 0.f) s = ddp_alloc(m->device, nb, (void**)&o->state1[i]);
         if (s == DDP_OK && o->state1[i]) s = ddp__zero(m->device, o->state1[i], nb, m->stream);
@@ -4691,6 +4773,9 @@ DDP__DEF ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, d
         ddp_optim_destroy(o);
         return s;
     }
+    for (i = 0; i < m->nparams; i++)
+        o->state_bytes += ((o->state1[i] != NULL) + (o->state2[i] != NULL)) * o->len[i] * sizeof(float);
+    m->optim_state_bytes += o->state_bytes;
     *out = o;
     return DDP_OK;
 }
@@ -4709,6 +4794,10 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
                 "Keep no_sync on for the first K-1 micro-batches and off for the last one: ddp_no_sync(w, k < K - 1) "
                 "before each backward. Printed once per process", m->local_backwards,
                 m->local_backwards == 1 ? "" : "es", m->local_backwards == 1 ? "its" : "their");
+    if (m->shard_pg && !o->pg)
+        return ddp__fail(DDP_ERR_STATE, "ddp_optim_step: the model was wrapped with zero_stage 1 after this optimizer "
+                         "was created, so it holds the full state and the shards would go unused: create the "
+                         "optimizer after ddp_wrap");
     o->steps++;
     first = o->steps == 1;
     if (d->kind != DDP_SGD) {
@@ -4720,8 +4809,10 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
     }
     for (i = 0; i < m->nparams; i++) {
         ddp_param* p = m->params[i];
-        float *w = p->data, *g = p->grad, *s1 = o->state1[i], *s2 = o->state2[i];
-        long long n = (long long)p->count, k;
+        /* with ZeRO-1 only the part of p inside this rank's shard */
+        float *w = p->data + o->first[i], *g = p->grad + o->first[i], *s1 = o->state1[i], *s2 = o->state2[i];
+        long long n = (long long)o->len[i], k;
+        if (n == 0) continue;
 #if DDP__CUDA
         if (m->device.type == DDP_DEVICE_CUDA) {
             if (d->kind == DDP_SGD) {
@@ -4773,6 +4864,7 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
             }
         }
     }
+    if (o->pg) DDP__TRY(ddp__optim_gather(o));
     ddp__trace("optimizer step", DDP__TRACE_COMPUTE, t_start, ddp__now());
     return DDP_OK;
 }
@@ -4786,6 +4878,9 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
         ddp_free(o->m->device, o->state1[i]);
         ddp_free(o->m->device, o->state2[i]);
     }
+    o->m->optim_state_bytes -= o->state_bytes;
+    ddp_free(o->m->device, o->send);
+    ddp_free(o->m->device, o->recv);
     DDP_FREE(o);
 }
 
@@ -4943,6 +5038,10 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
     ddp_status st = DDP_OK;
     if (!s || !s->model || !path)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_save: %s is NULL", !path ? "path" : "the model");
+    if (s->optim && s->optim->pg)
+        return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the optimizer's state is sharded over the ranks (ZeRO-1), "
+                         "and this ddp.h cannot save a sharded state yet: leave .optim out of the snapshot (a resumed "
+                         "run then restarts the optimizer's state), or train with zero_stage 0");
     m = s->model;
     okind = s->optim ? (int)s->optim->d.kind : 0;
     memset(&b, 0, sizeof b);
@@ -5065,6 +5164,10 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     int i, k, okind = 0;
     int match[DDP__ST_MAX_TENSORS]; /* match[i]: where the i-th tensor the struct needs is in st->t */
     ddp_status r = DDP_OK;
+    if (s && s->optim && s->optim->pg)
+        return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_load: the optimizer's state is sharded over the ranks (ZeRO-1), "
+                         "and this ddp.h cannot load into a sharded state yet: leave .optim out of the snapshot, or "
+                         "train with zero_stage 0");
     if (!s || !s->model || !path)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: %s is NULL", !path ? "path" : "the model");
     if (s->loader && !s->loader->data)
