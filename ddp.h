@@ -4671,7 +4671,7 @@ struct ddp_optim {
     size_t first[2 * DDP_MAX_LAYERS], len[2 * DDP_MAX_LAYERS];
     ddp_pg* pg;       /* ZeRO-1: the group the state is sharded over; NULL: not sharded */
     size_t shard, lo; /* ZeRO-1: elements per shard; where this rank's begins in the flat model */
-    float *send, *recv; /* ZeRO-1: this rank's updated shard, and every rank's, for the all-gather */
+    float *send, *recv; /* ZeRO-1: a piece of this rank's updated shard, and of every rank's */
     size_t state_bytes; /* the state held, counted into the model's optim_state_bytes */
 };
 
@@ -4682,11 +4682,16 @@ struct ddp_optim {
    DDP, so the owner of an element computes exactly the update DDP would; only the owner keeps its
    optimizer state (Adam's two moments: 2N/W floats per rank instead of 2N). After updating its
    shard a rank all-gathers every shard, and all ranks hold identical weights again. The cost:
-   one all-gather of the weights per step (the second half of an all-reduce's traffic).
+   one all-gather of the weights per step (the second half of an all-reduce's traffic), in pieces
+   so that its buffers stay small.
 */
+/* Pieces of a shard are gathered this many elements at a time, so the all-gather's buffers stay
+   small ((W + 1) pieces) whatever the model's size. A variable so that a test can make it tiny. */
+DDP__PRIVATE size_t ddp__zero_piece = (size_t)1 << 18;
+
 DDP__PRIVATE ddp_status ddp__optim_shard(ddp_optim* o, ddp_pg* pg) {
     ddp_model* m = o->m;
-    size_t n = ddp_model_num_elements(m), at = 0, hi;
+    size_t n = ddp_model_num_elements(m), at = 0, hi, piece;
     int W = ddp_world_size(pg), i;
     ddp_status s;
     o->pg = pg;
@@ -4702,28 +4707,48 @@ DDP__PRIVATE ddp_status ddp__optim_shard(ddp_optim* o, ddp_pg* pg) {
         o->len[i] = b > a ? b - a : 0;
         at += count;
     }
-    s = ddp_alloc(m->device, o->shard * sizeof(float), (void**)&o->send); /* zeroed: the padding */
-    if (s == DDP_OK) s = ddp_alloc(m->device, o->shard * (size_t)W * sizeof(float), (void**)&o->recv);
+    piece = o->shard < ddp__zero_piece ? o->shard : ddp__zero_piece;
+    s = ddp_alloc(m->device, piece * sizeof(float), (void**)&o->send);
+    if (s == DDP_OK) s = ddp_alloc(m->device, piece * (size_t)W * sizeof(float), (void**)&o->recv);
     return s;
 }
 
-/* ZeRO-1, after the update of this rank's shard: every rank's shard to every rank. */
+/* Copy n elements between the flat view of the model's parameters, from element `at` on, and buf:
+   into the parameters when `to_params`, else out of them. */
+DDP__PRIVATE ddp_status ddp__flat_copy(ddp_model* m, size_t at, float* buf, size_t n, int to_params) {
+    size_t begin = 0;
+    int i;
+    for (i = 0; i < m->nparams && n > 0; i++) {
+        ddp_param* p = m->params[i];
+        size_t end = begin + p->count;
+        if (at < end) {
+            size_t off = at - begin, k = end - at < n ? end - at : n;
+            if (to_params) DDP__TRY(ddp_copy(m->device, p->data + off, m->device, buf, k * sizeof(float), m->stream));
+            else DDP__TRY(ddp_copy(m->device, buf, m->device, p->data + off, k * sizeof(float), m->stream));
+            buf += k, at += k, n -= k;
+        }
+        begin = end;
+    }
+    return DDP_OK;
+}
+
+/* ZeRO-1, after the update of this rank's shard: every rank's shard to every rank, a piece at a
+   time. Piece j of rank q is the flat range [q S + j, q S + j + k); the last shard's tail past
+   the model's N elements is padding that nobody reads. */
 DDP__PRIVATE ddp_status ddp__optim_gather(ddp_optim* o) {
     ddp_model* m = o->m;
-    size_t at = 0;
-    int i;
-    for (i = 0; i < m->nparams; i++) {
-        ddp_param* p = m->params[i];
-        if (o->len[i])
-            DDP__TRY(ddp_copy(m->device, o->send + (at + o->first[i] - o->lo), m->device, p->data + o->first[i],
-                              o->len[i] * sizeof(float), m->stream));
-        at += p->count;
-    }
-    DDP__TRY(ddp_all_gather(o->pg, o->send, o->recv, o->shard, DDP_F32, NULL));
-    for (i = 0, at = 0; i < m->nparams; i++) {
-        ddp_param* p = m->params[i];
-        DDP__TRY(ddp_copy(m->device, p->data, m->device, o->recv + at, p->count * sizeof(float), m->stream));
-        at += p->count;
+    const size_t n = ddp_model_num_elements(m), piece = o->shard < ddp__zero_piece ? o->shard : ddp__zero_piece;
+    const int W = ddp_world_size(o->pg);
+    size_t j;
+    int q;
+    for (j = 0; j < o->shard; j += piece) {
+        size_t k = o->shard - j < piece ? o->shard - j : piece, from = o->lo + j;
+        if (from < n) DDP__TRY(ddp__flat_copy(m, from, o->send, n - from < k ? n - from : k, 0));
+        DDP__TRY(ddp_all_gather(o->pg, o->send, o->recv, k, DDP_F32, NULL));
+        for (q = 0; q < W; q++) {
+            size_t at = (size_t)q * o->shard + j;
+            if (at < n) DDP__TRY(ddp__flat_copy(m, at, o->recv + (size_t)q * k, n - at < k ? n - at : k, 1));
+        }
     }
     return DDP_OK;
 }

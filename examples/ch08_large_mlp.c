@@ -19,9 +19,12 @@
        OPENBLAS_NUM_THREADS=1 build/examples/ch08_large_mlp --nproc 1   # the 1-process baseline
        build/examples/ch08_large_mlp --one-bucket             # all 96 MiB in one all-reduce
        build/examples/ch08_large_mlp --view                   # gradient_as_bucket_view
+       build/examples/ch08_large_mlp --adam --zero-stage 1    # Adam's state sharded (ZeRO-1)
    Options: --nproc N (1: one process without ddp_init/ddp_wrap)  --steps N  --warmup N
             --bucket-cap-mb X (0: every parameter its own bucket)  --first-bucket-mb X
-            --one-bucket  --view  --device cpu|cuda|cuda:N|auto */
+            --one-bucket  --view  --adam (Adam instead of SGD: two moments of state per parameter)
+            --zero-stage 0|1 (1: each rank keeps the optimizer state of its shard only)
+            --device cpu|cuda|cuda:N|auto */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 
@@ -29,7 +32,7 @@
 #define MAX_STEPS 10000
 
 typedef struct options {
-    int nproc, steps, warmup, one_bucket, view;
+    int nproc, steps, warmup, one_bucket, view, adam, zero_stage;
     double bucket_cap_mb, first_bucket_mb;
     const char* device;
 } options;
@@ -37,7 +40,8 @@ typedef struct options {
 static void usage(const char* prog) {
     fprintf(stderr,
             "usage: %s [--nproc N] [--steps N] [--warmup N] [--bucket-cap-mb X] [--first-bucket-mb X]\n"
-            "          [--one-bucket] [--view] [--device cpu|cuda|cuda:N|auto]\n", prog);
+            "          [--one-bucket] [--view] [--adam] [--zero-stage 0|1] [--device cpu|cuda|cuda:N|auto]\n",
+            prog);
     exit(2);
 }
 
@@ -50,6 +54,7 @@ static options parse_args(int argc, char** argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) usage(argv[0]);
         if (!strcmp(a, "--one-bucket")) { o.one_bucket = 1; continue; }
         if (!strcmp(a, "--view")) { o.view = 1; continue; }
+        if (!strcmp(a, "--adam")) { o.adam = 1; continue; }
         if (!v) {
             fprintf(stderr, "%s needs a value\n", a);
             usage(argv[0]);
@@ -61,6 +66,7 @@ static options parse_args(int argc, char** argv) {
         else if (!strcmp(a, "--bucket-cap-mb")) o.bucket_cap_mb = atof(v);
         else if (!strcmp(a, "--first-bucket-mb")) o.first_bucket_mb = atof(v);
         else if (!strcmp(a, "--device")) o.device = v;
+        else if (!strcmp(a, "--zero-stage")) o.zero_stage = atoi(v);
         else {
             fprintf(stderr, "unknown option %s\n", a);
             usage(argv[0]);
@@ -141,6 +147,7 @@ static int run(int rank, void* arg) {
     {
         ddp_model_desc md = {.device = {.type = DDP_DEVICE_AUTO}};
         ddp_optim_desc od = {.kind = DDP_SGD};
+        if (opt->adam) od.kind = DDP_ADAM;
         md.device = device;
         md.seed = 1;
         od.lr = 0.01f;
@@ -150,6 +157,7 @@ static int run(int rank, void* arg) {
             wd.bucket_cap_bytes = opt->one_bucket ? SIZE_MAX / 2 : mib_to_bytes(opt->bucket_cap_mb);
             wd.first_bucket_bytes = opt->one_bucket ? SIZE_MAX / 2 : mib_to_bytes(opt->first_bucket_mb);
             wd.gradient_as_bucket_view = opt->view;
+            wd.zero_stage = opt->zero_stage;
             DDP_CHECK(ddp_wrap(pg, model, &wd, &ddp));
         }
         DDP_CHECK(ddp_optim_create(model, &od, &optim));
@@ -174,7 +182,7 @@ static int run(int rank, void* arg) {
     if (rank == 0) {
         size_t n = ddp_model_num_elements(model);
         printf("model: MLP 1024 -> 4096 -> 4096 -> 1024 -> 10, %zu parameters (%.2f MiB of gradients), "
-               "SGD lr 0.01, batch %d per rank\n", n, n * 4.0 / 1048576.0, batch);
+               "%s lr 0.01, batch %d per rank\n", n, n * 4.0 / 1048576.0, opt->adam ? "Adam" : "SGD", batch);
         printf("setup: %d process%s on %s", world, world == 1 ? " (no process group, no wrapper)" : "es",
                ddp_device_name(device, devname, sizeof devname));
 #if defined(DDP_CBLAS) && defined(OPENBLAS_VERSION)
@@ -188,6 +196,8 @@ static int run(int rank, void* arg) {
             for (k = 0; k < st.buckets && k < 64; k++)
                 printf(" %.2f MiB (%d params)%s", st.bucket_bytes[k] / 1048576.0, st.bucket_params[k],
                        k + 1 < st.buckets ? "," : "\n");
+            printf("optimizer state on rank 0: %.2f MiB (zero_stage %d)\n", st.optim_state_bytes / 1048576.0,
+                   opt->zero_stage);
         }
         fflush(stdout);
     }
@@ -231,8 +241,9 @@ static int run(int rank, void* arg) {
         printf("\nexposed communication: %.1f ms of a %.1f ms step (%.2f); last loss %.4f\n", med[T_WAIT],
                med[T_STEP], med[T_WAIT] / med[T_STEP], loss);
         printf("result nproc=%d buckets=%d view=%d step_ms=%.2f wait_ms=%.2f exposed=%.3f fwd_ms=%.2f bwd_ms=%.2f "
-               "opt_ms=%.2f\n", world, distributed ? st.buckets : 0, opt->view, med[T_STEP], med[T_WAIT],
-               med[T_WAIT] / med[T_STEP], med[T_FWD], med[T_BWD], med[T_OPT]);
+               "opt_ms=%.2f zero_stage=%d optim_state_mib=%.2f\n", world, distributed ? st.buckets : 0, opt->view,
+               med[T_STEP], med[T_WAIT], med[T_WAIT] / med[T_STEP], med[T_FWD], med[T_BWD], med[T_OPT],
+               opt->zero_stage, distributed ? st.optim_state_bytes / 1048576.0 : 0.0);
         fflush(stdout);
     }
 

@@ -331,7 +331,18 @@ static void equivalence_zero1(void) {
         e = equivalence(2, &c, g_gpu ? 1e-4 : 1e-5);
         if (e > worst) worst = e;
     }
-    printf("    ZeRO-1: worst relative L2 difference from one process over 17 runs: %.3g\n", worst);
+    /* the all-gather in pieces of 7 elements: shards of 62 and 47 of the 185 cut unevenly */
+    ddp__zero_piece = 7;
+    for (W = 3; W <= 4; W++) {
+        cfg c = base();
+        c.zero = 1;
+        c.adam = 1;
+        c.lr = 0.01f;
+        e = equivalence(W, &c, g_gpu ? 1e-4 : 1e-5);
+        if (e > worst) worst = e;
+    }
+    ddp__zero_piece = (size_t)1 << 18;
+    printf("    ZeRO-1: worst relative L2 difference from one process over 19 runs: %.3g\n", worst);
 }
 
 /* What ZeRO-1 cannot do here is refused by name: stages 2 and 3, an optimizer created before the
