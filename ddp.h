@@ -71,7 +71,8 @@
         >>kernels   GPU kernels compiled at run time by NVRTC; cuBLAS; the CPU
                     matrix product
         >>store     the rendezvous store: sockets, its server, its client      2, 4
-        >>signals   SIGUSR1's flight record; what ddp_init waited for
+        >>signals   who has joined; SIGUSR1's flight record; what ddp_init
+                    waited for
         >>sums      element-wise sums, four floats at a time
         >>shm       the shared-memory transport between ranks of one machine   10
         >>cpu       the CPU backend: communication thread, queue, connections
@@ -1512,6 +1513,7 @@ DDP__PRIVATE ddp_status ddp__store_create(const ddp_store_desc* desc, ddp_store*
 DDP__PRIVATE int ddp__store_wait_closed(ddp_store* s, double deadline); /* >>store */
 DDP__PRIVATE void ddp__store_destroy(ddp_store* s); /* >>store */
 DDP__PRIVATE void ddp__wait_note(const char* fmt, ...); /* >>signals */
+DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say); /* >>signals */
 DDP__PRIVATE void ddp__wait_watch(int on); /* >>signals */
 DDP__PRIVATE void ddp__usr1_follow(ddp_pg* pg); /* >>signals */
 DDP__PRIVATE void ddp__usr1_forget(ddp_pg* pg); /* >>signals */
@@ -1643,60 +1645,6 @@ DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* valu
     if (!*taken) return ddp_store_set(pg->store, key, value, strlen(value));
     memset(first, 0, n);
     return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
-}
-
-/* The ranks 0..n-1 whose flag equals `want`, compactly ("0-3, 7, 9-12"), cut short with "..." when
-   they do not fit in out. Returns how many there are. */
-DDP__PRIVATE int ddp__rank_list(const unsigned char* flags, int n, int want, char* out, size_t cap) {
-    int i = 0, count = 0;
-    size_t len = 0;
-    out[0] = 0;
-    while (i < n) {
-        int j = i;
-        if ((flags[i] != 0) != (want != 0)) { i++; continue; }
-        while (j + 1 < n && (flags[j + 1] != 0) == (want != 0)) j++;
-        count += j - i + 1;
-        if (len + 32 < cap) {
-            int k = j == i ? snprintf(out + len, cap - len, "%s%d", len ? ", " : "", i)
-                           : snprintf(out + len, cap - len, "%s%d-%d", len ? ", " : "", i, j);
-            len += k > 0 ? (size_t)k : 0;
-        } else if (len + 5 < cap && strcmp(out + len - 3, "...") != 0) {
-            len += (size_t)snprintf(out + len, cap - len, ", ...");
-        }
-        i = j + 1;
-    }
-    return count;
-}
-
-/* While ranks are missing from the rendezvous: which have joined (published their world size)
-   and which are awaited. Rank 0, which hosts the store, says so every few seconds (as torchrun's
-   rendezvous does), so that a WORLD_SIZE larger than the processes started is not 300 s of
-   silence; every rank notes it for a SIGTERM to print. */
-DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say) {
-    unsigned char* joined = (unsigned char*)ddp__calloc((size_t)pg->world);
-    char have[160], missing[160], key[64];
-    int i, nj, nm, present = 0;
-    if (!joined) return;
-    for (i = 0; i < pg->world; i++) {
-        const char* k[1];
-        snprintf(key, sizeof key, "ddp/world/%d", i);
-        k[0] = key;
-        if (ddp__store_check(pg->store, k, 1, &present) != DDP_OK) break;
-        joined[i] = (unsigned char)(present != 0);
-    }
-    if (i == pg->world) {
-        nj = ddp__rank_list(joined, pg->world, 1, have, sizeof have);
-        nm = ddp__rank_list(joined, pg->world, 0, missing, sizeof missing);
-        ddp__wait_note("waiting for rank%s %s to join the job: %d of %d (WORLD_SIZE) had joined after %.0f s (rank%s %s)",
-                       nm == 1 ? "" : "s", missing, nj, pg->world, ddp__now() - started, nj == 1 ? "" : "s", have);
-        if (say)
-            ddp__log(DDP_LOG_WARN, "waiting for rank%s %s to join the job: %d of %d ranks (WORLD_SIZE=%d) have joined "
-                    "after %.0f s (rank%s %s). Start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
-                    "or fix WORLD_SIZE if fewer processes belong to the job; DDP_TIMEOUT ends the wait after %.0f s",
-                    nm == 1 ? "" : "s", missing, nj, pg->world, pg->world, ddp__now() - started, nj == 1 ? "" : "s",
-                    have, pg->timeout);
-    }
-    DDP_FREE(joined);
 }
 
 /* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
@@ -4964,6 +4912,8 @@ DDP_API int ddp_snapshot_exists(const char* path);
 
 #endif /* DDP__DECLARE */
 #if DDP__IMPLEMENT
+/* Defined further down, called here: */
+
 /* Defined further down, in the section named, and called here: */
 DDP__PRIVATE void ddp__remove_stale_tmp(const char* path); /* >>files */
 DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char* data,
@@ -4976,36 +4926,11 @@ DDP__PRIVATE ddp_status ddp__read_file(const char* path, size_t limit, char** ou
    which never looks at a model and is what the fuzzer drives), checks the table against the
    snapshot struct, and only then copies into the model and the rest. */
 
-/* A growable byte buffer for building the file in memory. ddp__put appends n bytes from src, or
-   n bytes of room when src is NULL (for data that a copy from a GPU will fill). */
+/* A growable byte buffer for building the file in memory (>>files: ddp__put appends n bytes from
+   src, or n bytes of room when src is NULL, for data that a copy from a GPU will fill). */
 typedef struct ddp__bytes { unsigned char* p; size_t n, cap; int oom; } ddp__bytes;
-DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n) {
-    if (b->oom) return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        unsigned char* q;
-        while (cap < b->n + n) cap *= 2;
-        q = (unsigned char*)ddp__malloc(cap);
-        if (!q) { b->oom = 1; return; }
-        if (b->n) memcpy(q, b->p, b->n);
-        if (b->p) DDP_FREE(b->p);
-        b->p = q;
-        b->cap = cap;
-    }
-    if (src) memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) DDP__PRINTF(2, 3);
-DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) {
-    char tmp[256];
-    int n;
-    va_list ap;
-    va_start(ap, fmt);
-    n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0 || n >= (int)sizeof tmp) { b->oom = 1; return; } /* every piece we write is short */
-    ddp__put(b, tmp, (size_t)n);
-}
+DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n); /* >>files */
+DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) DDP__PRINTF(2, 3); /* >>files */
 
 /* ---- the tensors a snapshot holds ---------------------------------------------------------------- */
 
@@ -5334,7 +5259,7 @@ done:
 /*      >>cuda      the CUDA runtime: probing the GPUs, streams, events                           */
 /*      >>kernels   GPU kernels compiled at run time by NVRTC; cuBLAS; the CPU matrix product     */
 /*      >>store     the rendezvous store: sockets, its server, its client (declared in >>pg)      */
-/*      >>signals   SIGUSR1's flight record; what ddp_init waited for when a signal ends it       */
+/*      >>signals   who has joined; SIGUSR1's flight record; what ddp_init waited for             */
 /*      >>sums      element-wise sums, four floats at a time (the ring, shm, the reducer)         */
 /*      >>shm       the shared-memory transport between the ranks of one machine                  */
 /*      >>cpu       the CPU backend: its communication thread, queue and ring connections         */
@@ -7063,9 +6988,63 @@ DDP__PRIVATE ddp_status ddp__store_barrier(ddp_store* s, const char* name, int c
 #endif /* DDP__IMPLEMENT */
 
 /* ============================================================================================== */
-/* >>signals: SIGUSR1's flight record, and what ddp_init waited for at SIGTERM                    */
+/* >>signals: who has joined, SIGUSR1's flight record, what ddp_init waited for                  */
 /* ============================================================================================== */
 #if DDP__IMPLEMENT
+/* The ranks 0..n-1 whose flag equals `want`, compactly ("0-3, 7, 9-12"), cut short with "..." when
+   they do not fit in out. Returns how many there are. */
+DDP__PRIVATE int ddp__rank_list(const unsigned char* flags, int n, int want, char* out, size_t cap) {
+    int i = 0, count = 0;
+    size_t len = 0;
+    out[0] = 0;
+    while (i < n) {
+        int j = i;
+        if ((flags[i] != 0) != (want != 0)) { i++; continue; }
+        while (j + 1 < n && (flags[j + 1] != 0) == (want != 0)) j++;
+        count += j - i + 1;
+        if (len + 32 < cap) {
+            int k = j == i ? snprintf(out + len, cap - len, "%s%d", len ? ", " : "", i)
+                           : snprintf(out + len, cap - len, "%s%d-%d", len ? ", " : "", i, j);
+            len += k > 0 ? (size_t)k : 0;
+        } else if (len + 5 < cap && strcmp(out + len - 3, "...") != 0) {
+            len += (size_t)snprintf(out + len, cap - len, ", ...");
+        }
+        i = j + 1;
+    }
+    return count;
+}
+
+/* While ranks are missing from the rendezvous: which have joined (published their world size)
+   and which are awaited. Rank 0, which hosts the store, says so every few seconds (as torchrun's
+   rendezvous does), so that a WORLD_SIZE larger than the processes started is not 300 s of
+   silence; every rank notes it for a SIGTERM to print. */
+DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say) {
+    unsigned char* joined = (unsigned char*)ddp__calloc((size_t)pg->world);
+    char have[160], missing[160], key[64];
+    int i, nj, nm, present = 0;
+    if (!joined) return;
+    for (i = 0; i < pg->world; i++) {
+        const char* k[1];
+        snprintf(key, sizeof key, "ddp/world/%d", i);
+        k[0] = key;
+        if (ddp__store_check(pg->store, k, 1, &present) != DDP_OK) break;
+        joined[i] = (unsigned char)(present != 0);
+    }
+    if (i == pg->world) {
+        nj = ddp__rank_list(joined, pg->world, 1, have, sizeof have);
+        nm = ddp__rank_list(joined, pg->world, 0, missing, sizeof missing);
+        ddp__wait_note("waiting for rank%s %s to join the job: %d of %d (WORLD_SIZE) had joined after %.0f s (rank%s %s)",
+                       nm == 1 ? "" : "s", missing, nj, pg->world, ddp__now() - started, nj == 1 ? "" : "s", have);
+        if (say)
+            ddp__log(DDP_LOG_WARN, "waiting for rank%s %s to join the job: %d of %d ranks (WORLD_SIZE=%d) have joined "
+                    "after %.0f s (rank%s %s). Start every rank with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, "
+                    "or fix WORLD_SIZE if fewer processes belong to the job; DDP_TIMEOUT ends the wait after %.0f s",
+                    nm == 1 ? "" : "s", missing, nj, pg->world, pg->world, ddp__now() - started, nj == 1 ? "" : "s",
+                    have, pg->timeout);
+    }
+    DDP_FREE(joined);
+}
+
 
 /* SIGUSR1 prints the record of the newest group. The handler only writes a byte to a pipe (all a
    signal handler may safely do); a small thread reads it and prints. The handler is installed
@@ -9369,6 +9348,36 @@ DDP__PRIVATE ddp_status ddp__dataset_load_csv(const char* path, ddp_dataset* out
     *out = d;
     ddp__log(DDP_LOG_INFO, "loaded %s: %d samples, %d features, %d classes", path, d.n, d.nfeatures, d.nclasses);
     return DDP_OK;
+}
+
+/* ---- building a snapshot file in memory (>>snapshot) ------------------------------------------------ */
+
+DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n) {
+    if (b->oom) return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        unsigned char* q;
+        while (cap < b->n + n) cap *= 2;
+        q = (unsigned char*)ddp__malloc(cap);
+        if (!q) { b->oom = 1; return; }
+        if (b->n) memcpy(q, b->p, b->n);
+        if (b->p) DDP_FREE(b->p);
+        b->p = q;
+        b->cap = cap;
+    }
+    if (src) memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) DDP__PRINTF(2, 3);
+DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) {
+    char tmp[256];
+    int n;
+    va_list ap;
+    va_start(ap, fmt);
+    n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0 || n >= (int)sizeof tmp) { b->oom = 1; return; } /* every piece we write is short */
+    ddp__put(b, tmp, (size_t)n);
 }
 
 /* ---- writing a snapshot file atomically (>>snapshot) ------------------------------------------------ */
