@@ -248,10 +248,11 @@ job_ok() {  # name, command...: the all-reduce table must end with "Out of bound
     else bad "$name" "$*" "$(tail -n 6 <<<"$out")"; fi
 }
 job_ok ddprun_standalone_4_ranks "$BUILD/ddprun" --standalone --nproc-per-node 4 "$perf" -b 4K -e 1M -f 4 -n 5 -w 1
-port=$((20000 + RANDOM % 20000))
+# Ports 20000-31999: below Linux's ephemeral range (32768-60999), so no outgoing connection holds one.
+port=$((20000 + RANDOM % 12000))
 job_ok ddprun_explicit_master "$BUILD/ddprun" --master-addr 127.0.0.1 --master-port $port --nproc-per-node 3 "$perf" -b 1K -e 64K -f 8 -n 3 -w 1 -d bf16 -o avg
 # two "nodes" on one machine: two ddprun, node ranks 0 and 1, one shared token
-port=$((20000 + RANDOM % 20000))
+port=$((20000 + RANDOM % 12000))
 out=$( { DDP_JOB_TOKEN=twonodes with_timeout 120 "$BUILD/ddprun" --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port "$perf" -b 4K -e 64K -n 3 -w 1 >/dev/null 2>&1 & }
         DDP_JOB_TOKEN=twonodes with_timeout 120 "$BUILD/ddprun" --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port "$perf" -b 4K -e 64K -n 3 -w 1 2>&1; wait)
 if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "world size 4" <<<"$out"; then ok ddprun_two_nodes_loopback
@@ -267,7 +268,7 @@ else bad ring_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
 # before ddp_init, the launcher's RANK and WORLD_SIZE (nobody listens at the port: init fails at once)
 out=$(DDP_DEBUG=INFO with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 2 "$BUILD/examples/ch04_multi_node" --device cpu \
       --epochs 1 --save-every 0 2>&1)
-port=$((20000 + RANDOM % 20000))
+port=$((20000 + RANDOM % 12000))
 out1=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port DDP_TIMEOUT=1 DDP_DEBUG=INFO with_timeout 30 \
        "$BUILD/examples/ch04_multi_node" --device cpu 2>&1)
 if grep -q '^\[rank 1\]: loaded examples/data/wine.csv' <<<"$out" && grep -q '^\[rank 1\]: placement from torchrun: rank 1 of 2' <<<"$out" &&
@@ -280,7 +281,7 @@ out=$(DDP_TIMEOUT=60 with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-no
 if [ $rc = 5 ] && [ $(( $(date +%s) - start )) -lt 20 ]; then ok ddprun_real_job_rank_dies
 else bad ddprun_real_job_rank_dies "exit status $rc after $(( $(date +%s) - start )) s (want 5, promptly)" "$(tail -n 4 <<<"$out")"; fi
 if command -v mpirun >/dev/null 2>&1; then
-    port=$((20000 + RANDOM % 20000))
+    port=$((20000 + RANDOM % 12000))
     out=$(DDP_DEBUG=INFO with_timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port -x DDP_DEBUG "$perf" -b 4K -e 256K -n 3 -w 1 2>&1)
     if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "placement from openmpi" <<<"$out"; then ok mpirun_openmpi_env
     else bad mpirun_openmpi_env "$(tail -n 6 <<<"$out")"; fi
@@ -423,7 +424,7 @@ ex="$BUILD/ddprun"
 check_accuracy ch04_ddprun_4_ranks 0.95 --standalone --nproc-per-node 4 "$BUILD/examples/ch04_multi_node" --device cpu --save-every 0
 if command -v mpirun >/dev/null 2>&1; then
     ex=mpirun
-    port=$((20000 + RANDOM % 20000))
+    port=$((20000 + RANDOM % 12000))
     check_accuracy ch04_mpirun_4_ranks 0.95 --allow-run-as-root --oversubscribe -np 4 -x MASTER_ADDR=127.0.0.1 \
         -x MASTER_PORT=$port "$BUILD/examples/ch04_multi_node" --device cpu --save-every 0
     cpu03_out=$CHECK_OUT

@@ -111,7 +111,7 @@ fi
 
 # ---- RANK used as the GPU number, on a machine with GPUs (tests/multiproc/test_confusions.sh, case 5) ----
 echo "== cuda:RANK on a GPU machine"
-port=$((20000 + RANDOM % 20000))
+port=$((20000 + RANDOM % 12000))
 out=$(FAKEGPU_DEVICES=2 DDP_JOB_TOKEN=confusions DDP_TIMEOUT=2 with_timeout 30 "$BUILD/ddprun" --nnodes 64 --node-rank 63 \
       --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port "$FG/tests/confusions/confusions" device_rank 2>&1)
 if grep -qF "DDP_ERR_NO_GPU: device cuda:63 was asked for, but only 2 GPUs are visible (0..1): pick the GPU with LOCAL_RANK, not RANK" <<<"$out" &&

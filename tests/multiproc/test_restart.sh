@@ -168,7 +168,7 @@ ddprun_fault stopped_rank0_times_out STOP 0 "DDP_ERR_TIMEOUT"
 ddprun_fault killed_rank0_under_ddprun KILL 0 "was killed by signal 9 (SIGKILL)"
 
 manual_fault() {  # name, signal, rank, phrase: three ranks started by hand, no launcher
-    local name=$1 sig=$2 victim=$3 phrase=$4 port=$((20000 + RANDOM % 20000)) r pids=() t0 t1 rc good=0 left
+    local name=$1 sig=$2 victim=$3 phrase=$4 port=$((20000 + RANDOM % 12000)) r pids=() t0 t1 rc good=0 left
     for r in 0 1 2; do
         RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
             with_timeout 60 sh -c "$RECORD_RANK_PID" "$TMP/$name.pid" "$EX" --device "$DEVICE" --epochs 100 --save-every 0 \
