@@ -44,7 +44,7 @@ if [ -z "${COMPAT_NO_TIMEOUT:-}" ]; then
     fi
 fi
 with_timeout() {
-    local k='' limit flag pid dog rc traps
+    local k='' limit flag pid dog rc traps exit_trap
     if [ "$1" = -k ]; then k=$2; shift 2; fi
     if [ -n "$COMPAT_TIMEOUT" ]; then
         if [ -n "$k" ]; then "$COMPAT_TIMEOUT" -k "$k" "$@"; else "$COMPAT_TIMEOUT" "$@"; fi
@@ -58,6 +58,13 @@ with_timeout() {
     shift
     flag=${TMPDIR:-/tmp}/with_timeout.$$.$RANDOM$RANDOM
     traps=$(trap -p TERM INT)
+    # The caller's EXIT trap is lifted while the two subshells start: a subshell that a signal
+    # reaches before it has reset the traps it inherited runs them, EXIT too, and a caller's
+    # `trap 'rm -rf "$TMP"' EXIT` would then empty its folder while it still runs.
+    # (In a subshell, $(...) included, trap -p shows the parent's trap, which is not this shell's
+    # to run: leave it alone there, or setting it back would arm it.)
+    exit_trap=''
+    if [ "${BASH_SUBSHELL:-0}" = 0 ]; then exit_trap=$(trap -p EXIT); trap - EXIT; fi
     "$@" <&0 &
     pid=$!
     trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
@@ -74,6 +81,7 @@ with_timeout() {
         fi
     ) </dev/null >/dev/null 2>&1 &
     dog=$!
+    [ -n "$exit_trap" ] && eval "$exit_trap"
     wait "$pid" 2>/dev/null
     rc=$?
     # a signal to this shell ends the wait early: wait again for the command itself
