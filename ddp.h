@@ -4912,8 +4912,6 @@ DDP_API int ddp_snapshot_exists(const char* path);
 
 #endif /* DDP__DECLARE */
 #if DDP__IMPLEMENT
-/* Defined further down, called here: */
-
 /* Defined further down, in the section named, and called here: */
 DDP__PRIVATE void ddp__remove_stale_tmp(const char* path); /* >>files */
 DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char* data,
