@@ -140,7 +140,7 @@ export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS HAVE_MPI MPI_CFL
 
 EXAMPLES := $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch04_multi_node
 EXAMPLES += $(BUILD)/examples/ch06_fault_tolerance $(BUILD)/examples/ch08_large_mlp $(BUILD)/examples/ch09_hang
-EXAMPLES += $(BUILD)/examples/ch07_accumulate
+EXAMPLES += $(BUILD)/examples/ch07_accumulate $(BUILD)/examples/ch11_sharding
 EXAMPLES += $(BUILD)/examples/ch02_sampler_demo $(BUILD)/examples/ch02_ring_bytes
 TOOLS    := $(BUILD)/ddprun $(BUILD)/allreduce_perf
 TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu \

@@ -51,8 +51,7 @@
         >>config    status codes, errors, logging, random numbers              1
         >>device    where tensors live: devices, memory, copies, dtypes        1
         >>pg        the process group: joining the job (the store, agreeing    2-5, 9
-                    on the world), collectives and their work handles, the
-                    flight recorder of the last collectives, desync detection
+                    on the world), collectives and their work handles
         >>launch    reading the launcher's environment (torchrun, Open MPI,    3-5
                     SLURM)
         >>data      data files, train/test split, the distributed sampler,     1-2
@@ -71,8 +70,8 @@
         >>kernels   GPU kernels compiled at run time by NVRTC; cuBLAS; the CPU
                     matrix product
         >>store     the rendezvous store: sockets, its server, its client      2, 4
-        >>signals   who has joined; SIGUSR1's flight record; what ddp_init
-                    waited for
+        >>signals   who has joined; the flight record of the last collectives  9
+                    (SIGUSR1); desync checks; what ddp_init waited for
         >>sums      element-wise sums, four floats at a time
         >>shm       the shared-memory transport between ranks of one machine   10
         >>cpu       the CPU backend: communication thread, queue, connections
@@ -1438,7 +1437,9 @@ struct ddp_work {
 };
 
 /* The flight recorder: each rank remembers its last DDP__FLIGHT_N collectives, printed when one
-   times out and on SIGUSR1, so a hang can be read rank by rank: where did each one stop? */
+   times out and on SIGUSR1, so a hang can be read rank by rank: where did each one stop? It is
+   kept, and printed, by >>signals, which also holds DDP_DEBUG=DETAIL's check before each
+   collective that every rank calls the same one (desync detection). */
 #define DDP__FLIGHT_N 16
 enum { DDP__FL_QUEUED = 1, DDP__FL_RUNNING, DDP__FL_DONE, DDP__FL_FAILED };
 typedef struct ddp__flight {
@@ -1517,6 +1518,9 @@ DDP__PRIVATE void ddp__join_progress(ddp_pg* pg, double started, int say); /* >>
 DDP__PRIVATE void ddp__wait_watch(int on); /* >>signals */
 DDP__PRIVATE void ddp__usr1_follow(ddp_pg* pg); /* >>signals */
 DDP__PRIVATE void ddp__usr1_forget(ddp_pg* pg); /* >>signals */
+DDP__PRIVATE void ddp__flight_note(ddp_pg* pg, const ddp_work* w, int state); /* >>signals */
+DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* why); /* >>signals */
+DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w); /* >>signals */
 DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out); /* >>launch */
 DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg); /* >>bind */
 DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg); /* >>cpu */
@@ -1584,49 +1588,6 @@ DDP__PRIVATE ddp_status ddp__pg_break(ddp_pg* pg, ddp_status s) {
     return s;
 }
 
-/* Record that collective w reached `state`. */
-DDP__PRIVATE void ddp__flight_note(ddp_pg* pg, const ddp_work* w, int state) {
-    ddp__flight* f = &pg->flight[w->seq % DDP__FLIGHT_N];
-    double t = ddp__now();
-    pthread_mutex_lock(&pg->lock);
-    if (state == DDP__FL_QUEUED) {
-        f->seq = w->seq, f->kind = w->kind, f->count = w->count, f->dtype = w->dtype;
-        f->t_issue = t, f->t_start = f->t_end = 0;
-    }
-    if (f->seq == w->seq) {
-        f->state = state;
-        if (state == DDP__FL_RUNNING) f->t_start = t;
-        if (state >= DDP__FL_DONE) f->t_end = t;
-    }
-    pthread_mutex_unlock(&pg->lock);
-}
-
-/* Log this rank's last collectives, oldest first, at `level`. */
-DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* why) {
-    ddp__flight copy[DDP__FLIGHT_N];
-    uint64_t newest = 0;
-    int i, n = 0;
-    double now = ddp__now();
-    pthread_mutex_lock(&pg->lock);
-    memcpy(copy, pg->flight, sizeof copy);
-    pthread_mutex_unlock(&pg->lock);
-    for (i = 0; i < DDP__FLIGHT_N; i++)
-        if (copy[i].seq > newest) newest = copy[i].seq;
-    ddp__log(level, "the last collectives of rank %d (%s), oldest first:", pg->rank, why);
-    for (i = 0; i < DDP__FLIGHT_N; i++) {
-        const ddp__flight* f = &copy[(newest + 1 + (uint64_t)i) % DDP__FLIGHT_N];
-        char when[64];
-        if (!f->seq) continue;
-        n++;
-        if (f->state == DDP__FL_QUEUED) snprintf(when, sizeof when, "queued %.3f s ago, not started", now - f->t_issue);
-        else if (f->state == DDP__FL_RUNNING) snprintf(when, sizeof when, "RUNNING for %.3f s", now - f->t_start);
-        else snprintf(when, sizeof when, "%s in %.3f ms, %.3f s ago", f->state == DDP__FL_DONE ? "done" : "FAILED",
-                      (f->t_end - f->t_start) * 1e3, now - f->t_end);
-        ddp__log(level, "  #%llu %s (%zu x %s): %s", (unsigned long long)f->seq, ddp__coll_name(f->kind), f->count,
-                ddp__dtype_name(f->dtype), when);
-    }
-    if (!n) ddp__log(level, "  (none yet)");
-}
 DDP__PRIVATE const char* ddp__op_name(ddp_reduce_op op) {
     return op == DDP_SUM ? "sum" : op == DDP_AVG ? "avg" : op == DDP_MAX ? "max" : "?";
 }
@@ -1930,59 +1891,6 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
     pthread_cond_destroy(&pg->cond);
     pthread_cond_destroy(&pg->done_cond);
     DDP_FREE(pg);
-}
-
-/* ---- desync detection (DDP_DEBUG=DETAIL) ------------------------------------------------------------ */
-/* Before each collective every rank publishes what it is about to call, "all_reduce #42 (1091 x
-   f32, sum)", under ddp/fp/<rank>/<seq % 4>, and reads every other rank's entry for the same
-   sequence number. Different entries mean the ranks have fallen out of step (the classic cause
-   of a DDP hang); an entry that never comes means a rank is not calling this collective at all.
-   Four slots per rank suffice: no rank can get more than one collective ahead of another,
-   because each waits here for all the others. Costs a few store round trips per collective. */
-DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w) {
-    char mine[128], theirs[128], key[64], seqtag[32];
-    size_t n;
-    int r;
-    double deadline = ddp__now() + pg->timeout;
-    ddp__fingerprint(w, mine, sizeof mine);
-    snprintf(seqtag, sizeof seqtag, " #%llu ", (unsigned long long)w->seq);
-    snprintf(key, sizeof key, "ddp/fp/%d/%d", pg->rank, (int)(w->seq % 4));
-    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
-    snprintf(key, sizeof key, "ddp/fp/%d/last", pg->rank);
-    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
-    for (r = 0; r < pg->world; r++) {
-        const char* k = key;
-        int present = 0;
-        if (r == pg->rank) continue;
-        snprintf(key, sizeof key, "ddp/fp/%d/%d", r, (int)(w->seq % 4));
-        for (;;) { /* until rank r's slot holds this sequence number */
-            DDP__TRY(ddp__store_check(pg->store, &k, 1, &present));
-            if (present) {
-                memset(theirs, 0, sizeof theirs);
-                DDP__TRY(ddp_store_get(pg->store, key, theirs, sizeof theirs - 1, &n));
-                if (strstr(theirs, seqtag)) break;
-            }
-            if (ddp__now() >= deadline) {
-                char lastkey[64];
-                const char* lk = lastkey;
-                snprintf(lastkey, sizeof lastkey, "ddp/fp/%d/last", r);
-                memset(theirs, 0, sizeof theirs);
-                if (ddp__store_check(pg->store, &lk, 1, &present) == DDP_OK && present)
-                    ddp_store_get(pg->store, lastkey, theirs, sizeof theirs - 1, &n);
-                return ddp__fail(DDP_ERR_TIMEOUT, "desync: this rank (%d) is calling %s, but rank %d has not reached "
-                                 "collective #%llu within %.0f s; its last collective was %s. A collective must be "
-                                 "called by every rank: look for one that only some ranks reach (inside an if on "
-                                 "the rank, or a loop with a different number of batches per rank)", pg->rank, mine,
-                                 r, (unsigned long long)w->seq, pg->timeout, theirs[0] ? theirs : "none yet");
-            }
-            ddp__sleep(0.0005);
-        }
-        if (strcmp(theirs, mine) != 0)
-            return ddp__fail(DDP_ERR_DESYNC, "desync at collective #%llu: this rank (%d) calls %s, rank %d calls %s. "
-                             "Every rank must call the same collectives in the same order with the same sizes",
-                             (unsigned long long)w->seq, pg->rank, mine, r, theirs);
-    }
-    return DDP_OK;
 }
 
 /* ---- the collectives' common entrance -------------------------------------------------------------- */
@@ -2962,6 +2870,7 @@ struct ddp_model {
     ddp_pg* shard_pg;        /* ZeRO-1 (ddp_wrap's zero_stage 1): the group an optimizer created
                                 from now on shards its state over; NULL: the full state */
     size_t optim_state_bytes; /* what the model's optimizer holds (ddp_wrapper_stats reports it) */
+    struct ddp_optim* optim; /* the optimizer made last for this model: ddp_join evens its state too */
     int local_backwards;  /* backward passes added into p->grad under ddp_no_sync since the last
                              all-reduce or zero_grad: gradients no other rank has seen */
     char trace_name[48];  /* the layer whose backward span is open (DDP_TRACE) */
@@ -3574,6 +3483,14 @@ typedef struct ddp_wrap_desc {
                                      each rank keeps the optimizer state of its 1/N shard of the
                                      parameters, updates that shard and all-gathers the rest
                                      (create the optimizer after ddp_wrap). 2 and 3: not built */
+    int uneven_inputs;            /* 1: ranks may run out of batches at different steps (PyTorch's
+                                     Join). Each synchronised backward first counts the ranks still
+                                     training; a rank out of batches calls ddp_join, which answers
+                                     the others' all-reduces with zeros. The average divides by the
+                                     world size ddp_wrap saw, as PyTorch's default
+                                     (divide_by_initial_world_size=True) does */
+    int divide_by_active_ranks;   /* with uneven_inputs: divide by the ranks still training instead
+                                     (PyTorch's divide_by_initial_world_size=False) */
 } ddp_wrap_desc;
 
 typedef struct ddp_wrapper ddp_wrapper;
@@ -3589,10 +3506,17 @@ typedef struct ddp_wrap_stats {
     double wait_s;                /* time backward spent waiting for communication after its
                                      last layer: the communication overlap did not hide (on a
                                      GPU, counted from when backward's kernels have finished) */
+    size_t param_bytes;           /* the model's weights this rank holds (all of them) */
+    size_t grad_bytes;            /* gradient memory this rank holds: p->grad, the buckets unless
+                                     gradient_as_bucket_view puts p->grad inside them, and their
+                                     16-bit copies when compressing */
     size_t optim_state_bytes;     /* optimizer state this rank holds for the model (ZeRO-1: its
                                      shard's; DDP: all of it) */
     double backward_s;            /* time from each synchronised backward's first ready gradient to
                                      its end, for comparison */
+    int active_ranks;             /* uneven_inputs: ranks that trained in the last synchronised step */
+    long shadowed_steps;          /* uneven_inputs: the other ranks' steps ddp_join answered with zeros */
+    int last_joined;              /* after ddp_join: the rank whose weights every rank now holds */
 } ddp_wrap_stats;
 
 /* Wrap model m for data-parallel training on group pg (collective). Errors: DDP_ERR_MODEL_MISMATCH
@@ -3608,6 +3532,14 @@ DDP_API void ddp_wrapper_destroy(ddp_wrapper* w);
 DDP_API void ddp_no_sync(ddp_wrapper* w, int on);
 /* Copy the counters into *out. */
 DDP_API void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out);
+/* This rank has no batches left (a wrapper made with uneven_inputs). Collective in the end: every
+   rank calls it once after its last step (of the run, or of each epoch). Until every rank has
+   called it, it takes part in the others' synchronised backward passes with zero gradients; then
+   every rank takes the weights of the rank that trained the most steps since the last join (the
+   last to join; the highest such rank on a tie), so all replicas end equal. Its own optimizer
+   takes no step meanwhile, and its state stays as it was. DDP_ERR_STATE without uneven_inputs;
+   the group's errors. */
+DDP_API ddp_status ddp_join(ddp_wrapper* w);
 
 #endif /* DDP__DECLARE */
 #if DDP__IMPLEMENT
@@ -3617,6 +3549,7 @@ DDP__PRIVATE ddp_status ddp__convert(ddp_device d, ddp_dtype dst_type, void* dst
                                 const void* src, size_t count, ddp_stream* s);
 DDP__PRIVATE ddp_status ddp__event_sync(ddp_event* e); /* >>cuda */
 DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w); /* >>reducer */
+DDP__PRIVATE ddp_status ddp__optim_follow(struct ddp_optim* o, ddp_pg* pg, int root); /* >>optim */
 
 /*
    The life of one synchronised backward pass:
@@ -3655,6 +3588,10 @@ struct ddp_wrapper {
     ddp_wrap_stats st;
     double t_backward_start;
     ddp_event* backward_done; /* GPU: the end of backward's kernels, where exposed waiting starts */
+    float* join_buf;    /* uneven_inputs: room for W floats on the model's device */
+    int counted;        /* uneven_inputs: this backward pass has counted the active ranks */
+    long joined_at;     /* uneven_inputs: st.steps when ddp_join last returned */
+    float scale;        /* what each gradient is multiplied by into its bucket: 1 / the divisor */
     char err[sizeof ddp__err_msg];
 };
 
@@ -3703,6 +3640,38 @@ DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
     return DDP_OK;
 }
 
+/*
+   Uneven inputs (PyTorch's Join). A rank that has run out of batches cannot simply stop: the
+   others' next all-reduce would wait for it until the deadline. So with uneven_inputs every
+   synchronised backward opens with one more all-reduce, of a single number: 1 from each rank
+   still training. A rank in ddp_join adds 0 to it, and while the sum is above 0 it launches the
+   same bucket all-reduces as the others, with zeros. When the sum is 0 every rank has joined.
+   Zeros leave the sum of the gradients to the active ranks; dividing it by the initial world size
+   (each gradient was scaled by 1/W on its way in) weighs every sample of a short step as much as
+   one of a full step would be, which is PyTorch's default.
+*/
+/* Sum `mine` over the ranks (a vector of n floats, n <= W) through the wrapper's buffer. */
+DDP__PRIVATE ddp_status ddp__join_sum(ddp_wrapper* w, float* mine, int n) {
+    ddp_model* m = w->m;
+    if (!w->join_buf) DDP__TRY(ddp_alloc(m->device, (size_t)ddp_world_size(w->pg) * sizeof(float), (void**)&w->join_buf));
+    DDP__TRY(ddp_copy(m->device, w->join_buf, ddp__cpu(), mine, (size_t)n * sizeof(float), m->stream));
+    DDP__TRY(ddp_all_reduce(w->pg, w->join_buf, (size_t)n, DDP_F32, DDP_SUM, NULL));
+    DDP__TRY(ddp_copy(ddp__cpu(), mine, m->device, w->join_buf, (size_t)n * sizeof(float), m->stream));
+    return ddp_stream_sync(m->stream);
+}
+
+/* A training rank's count at the start of a synchronised backward: how many ranks are still
+   training, and so what the gradients are divided by. */
+DDP__PRIVATE ddp_status ddp__join_count(ddp_wrapper* w) {
+    float active = 1.f;
+    w->counted = 1;
+    DDP__TRY(ddp__join_sum(w, &active, 1));
+    w->st.active_ranks = (int)active;
+    if (w->d.divide_by_active_ranks) w->scale = 1.f / active;
+    ddp__log(DDP_LOG_DETAIL, "join: %d of %d ranks train this step", (int)active, ddp_world_size(w->pg));
+    return DDP_OK;
+}
+
 /* The gradient-ready hook: step 2 and 3 above. */
 static void ddp__reducer_hook(ddp_param* p, void* user) {
     ddp_wrapper* w = (ddp_wrapper*)user;
@@ -3711,6 +3680,11 @@ static void ddp__reducer_hook(ddp_param* p, void* user) {
     ddp_status s;
     if (!w->sync || w->broken) return; /* no_sync: the gradient just accumulates in p->grad */
     if (w->t_backward_start == 0) w->t_backward_start = ddp__now(); /* the first gradient of this pass */
+    if (w->d.uneven_inputs && !w->counted && (s = ddp__join_count(w)) != DDP_OK) {
+        w->broken = s;
+        snprintf(w->err, sizeof w->err, "%s", ddp_error_string());
+        return;
+    }
     if (w->ready[p->index]) {
         w->broken = DDP_ERR_STATE;
         snprintf(w->err, sizeof w->err, "parameter %s was marked ready twice in one backward pass (a hand-written "
@@ -3721,7 +3695,7 @@ static void ddp__reducer_hook(ddp_param* p, void* user) {
     b = &w->buckets[w->bucket_of[p->index]];
     slot = b->buf + w->offset_of[p->index];
     /* into the bucket, already divided by the world size (in place for a bucket view) */
-    s = ddp__scale(w->m, slot, p->grad, p->count, 1.f / (float)ddp_world_size(w->pg));
+    s = ddp__scale(w->m, slot, p->grad, p->count, w->scale);
     if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
     if (s != DDP_OK) {
         w->broken = s;
@@ -3741,6 +3715,7 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
         return DDP_OK;
     }
     if (w->broken) return ddp__fail(w->broken, "%s", w->err);
+    if (w->d.uneven_inputs && !w->counted) DDP__TRY(ddp__join_count(w)); /* no gradient at all came */
     /* parameters that received no gradient this time */
     for (i = 0; i < m->nparams; i++) {
         ddp_param* p = m->params[i];
@@ -3791,6 +3766,7 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
         return s;
     }
     /* ready for the next backward */
+    w->counted = 0;
     memset(w->ready, 0, (size_t)m->nparams);
     for (k = 0; k < w->nbuckets; k++) w->buckets[k].pending = w->buckets[k].nparams;
     w->next_launch = 0;
@@ -3926,7 +3902,14 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
                          "state (1) or nothing (0); sharding gradients (2) and weights (3) is not built yet",
                          desc ? desc->zero_stage : 0);
     }
+    if (w->d.uneven_inputs && w->d.zero_stage) {
+        DDP_FREE(w);
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc: uneven_inputs with zero_stage %d is not built: a "
+                         "rank that joined would also have to update its shard and take part in the all-gather of "
+                         "the weights. Use one of the two", desc->zero_stage);
+    }
     w->pg = pg, w->m = m, w->sync = 1;
+    w->scale = 1.f / (float)ddp_world_size(pg);
     s = ddp__verify_model(w);
     /* every rank starts from rank 0's weights, whatever its own seed was */
     for (i = 0; i < m->nparams && s == DDP_OK; i++)
@@ -3987,6 +3970,7 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
             if (w->buckets[i].params) DDP_FREE(w->buckets[i].params);
         DDP_FREE(w->buckets);
     }
+    ddp_free(w->m->device, w->join_buf);
     if (w->bucket_of) DDP_FREE(w->bucket_of);
     if (w->offset_of) DDP_FREE(w->offset_of);
     if (w->ready) DDP_FREE(w->ready);
@@ -3996,9 +3980,67 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
 
 DDP__DEF void ddp_no_sync(ddp_wrapper* w, int on) { w->sync = !on; }
 
+DDP__DEF ddp_status ddp_join(ddp_wrapper* w) {
+    ddp_model* m = w->m;
+    const int W = ddp_world_size(w->pg), me = ddp_rank(w->pg);
+    float* steps;
+    int k, last = 0;
+    ddp_status s = DDP_OK;
+    if (!w->d.uneven_inputs)
+        return ddp__fail(DDP_ERR_STATE, "ddp_join: the wrapper was made without ddp_wrap_desc.uneven_inputs, so the "
+                         "other ranks do not count who is still training and would wait for this rank's gradients "
+                         "until the deadline: set uneven_inputs = 1 on every rank");
+    if (w->broken) return ddp__fail(w->broken, "%s", w->err);
+    /* Shadow the others' synchronised steps, one per round, until nobody trains. */
+    for (;;) {
+        float active = 0.f;
+        DDP__TRY(ddp__join_sum(w, &active, 1));
+        if (active < 0.5f) break;
+        w->st.active_ranks = (int)active;
+        for (k = 0; k < w->nbuckets && s == DDP_OK; k++) {
+            s = ddp__zero(m->device, w->buckets[k].buf, w->buckets[k].count * sizeof(float), m->stream);
+            w->buckets[k].pending = 0;
+        }
+        w->next_launch = 0;
+        if (s == DDP_OK) s = ddp__launch_ready(w);
+        for (k = 0; k < w->nbuckets; k++) { /* wait even after a failure: no work is left behind */
+            ddp_status ws = w->buckets[k].work ? ddp_work_wait(w->buckets[k].work) : DDP_OK;
+            w->buckets[k].work = NULL;
+            w->buckets[k].pending = w->buckets[k].nparams;
+            if (s == DDP_OK) s = ws;
+        }
+        w->next_launch = 0;
+        if (s != DDP_OK) return s;
+        w->st.shadowed_steps++;
+        ddp__log(DDP_LOG_DETAIL, "join: answered a step of %d training rank%s with zeros", (int)active,
+                 active > 1.5f ? "s" : "");
+    }
+    /* Every rank is here. The one that trained the most steps holds the newest weights. */
+    steps = (float*)ddp__calloc((size_t)W * sizeof(float));
+    if (!steps) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_join: no memory");
+    steps[me] = (float)(w->st.steps - w->joined_at); /* since the last join: it may come once per epoch */
+    s = ddp__join_sum(w, steps, W);
+    for (k = 1; k < W && s == DDP_OK; k++)
+        if (steps[k] >= steps[last]) last = k;
+    DDP_FREE(steps);
+    for (k = 0; k < m->nparams && s == DDP_OK; k++)
+        s = ddp__broadcast(w->pg, m->params[k]->data, m->params[k]->count, DDP_F32, last, NULL);
+    /* and its optimizer's state, which the ranks that joined early did not advance: without it a
+       next epoch would start from equal weights but unequal moments, and the replicas drift */
+    if (s == DDP_OK && m->optim) s = ddp__optim_follow(m->optim, w->pg, last);
+    if (s == DDP_OK) w->st.last_joined = last;
+    w->joined_at = w->st.steps;
+    return s;
+}
+
 DDP__DEF void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out) {
+    int k;
     *out = w->st;
     out->optim_state_bytes = w->m->optim_state_bytes;
+    out->param_bytes = out->grad_bytes = ddp_model_num_elements(w->m) * sizeof(float);
+    for (k = 0; k < w->nbuckets; k++) /* the buckets, and their 16-bit copies when compressing */
+        out->grad_bytes += (w->d.gradient_as_bucket_view ? 0 : w->buckets[k].count * sizeof(float)) +
+                           (w->buckets[k].wire ? w->buckets[k].count * 2 : 0);
 }
 
 /* Print the bucket map (which parameters in which bucket) through the log, at INFO level. */
@@ -4601,6 +4643,12 @@ DDP_API ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, dd
 DDP_API ddp_status ddp_optim_step(ddp_optim* o);
 /* Steps taken so far. */
 DDP_API long ddp_optim_steps(const ddp_optim* o);
+/* ZeRO-1 (collective: every rank calls it): gather the sharded state onto rank `to`, so that a
+   ddp_snapshot_save there, before the next step, writes the whole state in the same file DDP
+   writes (PyTorch's consolidate_state_dict). Rank `to` holds the copy until the next step. Does
+   nothing for an optimizer that is not sharded. DDP_ERR_INVALID_ARGUMENT for a bad `to`; the
+   group's errors. */
+DDP_API ddp_status ddp_optim_consolidate(ddp_optim* o, int to);
 /* Free the optimizer and its state. NULL is ignored. */
 DDP_API void ddp_optim_destroy(ddp_optim* o);
 
@@ -4621,6 +4669,9 @@ struct ddp_optim {
     size_t shard, lo; /* ZeRO-1: elements per shard; where this rank's begins in the flat model */
     float *send, *recv; /* ZeRO-1: a piece of this rank's updated shard, and of every rank's */
     size_t state_bytes; /* the state held, counted into the model's optim_state_bytes */
+    float* full[2];     /* ZeRO-1 on the rank that consolidated: the whole of state1 and state2,
+                           the parameters laid end to end; freed by the next step */
+    long full_steps;    /* the step count the consolidated copy belongs to */
 };
 
 /*
@@ -4701,6 +4752,93 @@ DDP__PRIVATE ddp_status ddp__optim_gather(ddp_optim* o) {
     return DDP_OK;
 }
 
+/* State tensors per parameter: SGD's momentum buffer (with momentum only), Adam's two moments. */
+DDP__PRIVATE int ddp__optim_nstate(const ddp_optim* o) {
+    return o->d.kind == DDP_SGD ? o->d.momentum != 0.f : 2;
+}
+
+/* Copy n elements of this rank's shard of state `which` (0: state1, 1: state2), from element `at`
+   of the shard on, into buf. The shard's elements are the owned parts of the parameters, in order,
+   so element `at` is in the parameter whose owned part covers it. */
+DDP__PRIVATE ddp_status ddp__shard_state_copy(ddp_optim* o, int which, size_t at, float* buf, size_t n) {
+    ddp_model* m = o->m;
+    size_t begin = 0;
+    int i;
+    for (i = 0; i < m->nparams && n > 0; i++) {
+        size_t end = begin + o->len[i];
+        if (at < end) {
+            size_t off = at - begin, k = end - at < n ? end - at : n;
+            float* st = which ? o->state2[i] : o->state1[i];
+            DDP__TRY(ddp_copy(m->device, buf, m->device, st + off, k * sizeof(float), m->stream));
+            buf += k, at += k, n -= k;
+        }
+        begin = end;
+    }
+    return DDP_OK;
+}
+
+/* Consolidation moves each state tensor the way ddp__optim_gather moves the weights: every shard,
+   a piece at a time, all-gathered; rank `to` keeps what arrives and the others drop it. An
+   all-gather rather than a gather to one rank because it is the collective every backend has;
+   the bytes each rank receives are those of one all-gather of the state. */
+DDP__DEF ddp_status ddp_optim_consolidate(ddp_optim* o, int to) {
+    ddp_model* m = o->m;
+    size_t n, piece, j, have;
+    int W, q, which, nstate;
+    if (!o->pg) return DDP_OK;
+    W = ddp_world_size(o->pg);
+    if (to < 0 || to >= W)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_optim_consolidate: rank %d is not in this job of %d", to, W);
+    n = ddp_model_num_elements(m);
+    piece = o->shard < ddp__zero_piece ? o->shard : ddp__zero_piece;
+    nstate = ddp__optim_nstate(o);
+    have = o->shard * (size_t)ddp_rank(o->pg) < n ? n - o->shard * (size_t)ddp_rank(o->pg) : 0;
+    if (have > o->shard) have = o->shard; /* this rank's elements: the last shard may be short */
+    for (which = 0; which < nstate; which++) {
+        float* full = NULL;
+        if (ddp_rank(o->pg) == to) {
+            if (!o->full[which]) DDP__TRY(ddp_alloc(m->device, n * sizeof(float), (void**)&o->full[which]));
+            full = o->full[which];
+        }
+        for (j = 0; j < o->shard; j += piece) {
+            size_t k = o->shard - j < piece ? o->shard - j : piece;
+            if (j < have) DDP__TRY(ddp__shard_state_copy(o, which, j, o->send, have - j < k ? have - j : k));
+            DDP__TRY(ddp_all_gather(o->pg, o->send, o->recv, k, DDP_F32, NULL));
+            for (q = 0; full && q < W; q++) {
+                size_t at = (size_t)q * o->shard + j;
+                if (at < n)
+                    DDP__TRY(ddp_copy(m->device, full + at, m->device, o->recv + (size_t)q * k,
+                                      (n - at < k ? n - at : k) * sizeof(float), m->stream));
+            }
+        }
+    }
+    o->full_steps = o->steps;
+    return ddp_stream_sync(m->stream);
+}
+
+/* ddp_join: take rank root's optimizer state and step count (collective; not for a sharded state,
+   which ddp_wrap keeps apart from uneven inputs). */
+DDP__PRIVATE ddp_status ddp__optim_follow(ddp_optim* o, ddp_pg* pg, int root) {
+    ddp_model* m = o->m;
+    float steps = (float)o->steps, *dev;
+    int i;
+    DDP__TRY(ddp_alloc(m->device, sizeof(float), (void**)&dev));
+    if (ddp_copy(m->device, dev, ddp__cpu(), &steps, sizeof steps, m->stream) != DDP_OK ||
+        ddp__broadcast(pg, dev, 1, DDP_F32, root, NULL) != DDP_OK ||
+        ddp_copy(ddp__cpu(), &steps, m->device, dev, sizeof steps, m->stream) != DDP_OK ||
+        ddp_stream_sync(m->stream) != DDP_OK) {
+        ddp_free(m->device, dev);
+        return ddp__last_status();
+    }
+    ddp_free(m->device, dev);
+    o->steps = (long)steps;
+    for (i = 0; i < m->nparams; i++) {
+        if (o->state1[i]) DDP__TRY(ddp__broadcast(pg, o->state1[i], o->len[i], DDP_F32, root, NULL));
+        if (o->state2[i]) DDP__TRY(ddp__broadcast(pg, o->state2[i], o->len[i], DDP_F32, root, NULL));
+    }
+    return DDP_OK;
+}
+
 DDP__DEF ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, ddp_optim** out) {
     ddp_optim* o;
     ddp_optim_desc d;
@@ -4749,6 +4887,7 @@ DDP__DEF ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, d
     for (i = 0; i < m->nparams; i++)
         o->state_bytes += ((o->state1[i] != NULL) + (o->state2[i] != NULL)) * o->len[i] * sizeof(float);
     m->optim_state_bytes += o->state_bytes;
+    m->optim = o;
     *out = o;
     return DDP_OK;
 }
@@ -4771,6 +4910,9 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
         return ddp__fail(DDP_ERR_STATE, "ddp_optim_step: the model was wrapped with zero_stage 1 after this optimizer "
                          "was created, so it holds the full state and the shards would go unused: create the "
                          "optimizer after ddp_wrap");
+    /* a consolidated copy describes the state before this step: it is stale from here on */
+    ddp_free(m->device, o->full[0]), ddp_free(m->device, o->full[1]);
+    o->full[0] = o->full[1] = NULL;
     o->steps++;
     first = o->steps == 1;
     if (d->kind != DDP_SGD) {
@@ -4852,8 +4994,11 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
         ddp_free(o->m->device, o->state2[i]);
     }
     o->m->optim_state_bytes -= o->state_bytes;
+    if (o->m->optim == o) o->m->optim = NULL;
     ddp_free(o->m->device, o->send);
     ddp_free(o->m->device, o->recv);
+    ddp_free(o->m->device, o->full[0]);
+    ddp_free(o->m->device, o->full[1]);
     DDP_FREE(o);
 }
 
@@ -4893,12 +5038,14 @@ typedef struct ddp_snapshot {
 /* Write s to `path`: a temporary file in the same folder, flushed and fsynced, then renamed over
    `path`, so a crash mid-write leaves the previous snapshot intact. Call it on one rank only
    (rank 0: every replica holds the same state). Save after the optimizer step, not between
-   no_sync backward passes (gradients are not saved). DDP_ERR_INVALID_ARGUMENT without a model,
+   no_sync backward passes (gradients are not saved). With ZeRO-1, every rank first calls
+   ddp_optim_consolidate(o, 0); the file is then the one DDP would write, and resumes on any number
+   of ranks, sharded or not (DDP_ERR_STATE without that call). DDP_ERR_INVALID_ARGUMENT without a model,
    DDP_ERR_IO when the file cannot be written (the message names the path and the reason). */
 DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
 /* Read `path` into what s points to, and s->epoch/s->step. Under DDP, call it on every rank after
    ddp_wrap (whose broadcast of rank 0's initial weights would overwrite what was loaded) and after
-   ddp_optim_create. Checks the whole file first (length, header, offsets, checksum, names, shapes,
+   ddp_optim_create (a ZeRO-1 optimizer takes its shard's part of the state). Checks the whole file first (length, header, offsets, checksum, names, shapes,
    optimizer kind, sampler settings, the number of ranks) and changes nothing unless all of it
    matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated or foreign file,
    or one of a job with another number of ranks; DDP_ERR_IO when it cannot be read (DDP_ERR_IO with
@@ -4948,15 +5095,17 @@ DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name
         return 1;
     }
     i -= m->nparams;
-    if (o) per = o->d.kind == DDP_SGD ? (o->state1[0] != NULL) : 2;
+    if (o) per = ddp__optim_nstate(o);
     if (per == 0 || i >= per * m->nparams) return 0;
     k = i / per;
-    if (o->d.kind == DDP_SGD) {
-        snprintf(name, nn, "optim.%s.momentum_buffer", m->params[k]->name);
-        *data = o->state1[k];
-    } else {
-        snprintf(name, nn, "optim.%s.%s", m->params[k]->name, i % per ? "exp_avg_sq" : "exp_avg");
-        *data = i % per ? o->state2[k] : o->state1[k];
+    if (o->d.kind == DDP_SGD) snprintf(name, nn, "optim.%s.momentum_buffer", m->params[k]->name);
+    else snprintf(name, nn, "optim.%s.%s", m->params[k]->name, i % per ? "exp_avg_sq" : "exp_avg");
+    *data = i % per ? o->state2[k] : o->state1[k];
+    if (o->pg) { /* ZeRO-1: the consolidated copy (NULL on a rank without one), all of the tensor */
+        size_t at = 0;
+        int j;
+        for (j = 0; j < k; j++) at += m->params[j]->count;
+        *data = o->full[i % per] ? o->full[i % per] + at : NULL;
     }
     *owner = m->params[k];
     return 1;
@@ -4986,10 +5135,12 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
     ddp_status st = DDP_OK;
     if (!s || !s->model || !path)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_save: %s is NULL", !path ? "path" : "the model");
-    if (s->optim && s->optim->pg)
-        return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the optimizer's state is sharded over the ranks (ZeRO-1), "
-                         "and this ddp.h cannot save a sharded state yet: leave .optim out of the snapshot (a resumed "
-                         "run then restarts the optimizer's state), or train with zero_stage 0");
+    if (s->optim && s->optim->pg && ddp__optim_nstate(s->optim) > 0 &&
+        (!s->optim->full[0] || s->optim->full_steps != s->optim->steps))
+        return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the optimizer's state is sharded over the ranks (ZeRO-1) "
+                         "and this rank holds %s: call ddp_optim_consolidate(o, %d) on every rank right before this "
+                         "save, after the last step", s->optim->full[0] ? "a consolidated copy from an earlier step" :
+                         "only its shard", ddp_rank(s->optim->pg));
     m = s->model;
     okind = s->optim ? (int)s->optim->d.kind : 0;
     memset(&b, 0, sizeof b);
@@ -5112,10 +5263,6 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     int i, k, okind = 0;
     int match[DDP__ST_MAX_TENSORS]; /* match[i]: where the i-th tensor the struct needs is in st->t */
     ddp_status r = DDP_OK;
-    if (s && s->optim && s->optim->pg)
-        return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_load: the optimizer's state is sharded over the ranks (ZeRO-1), "
-                         "and this ddp.h cannot load into a sharded state yet: leave .optim out of the snapshot, or "
-                         "train with zero_stage 0");
     if (!s || !s->model || !path)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_load: %s is NULL", !path ? "path" : "the model");
     if (s->loader && !s->loader->data)
@@ -5225,10 +5372,21 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     }
 #undef DDP__ST_BAD
 #undef DDP__ST_NUM
-    /* Everything checked: only now change the model and the rest. */
-    for (i = 0; r == DDP_OK && ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &p); i++)
-        r = ddp_copy(m->device, data, ddp__cpu(), buf + st->data_off + st->t[match[i]].begin, p->count * sizeof(float),
-                     NULL);
+    /* Everything checked: only now change the model and the rest. A sharded (ZeRO-1) optimizer
+       takes from each state tensor only its shard's part, so a file that N ranks wrote resumes on
+       any number of ranks. */
+    for (i = 0; r == DDP_OK && ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &p); i++) {
+        const unsigned char* from = buf + st->data_off + st->t[match[i]].begin;
+        if (i >= m->nparams && s->optim->pg) {
+            int per = ddp__optim_nstate(s->optim), k = (i - m->nparams) / per;
+            float* to = (i - m->nparams) % per ? s->optim->state2[k] : s->optim->state1[k];
+            if (s->optim->len[k])
+                r = ddp_copy(m->device, to, ddp__cpu(), from + s->optim->first[k] * sizeof(float),
+                             s->optim->len[k] * sizeof(float), NULL);
+        } else {
+            r = ddp_copy(m->device, data, ddp__cpu(), from, p->count * sizeof(float), NULL);
+        }
+    }
     if (r != DDP_OK) goto done;
     if (s->optim) s->optim->steps = (long)osteps;
     if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
@@ -5257,7 +5415,7 @@ done:
 /*      >>cuda      the CUDA runtime: probing the GPUs, streams, events                           */
 /*      >>kernels   GPU kernels compiled at run time by NVRTC; cuBLAS; the CPU matrix product     */
 /*      >>store     the rendezvous store: sockets, its server, its client (declared in >>pg)      */
-/*      >>signals   who has joined; SIGUSR1's flight record; what ddp_init waited for             */
+/*      >>signals   who has joined; the flight record; desync checks; what ddp_init waited for   */
 /*      >>sums      element-wise sums, four floats at a time (the ring, shm, the reducer)         */
 /*      >>shm       the shared-memory transport between the ranks of one machine                  */
 /*      >>cpu       the CPU backend: its communication thread, queue and ring connections         */
@@ -6986,7 +7144,7 @@ DDP__PRIVATE ddp_status ddp__store_barrier(ddp_store* s, const char* name, int c
 #endif /* DDP__IMPLEMENT */
 
 /* ============================================================================================== */
-/* >>signals: who has joined, SIGUSR1's flight record, what ddp_init waited for                  */
+/* >>signals: who has joined, the flight record, desync checks, what ddp_init waited for          */
 /* ============================================================================================== */
 #if DDP__IMPLEMENT
 /* The ranks 0..n-1 whose flag equals `want`, compactly ("0-3, 7, 9-12"), cut short with "..." when
@@ -7171,6 +7329,103 @@ DDP__PRIVATE void ddp__wait_watch(int on) {
     }
     if (!on) ddp__waiting_at = -1;
     pthread_mutex_unlock(&ddp__wait_lock);
+}
+
+/* ---- the flight recorder: each rank's last collectives (>>pg records them) ------------------------ */
+/* Record that collective w reached `state`. */
+DDP__PRIVATE void ddp__flight_note(ddp_pg* pg, const ddp_work* w, int state) {
+    ddp__flight* f = &pg->flight[w->seq % DDP__FLIGHT_N];
+    double t = ddp__now();
+    pthread_mutex_lock(&pg->lock);
+    if (state == DDP__FL_QUEUED) {
+        f->seq = w->seq, f->kind = w->kind, f->count = w->count, f->dtype = w->dtype;
+        f->t_issue = t, f->t_start = f->t_end = 0;
+    }
+    if (f->seq == w->seq) {
+        f->state = state;
+        if (state == DDP__FL_RUNNING) f->t_start = t;
+        if (state >= DDP__FL_DONE) f->t_end = t;
+    }
+    pthread_mutex_unlock(&pg->lock);
+}
+
+/* Log this rank's last collectives, oldest first, at `level`. */
+DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* why) {
+    ddp__flight copy[DDP__FLIGHT_N];
+    uint64_t newest = 0;
+    int i, n = 0;
+    double now = ddp__now();
+    pthread_mutex_lock(&pg->lock);
+    memcpy(copy, pg->flight, sizeof copy);
+    pthread_mutex_unlock(&pg->lock);
+    for (i = 0; i < DDP__FLIGHT_N; i++)
+        if (copy[i].seq > newest) newest = copy[i].seq;
+    ddp__log(level, "the last collectives of rank %d (%s), oldest first:", pg->rank, why);
+    for (i = 0; i < DDP__FLIGHT_N; i++) {
+        const ddp__flight* f = &copy[(newest + 1 + (uint64_t)i) % DDP__FLIGHT_N];
+        char when[64];
+        if (!f->seq) continue;
+        n++;
+        if (f->state == DDP__FL_QUEUED) snprintf(when, sizeof when, "queued %.3f s ago, not started", now - f->t_issue);
+        else if (f->state == DDP__FL_RUNNING) snprintf(when, sizeof when, "RUNNING for %.3f s", now - f->t_start);
+        else snprintf(when, sizeof when, "%s in %.3f ms, %.3f s ago", f->state == DDP__FL_DONE ? "done" : "FAILED",
+                      (f->t_end - f->t_start) * 1e3, now - f->t_end);
+        ddp__log(level, "  #%llu %s (%zu x %s): %s", (unsigned long long)f->seq, ddp__coll_name(f->kind), f->count,
+                ddp__dtype_name(f->dtype), when);
+    }
+    if (!n) ddp__log(level, "  (none yet)");
+}
+/* ---- desync detection (DDP_DEBUG=DETAIL) ------------------------------------------------------------ */
+/* Before each collective every rank publishes what it is about to call, "all_reduce #42 (1091 x
+   f32, sum)", under ddp/fp/<rank>/<seq % 4>, and reads every other rank's entry for the same
+   sequence number. Different entries mean the ranks have fallen out of step (the classic cause
+   of a DDP hang); an entry that never comes means a rank is not calling this collective at all.
+   Four slots per rank suffice: no rank can get more than one collective ahead of another,
+   because each waits here for all the others. Costs a few store round trips per collective. */
+DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w) {
+    char mine[128], theirs[128], key[64], seqtag[32];
+    size_t n;
+    int r;
+    double deadline = ddp__now() + pg->timeout;
+    ddp__fingerprint(w, mine, sizeof mine);
+    snprintf(seqtag, sizeof seqtag, " #%llu ", (unsigned long long)w->seq);
+    snprintf(key, sizeof key, "ddp/fp/%d/%d", pg->rank, (int)(w->seq % 4));
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
+    snprintf(key, sizeof key, "ddp/fp/%d/last", pg->rank);
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
+    for (r = 0; r < pg->world; r++) {
+        const char* k = key;
+        int present = 0;
+        if (r == pg->rank) continue;
+        snprintf(key, sizeof key, "ddp/fp/%d/%d", r, (int)(w->seq % 4));
+        for (;;) { /* until rank r's slot holds this sequence number */
+            DDP__TRY(ddp__store_check(pg->store, &k, 1, &present));
+            if (present) {
+                memset(theirs, 0, sizeof theirs);
+                DDP__TRY(ddp_store_get(pg->store, key, theirs, sizeof theirs - 1, &n));
+                if (strstr(theirs, seqtag)) break;
+            }
+            if (ddp__now() >= deadline) {
+                char lastkey[64];
+                const char* lk = lastkey;
+                snprintf(lastkey, sizeof lastkey, "ddp/fp/%d/last", r);
+                memset(theirs, 0, sizeof theirs);
+                if (ddp__store_check(pg->store, &lk, 1, &present) == DDP_OK && present)
+                    ddp_store_get(pg->store, lastkey, theirs, sizeof theirs - 1, &n);
+                return ddp__fail(DDP_ERR_TIMEOUT, "desync: this rank (%d) is calling %s, but rank %d has not reached "
+                                 "collective #%llu within %.0f s; its last collective was %s. A collective must be "
+                                 "called by every rank: look for one that only some ranks reach (inside an if on "
+                                 "the rank, or a loop with a different number of batches per rank)", pg->rank, mine,
+                                 r, (unsigned long long)w->seq, pg->timeout, theirs[0] ? theirs : "none yet");
+            }
+            ddp__sleep(0.0005);
+        }
+        if (strcmp(theirs, mine) != 0)
+            return ddp__fail(DDP_ERR_DESYNC, "desync at collective #%llu: this rank (%d) calls %s, rank %d calls %s. "
+                             "Every rank must call the same collectives in the same order with the same sizes",
+                             (unsigned long long)w->seq, pg->rank, mine, r, theirs);
+    }
+    return DDP_OK;
 }
 
 #endif /* DDP__IMPLEMENT */

@@ -88,6 +88,10 @@ typedef struct cfg {
     float lr, momentum;
     int adam;           /* Adam instead of SGD */
     int zero;           /* ddp_wrap_desc.zero_stage */
+    int from, to;       /* train steps [from, to) (to 0: STEPS) */
+    const char* load;   /* a snapshot (model and optimizer) to resume from before step `from` */
+    int load_model_only; /* ... leaving the optimizer's state out of the load */
+    const char* save;   /* where rank 0 writes the snapshot after step `to` (consolidated first) */
 } cfg;
 
 /* Per rank: wrap a model seeded differently from rank 0's (the broadcast must fix that), train
@@ -151,8 +155,17 @@ static int train_rank(int rank, void* arg) {
             return 18;
         }
     }
+    if (c->load) {
+        ddp_snapshot snap;
+        memset(&snap, 0, sizeof snap);
+        snap.model = m, snap.optim = c->load_model_only ? NULL : o;
+        if (ddp_snapshot_load(&snap, c->load) != DDP_OK) {
+            printf("    rank %d: ddp_snapshot_load: %s\n", rank, ddp_error_string());
+            return 19;
+        }
+    }
     per = GLOBAL_B / (W * accum); /* rows per rank per micro-batch */
-    for (step = 0; step < STEPS; step++) {
+    for (step = c->from; step < (c->to ? c->to : STEPS); step++) {
         global_batch(step, x, y);
         if (ddp_model_zero_grad(m) != DDP_OK) return 13;
         g_grad_max_step = 0;
@@ -175,10 +188,20 @@ static int train_rank(int rank, void* arg) {
     {
         ddp_wrap_stats st;
         ddp_wrapper_stats(w, &st);
-        if (st.steps != STEPS || st.all_reduces != (long)STEPS * st.buckets) {
-            printf("    rank %d: %ld synchronised steps and %ld all-reduces for %d buckets, expected %d and %ld\n", rank,
-                   st.steps, st.all_reduces, st.buckets, STEPS, (long)STEPS * st.buckets);
+        long steps = (c->to ? c->to : STEPS) - c->from;
+        if (st.steps != steps || st.all_reduces != steps * st.buckets) {
+            printf("    rank %d: %ld synchronised steps and %ld all-reduces for %d buckets, expected %ld and %ld\n",
+                   rank, st.steps, st.all_reduces, st.buckets, steps, steps * st.buckets);
             return 16;
+        }
+    }
+    if (c->save) {
+        ddp_snapshot snap;
+        memset(&snap, 0, sizeof snap);
+        snap.model = m, snap.optim = o, snap.step = c->to;
+        if (ddp_optim_consolidate(o, 0) != DDP_OK || (rank == 0 && ddp_snapshot_save(&snap, c->save) != DDP_OK)) {
+            printf("    rank %d: consolidating and saving: %s\n", rank, ddp_error_string());
+            return 20;
         }
     }
     snprintf(path, sizeof path, "%s/w%d.bin", g_dir, rank);
@@ -345,8 +368,216 @@ static void equivalence_zero1(void) {
     printf("    ZeRO-1: worst relative L2 difference from one process over 19 runs: %.3g\n", worst);
 }
 
+/* A ZeRO-1 snapshot: N ranks train half the steps, consolidate the optimizer's state onto rank 0,
+   which saves; M ranks (sharded again, or plain DDP) load it and train the other half. The weights
+   must be those of one process that trained every step without stopping: each resumed rank took
+   its new shard's part of the state from the file, and a run without the state (a fresh Adam)
+   would end elsewhere, which the last check shows. */
+static void zero1_snapshot_resumes_on_other_worlds(void) {
+    static const int pairs[][3] = {{2, 3, 1}, {4, 2, 1}, {3, 1, 1}, {2, 4, 0}, {1, 2, 1}}; /* N, M, M's stage */
+    char path[128];
+    double worst = 0, e;
+    size_t i;
+    int adam;
+    snprintf(path, sizeof path, "%s/zero1.st", g_dir);
+    for (adam = 0; adam < 2; adam++)
+        for (i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+            cfg c = base();
+            int N = pairs[i][0], M = pairs[i][1];
+            if (g_gpu && (N > g_gpus || M > g_gpus)) continue;
+            c.adam = adam;
+            if (adam) c.lr = 0.01f;
+            c.zero = 1, c.to = STEPS / 2, c.save = path;
+            CHECK_OK(ddp_spawn(N, train_rank, &c));
+            c.zero = pairs[i][2], c.from = STEPS / 2, c.to = 0, c.save = NULL, c.load = path;
+            e = equivalence(M, &c, g_gpu ? 1e-4 : 1e-5);
+            printf("    %s: ZeRO-1 on %d rank%s, resumed on %d (%s): %.3g relative from one process\n",
+                   adam ? "Adam" : "SGD", N, N > 1 ? "s" : "", M, c.zero ? "ZeRO-1" : "DDP", e);
+            if (e > worst) worst = e;
+            if (i == 0) { /* the same resume without the optimizer's state must miss */
+                c.load_model_only = 1;
+                e = equivalence(M, &c, 1e30);
+                printf("    ... resumed without the optimizer's state: %.3g relative\n", e);
+                CHECKF(e > 1e-3, "resuming without the optimizer's state ended %.3g from the uninterrupted run: the "
+                       "test cannot tell a lost state from a kept one", e);
+            }
+        }
+    printf("    worst relative L2 difference from one process: %.3g\n", worst);
+}
+
+/* Uneven inputs (Join): in epoch e rank r has g_join_batches[e][r] batches of its own. The ranks
+   still training in a step average their gradients over the initial world size (PyTorch's
+   default) or over themselves (divide_by_active_ranks); a rank out of batches calls ddp_join and
+   answers with zeros; at each epoch's end every rank holds the weights and the optimizer state of
+   the rank that trained longest (rank 0, then rank 1), so the second epoch starts even. */
+enum { JOIN_W = 3, JOIN_B = 4, JOIN_EPOCHS = 2 };
+static const int g_join_batches[JOIN_EPOCHS][JOIN_W] = {{10, 9, 7}, {7, 10, 9}};
+static void join_batch(int rank, int step, float* x, int* y) {
+    ddp_rng r = ddp_rng_seed(5000 + (uint64_t)rank * 100 + (uint64_t)step);
+    int i;
+    for (i = 0; i < JOIN_B * FEAT; i++) x[i] = 2.f * ddp_rng_uniform(&r) - 1.f;
+    for (i = 0; i < JOIN_B; i++) y[i] = (int)ddp_rng_below(&r, CLASSES);
+}
+typedef struct join_cfg { int by_active, view, cap, adam; } join_cfg;
+static int join_rank(int rank, void* arg) {
+    const join_cfg* jc = (const join_cfg*)arg;
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_optim* o;
+    ddp_wrapper* w;
+    ddp_wrap_desc wd;
+    ddp_wrap_stats st;
+    float x[JOIN_B * FEAT], loss;
+    int y[JOIN_B], step, e;
+    long shadowed = 0;
+    char path[128];
+    memset(&d, 0, sizeof d);
+    d.device.type = g_gpu ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU;
+    d.timeout_s = 60;
+    if (ddp_init(&d, &pg) != DDP_OK) return 10;
+    m = model_on(ddp_pg_device(pg), 100 + (uint64_t)rank * 17);
+    memset(&wd, 0, sizeof wd);
+    wd.uneven_inputs = 1, wd.divide_by_active_ranks = jc->by_active;
+    wd.gradient_as_bucket_view = jc->view, wd.bucket_cap_bytes = wd.first_bucket_bytes = (size_t)jc->cap;
+    if (!m || ddp_wrap(pg, m, &wd, &w) != DDP_OK) return 11;
+    o = optimizer(m, jc->adam, jc->adam ? 0.01f : 0.1f, 0.9f);
+    for (e = 0; e < JOIN_EPOCHS; e++) {
+        const int* nb = g_join_batches[e];
+        int most = nb[0] > nb[1] ? (nb[0] > nb[2] ? 0 : 2) : (nb[1] > nb[2] ? 1 : 2);
+        for (step = 0; step < nb[rank]; step++) {
+            join_batch(rank, e * 100 + step, x, y);
+            if (ddp_model_zero_grad(m) != DDP_OK || ddp_model_forward(m, x, JOIN_B) != DDP_OK ||
+                ddp_loss_cross_entropy(m, y, &loss) != DDP_OK || ddp_model_backward(m) != DDP_OK ||
+                ddp_optim_step(o) != DDP_OK) {
+                printf("    rank %d step %d: %s\n", rank, step, ddp_error_string());
+                return 12;
+            }
+        }
+        if (ddp_join(w) != DDP_OK) {
+            printf("    rank %d: ddp_join: %s\n", rank, ddp_error_string());
+            return 13;
+        }
+        shadowed += nb[most] - nb[rank];
+        ddp_wrapper_stats(w, &st);
+        if (st.shadowed_steps != shadowed || st.last_joined != most || ddp_optim_steps(o) != 10 * (e + 1)) {
+            printf("    rank %d, epoch %d: answered %ld steps with zeros, took rank %d's weights, optimizer at step "
+                   "%ld; expected %ld, %d, %d\n", rank, e, st.shadowed_steps, st.last_joined, ddp_optim_steps(o),
+                   shadowed, most, 10 * (e + 1));
+            return 14;
+        }
+    }
+    snprintf(path, sizeof path, "%s/w%d.bin", g_dir, rank);
+    save_params(m, path);
+    ddp_wrapper_destroy(w);
+    ddp_optim_destroy(o);
+    ddp_model_destroy(m);
+    ddp_destroy(pg);
+    return 0;
+}
+/* The rule in one process: per step, the gradients of the ranks that still have a batch, summed
+   (backward adds into p->grad) and divided by 3 or by how many they are; then one SGD step. */
+static size_t join_reference(int by_active, int adam, float* out, size_t cap) {
+    ddp_model* m = cpu_model(100);
+    ddp_optim* o = optimizer(m, adam, adam ? 0.01f : 0.1f, 0.9f);
+    float x[JOIN_B * FEAT], loss;
+    int y[JOIN_B], step, r, i, e;
+    size_t n = 0, k;
+    for (e = 0; e < JOIN_EPOCHS; e++)
+    for (step = 0; step < 10; step++) { /* 10: the most batches any rank has in each epoch */
+        int active = 0;
+        ddp_model_zero_grad(m);
+        for (r = 0; r < JOIN_W; r++) {
+            if (step >= g_join_batches[e][r]) continue;
+            active++;
+            join_batch(r, e * 100 + step, x, y);
+            ddp_model_forward(m, x, JOIN_B);
+            ddp_loss_cross_entropy(m, y, &loss);
+            ddp_model_backward(m);
+        }
+        for (i = 0; i < ddp_model_num_params(m); i++)
+            for (k = 0; k < ddp_model_param(m, i)->count; k++)
+                ddp_model_param(m, i)->grad[k] /= (float)(by_active ? active : JOIN_W);
+        ddp_optim_step(o);
+    }
+    for (i = 0; i < ddp_model_num_params(m) && n < cap; i++) {
+        memcpy(out + n, ddp_model_param(m, i)->data, ddp_model_param(m, i)->count * 4);
+        n += ddp_model_param(m, i)->count;
+    }
+    ddp_optim_destroy(o);
+    ddp_model_destroy(m);
+    return n;
+}
+static void join_uneven_inputs(void) {
+    static const join_cfg cfgs[] = {{0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 1, 0}, {1, 1, 256, 0}, {0, 0, 0, 1}};
+    float ref[2048], other[2048], got[2048];
+    char path[128];
+    size_t i, k, n;
+    int r;
+    if (g_gpu && JOIN_W > g_gpus) {
+        printf("    not run: NCCL needs a GPU for each of %d ranks, and this machine shows %d\n", JOIN_W, g_gpus);
+        return;
+    }
+    for (i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        double num = 0, den = 0, dnum = 0;
+        n = join_reference(cfgs[i].by_active, cfgs[i].adam, ref, 2048);
+        join_reference(!cfgs[i].by_active, cfgs[i].adam, other, 2048);
+        CHECK_OK(ddp_spawn(JOIN_W, join_rank, (void*)&cfgs[i]));
+        for (r = 0; r < JOIN_W; r++) {
+            snprintf(path, sizeof path, "%s/w%d.bin", g_dir, r);
+            CHECKF(load_params(path, got, 2048) == n, "rank %d saved no weights", r);
+            for (k = 0; k < n; k++) {
+                double e = (double)got[k] - ref[k], e2 = (double)other[k] - ref[k];
+                num += e * e, den += (double)ref[k] * ref[k], dnum += e2 * e2;
+            }
+        }
+        printf("    %s, batches 10, 9, 7 then 7, 10, 9 on 3 ranks, divided by %s, %s, cap %d: %.3g relative from "
+               "the rule (the other rule is %.3g away)\n", cfgs[i].adam ? "Adam" : "SGD",
+               cfgs[i].by_active ? "the active ranks" : "the world size", cfgs[i].view ? "bucket views" : "copies",
+               cfgs[i].cap, sqrt(num / den), sqrt(dnum / den));
+        CHECKF(sqrt(num / den) <= (g_gpu ? 1e-4 : 1e-5), "the weights are %.3g from the documented rule",
+               sqrt(num / den));
+        CHECKF(sqrt(dnum / den) > 1e-3, "the two rules end %.3g apart: the test cannot tell them apart",
+               sqrt(dnum / den));
+    }
+}
+
+/* What ddp_join refuses: a wrapper without uneven_inputs, and uneven inputs with ZeRO. */
+static int join_refusals_rank(int rank, void* arg) {
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_wrapper* w = NULL;
+    ddp_wrap_desc wd;
+    int bad = 0;
+    (void)arg;
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CPU;
+    d.timeout_s = 60;
+    if (ddp_init(&d, &pg) != DDP_OK) return 10;
+    m = model_on(ddp_pg_device(pg), 100);
+    memset(&wd, 0, sizeof wd);
+    wd.uneven_inputs = 1, wd.zero_stage = 1;
+    if (ddp_wrap(pg, m, &wd, &w) != DDP_ERR_INVALID_ARGUMENT || !strstr(ddp_error_string(), "uneven_inputs")) {
+        printf("    rank %d: uneven_inputs with ZeRO-1 was not refused by name: %s\n", rank, ddp_error_string());
+        bad = 1;
+    }
+    memset(&wd, 0, sizeof wd);
+    if (ddp_wrap(pg, m, &wd, &w) != DDP_OK) return 11;
+    if (ddp_join(w) != DDP_ERR_STATE || !strstr(ddp_error_string(), "set uneven_inputs = 1")) {
+        printf("    rank %d: ddp_join without uneven_inputs was not refused: %s\n", rank, ddp_error_string());
+        bad = 1;
+    }
+    ddp_wrapper_destroy(w);
+    ddp_model_destroy(m);
+    ddp_destroy(pg);
+    return bad ? 12 : 0;
+}
+static void join_refusals(void) { CHECK_OK(ddp_spawn(2, join_refusals_rank, NULL)); }
+
 /* What ZeRO-1 cannot do here is refused by name: stages 2 and 3, an optimizer created before the
-   wrap (it would hold the full state), and a snapshot of the sharded state. */
+   wrap (it would hold the full state), and a snapshot of a sharded state that was not consolidated
+   right before the save. */
 static int zero_refusals_rank(int rank, void* arg) {
     ddp_desc d;
     ddp_pg* pg;
@@ -380,8 +611,21 @@ static int zero_refusals_rank(int rank, void* arg) {
     memset(&snap, 0, sizeof snap);
     snap.model = m, snap.optim = o;
     if (rank == 0 && (ddp_snapshot_save(&snap, "/nonexistent/never-written.st") != DDP_ERR_STATE ||
-                      !strstr(ddp_error_string(), "sharded"))) {
-        printf("    rank %d: saving a sharded optimizer was not refused: %s\n", rank, ddp_error_string());
+                      !strstr(ddp_error_string(), "ddp_optim_consolidate(o, 0)"))) {
+        printf("    rank %d: saving a sharded optimizer that was not consolidated was not refused: %s\n", rank,
+               ddp_error_string());
+        bad = 1;
+    }
+    /* consolidated, then a step: the copy is stale, and a save says so */
+    if (ddp_optim_consolidate(o, 0) != DDP_OK || ddp_optim_consolidate(o, 2) != DDP_ERR_INVALID_ARGUMENT) {
+        printf("    rank %d: ddp_optim_consolidate: %s\n", rank, ddp_error_string());
+        bad = 1;
+    }
+    if (ddp_optim_step(o) != DDP_OK) return 13;
+    if (rank == 0 && (ddp_snapshot_save(&snap, "/nonexistent/never-written.st") != DDP_ERR_STATE ||
+                      !strstr(ddp_error_string(), "right before this save"))) {
+        printf("    rank %d: saving after a step past the consolidation was not refused: %s\n", rank,
+               ddp_error_string());
         bad = 1;
     }
     ddp_wrapper_destroy(w);
@@ -789,6 +1033,8 @@ int main(int argc, char** argv) {
         RUN(equivalence_no_sync_accumulation);
         RUN(equivalence_compressed);
         RUN(equivalence_zero1);
+        RUN(zero1_snapshot_resumes_on_other_worlds);
+        RUN(join_uneven_inputs);
         RUN(overlap_on_the_gpu);
         h_remove_tree(g_dir);
         return H_EXIT();
@@ -797,7 +1043,10 @@ int main(int argc, char** argv) {
     RUN(equivalence_no_sync_accumulation);
     RUN(equivalence_compressed);
     RUN(equivalence_zero1);
+    RUN(zero1_snapshot_resumes_on_other_worlds);
     RUN(zero_refusals);
+    RUN(join_uneven_inputs);
+    RUN(join_refusals);
     RUN(bucket_assignment);
     RUN(unused_parameter_error);
     RUN(find_unused_parameters);

@@ -200,6 +200,106 @@ static int timeout_main(void) {
     return 0;
 }
 
+/* ZeRO-1 and uneven inputs over MPI's own collectives: the weights match one process that applies
+   the same rule. Rank r's batch of step t is drawn from the seed (r, t); each step of the one
+   process sums the gradients of the ranks that train in it and divides by the world size. With
+   ZeRO-1 every rank trains every step (Adam, sharded state, then consolidated onto rank 0); with
+   uneven inputs rank r stops after 8 - 2r steps and joins (SGD with momentum). */
+enum { MPI_FEAT = 5, MPI_B = 3, MPI_STEPS = 8 };
+static ddp_model* mpi_model(uint64_t seed) {
+    int sizes[3] = {MPI_FEAT, 7, 3};
+    ddp_model_desc md;
+    ddp_model* m = NULL;
+    memset(&md, 0, sizeof md);
+    md.device.type = DDP_DEVICE_CPU;
+    md.seed = seed;
+    return ddp_model_mlp(&md, sizes, 3, DDP_LAYER_RELU, &m) == DDP_OK ? m : NULL;
+}
+static ddp_optim* mpi_optim(ddp_model* m, int adam) {
+    ddp_optim_desc od;
+    ddp_optim* o = NULL;
+    memset(&od, 0, sizeof od);
+    od.kind = adam ? DDP_ADAM : DDP_SGD;
+    od.lr = adam ? 0.01f : 0.1f;
+    od.momentum = adam ? 0.f : 0.9f;
+    return ddp_optim_create(m, &od, &o) == DDP_OK ? o : NULL;
+}
+static int mpi_steps_of(int rank, int uneven) { return uneven ? MPI_STEPS - 2 * rank : MPI_STEPS; }
+static void mpi_batch(int rank, int step, float* x, int* y) {
+    ddp_rng r = ddp_rng_seed(900 + (uint64_t)rank * 50 + (uint64_t)step);
+    int i;
+    for (i = 0; i < MPI_B * MPI_FEAT; i++) x[i] = 2.f * ddp_rng_uniform(&r) - 1.f;
+    for (i = 0; i < MPI_B; i++) y[i] = (int)ddp_rng_below(&r, 3);
+}
+static int sharding_main(int rank, void* arg) {
+    const int uneven = *(const int*)arg;
+    ddp_pg* pg;
+    ddp_model *m, *ref;
+    ddp_optim *o, *ro;
+    ddp_wrapper* w;
+    ddp_wrap_desc wd;
+    float x[MPI_B * MPI_FEAT], loss;
+    int y[MPI_B], t, r, i, bad = 0;
+    size_t k;
+    double num = 0, den = 0;
+    if (init_mpi(&pg) != DDP_OK) {
+        printf("    rank %d: ddp_init failed: %s\n", rank, ddp_error_string());
+        return 1;
+    }
+    m = mpi_model(10 + (uint64_t)rank), ref = mpi_model(10);
+    memset(&wd, 0, sizeof wd);
+    wd.zero_stage = !uneven, wd.uneven_inputs = uneven;
+    if (!m || !ref || ddp_wrap(pg, m, &wd, &w) != DDP_OK || !(o = mpi_optim(m, !uneven)) || !(ro = mpi_optim(ref, !uneven))) {
+        printf("    rank %d: setting up: %s\n", rank, ddp_error_string());
+        return 1;
+    }
+    for (t = 0; t < mpi_steps_of(rank, uneven); t++) {
+        mpi_batch(rank, t, x, y);
+        if (ddp_model_zero_grad(m) != DDP_OK || ddp_model_forward(m, x, MPI_B) != DDP_OK ||
+            ddp_loss_cross_entropy(m, y, &loss) != DDP_OK || ddp_model_backward(m) != DDP_OK ||
+            ddp_optim_step(o) != DDP_OK) {
+            printf("    rank %d step %d: %s\n", rank, t, ddp_error_string());
+            return 1;
+        }
+    }
+    if (uneven && ddp_join(w) != DDP_OK) {
+        printf("    rank %d: ddp_join: %s\n", rank, ddp_error_string());
+        return 1;
+    }
+    if (!uneven && ddp_optim_consolidate(o, 0) != DDP_OK) {
+        printf("    rank %d: ddp_optim_consolidate: %s\n", rank, ddp_error_string());
+        bad++;
+    }
+    for (t = 0; t < MPI_STEPS; t++) { /* the rule, in this process */
+        ddp_model_zero_grad(ref);
+        for (r = 0; r < g_world; r++) {
+            if (t >= mpi_steps_of(r, uneven)) continue;
+            mpi_batch(r, t, x, y);
+            ddp_model_forward(ref, x, MPI_B);
+            ddp_loss_cross_entropy(ref, y, &loss);
+            ddp_model_backward(ref);
+        }
+        for (i = 0; i < ddp_model_num_params(ref); i++)
+            for (k = 0; k < ddp_model_param(ref, i)->count; k++) ddp_model_param(ref, i)->grad[k] /= (float)g_world;
+        ddp_optim_step(ro);
+    }
+    for (i = 0; i < ddp_model_num_params(m); i++)
+        for (k = 0; k < ddp_model_param(m, i)->count; k++) {
+            double e = (double)ddp_model_param(m, i)->data[k] - ddp_model_param(ref, i)->data[k];
+            num += e * e, den += (double)ddp_model_param(ref, i)->data[k] * ddp_model_param(ref, i)->data[k];
+        }
+    if (sqrt(num / den) > 1e-5) {
+        printf("    rank %d (%s): the weights are %.3g relative from one process applying the rule\n", rank,
+               uneven ? "uneven inputs" : "ZeRO-1", sqrt(num / den));
+        bad++;
+    }
+    ddp_wrapper_destroy(w);
+    ddp_optim_destroy(o), ddp_optim_destroy(ro);
+    ddp_model_destroy(m), ddp_model_destroy(ref);
+    ddp_destroy(pg);
+    return bad;
+}
+
 int main(int argc, char** argv) {
     int provided = 0, timeout_mode = argc > 1 && !strcmp(argv[1], "--timeout");
     suite_arg a;
@@ -227,6 +327,11 @@ int main(int argc, char** argv) {
     mpi_case(g_world == 2 ? "mpi_every_collective_dtype_op_and_64MiB" : "mpi_every_collective_dtype_op", rank_main, &a);
     mpi_case("mpi_collectives_in_flight_complete_in_order", in_flight_main, NULL);
     if (g_world == 2) mpi_case("mpi_misuse_refused", misuse_main, NULL); /* its check assumes 2 ranks */
+    {
+        int zero1 = 0, uneven = 1;
+        mpi_case("mpi_zero1_equals_one_process", sharding_main, &zero1);
+        if (g_world <= 4) mpi_case("mpi_uneven_inputs_join", sharding_main, &uneven); /* 8 - 2r steps */
+    }
     if (ddp__cuda_device_count() >= g_world) mpi_case("mpi_gpu_buffers_staged", gpu_main, NULL);
     else if (g_rank == 0) printf("skip mpi_gpu_buffers_staged (np %d): %d GPU(s) for %d ranks%s%s\n", g_world,
                                  ddp__cuda_device_count(), g_world, *ddp__cuda_unavailable_reason() ? ": " : "",
