@@ -143,6 +143,18 @@ static inline double lab_now(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* "240 40 320" for a list of sizes, for a message (" ..." when it does not fit). One buffer: use
+   it once per printf. */
+static inline const char* lab_fmt_sizes(const size_t* v, int n) {
+    static char b[1024];
+    size_t pos = 0;
+    int i;
+    b[0] = 0;
+    for (i = 0; i < n && pos < sizeof b - 32; i++) pos += (size_t)snprintf(b + pos, sizeof b - pos, "%s%zu", i ? " " : "", v[i]);
+    if (i < n) snprintf(b + pos, sizeof b - pos, " ...");
+    return b;
+}
+
 /* Print what the child wrote, every line indented; the harness's own "@" lines left out. */
 static inline void lab_print_output(const char* out) {
     const char* p = out;

@@ -159,7 +159,7 @@ else
 fi
 
 echo "== labs"
-for lab in sampler ring buckets no_sync resume measure; do
+for lab in sampler ring buckets no_sync resume measure zero1; do
     for kind in starter solution; do
         name=lab_${lab}_${kind}_$([ $kind = starter ] && echo fails || echo passes)
         sol=(); [ $kind = solution ] && sol=(SOLUTION=1)

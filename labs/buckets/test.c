@@ -24,15 +24,6 @@
 
 /* ---- part 1: the map against the rules ------------------------------------------------------- */
 
-static const char* fmt_sizes(const size_t* v, int n) {
-    static char b[1024];
-    size_t pos = 0;
-    int i;
-    b[0] = 0;
-    for (i = 0; i < n && pos < sizeof b - 32; i++) pos += (size_t)snprintf(b + pos, sizeof b - pos, "%s%zu", i ? " " : "", v[i]);
-    if (i < n) snprintf(b + pos, sizeof b - pos, " ...");
-    return b;
-}
 static const char* fmt_ints(const int* v, int n) {
     static char bufs[2][1024];
     static int which;
@@ -54,7 +45,7 @@ static int check_map(int nparams, const size_t* bytes, size_t first, size_t cap,
     memset(map, 0x5A, sizeof *map); /* documented: not zeroed */
     lab_assign_buckets(map, nparams, bytes, first, cap);
     snprintf(setting, sizeof setting, "param_bytes {%s} (parameter 0 first), first_bucket_bytes %zu, bucket_cap_bytes %zu",
-             fmt_sizes(bytes, nparams), first, cap);
+             lab_fmt_sizes(bytes, nparams), first, cap);
 #define MAP_FAIL(...)                                                                                                  \
     do {                                                                                                           \
         lab_failf(__VA_ARGS__);                                                                                    \
@@ -259,7 +250,7 @@ static void assign_matches_ddp_wrap(void) {
         if (!same) {
             lab_failf("[rule B1-B4: the same map as ddp_wrap] param_bytes {%s}, first_bucket_bytes %zu, bucket_cap_bytes "
                       "%zu: ddp_wrap makes %d bucket(s) of {%s} parameters, yours %d of {%s}",
-                      fmt_sizes(w->bytes[c], w->nparams[c]), w->first[c], w->cap[c], w->buckets[c],
+                      lab_fmt_sizes(w->bytes[c], w->nparams[c]), w->first[c], w->cap[c], w->buckets[c],
                       fmt_ints(w->bucket_params[c], w->buckets[c]), m.nbuckets, fmt_ints(m.nparams_in, m.nbuckets));
             reported++;
         }
