@@ -59,6 +59,8 @@
         >>nn        the model: layers, forward, losses, backward, which fires  1
                     the per-parameter "gradient ready" hook
         >>reducer   the DDP wrapper: buckets, hooks, overlap, no_sync          2, 7-8
+        >>zero      sharding the training state (ZeRO-1, -2, -3): who owns      11
+                    what, a layer gathered just before use, the shards' step
         >>ring      the ring all-reduce, one rule for every step               2, 10
         >>nccl      the NCCL backend, and the ring over NCCL's send and recv   3, 10
         >>optim     the optimizer step: SGD, Adam, AdamW                       1
@@ -1521,6 +1523,7 @@ DDP__PRIVATE void ddp__usr1_forget(ddp_pg* pg); /* >>signals */
 DDP__PRIVATE void ddp__flight_note(ddp_pg* pg, const ddp_work* w, int state); /* >>signals */
 DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* why); /* >>signals */
 DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w); /* >>signals */
+DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg); /* >>signals */
 DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out); /* >>launch */
 DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg); /* >>bind */
 DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg); /* >>cpu */
@@ -1593,106 +1596,9 @@ DDP__PRIVATE const char* ddp__op_name(ddp_reduce_op op) {
 }
 
 /* ---- joining the job --------------------------------------------------------------------------- */
+/* ddp_init connects to the store, then agrees with the others on the world (>>signals,
+   ddp__agree): no two processes with one rank, one launch per node, one WORLD_SIZE. */
 
-/* The first caller for `key` stores `value` under it; a later one gets the first one's value in
-   `first` (n bytes) and *taken = 1. The store has no compare-and-set: a counter decides. */
-DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* value, char* first, size_t n, int* taken) {
-    char count[DDP_STORE_MAX_KEY + 8];
-    int64_t claims = 0;
-    size_t got = 0;
-    snprintf(count, sizeof count, "%s/claims", key);
-    DDP__TRY(ddp__store_add(pg->store, count, 1, &claims));
-    *taken = claims > 1;
-    if (!*taken) return ddp_store_set(pg->store, key, value, strlen(value));
-    memset(first, 0, n);
-    return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
-}
-
-/* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
-   disagreement publishes it under ddp/abort so that the others fail at once with the same
-   explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
-   for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
-#define DDP__JOIN_REPORT_S 5.0 /* seconds between rank 0's first reports of who is missing */
-DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
-    char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
-    const char* abort_key[1] = {"ddp/abort"};
-    const char* launch = getenv("DDP_LAUNCH_ID");
-    int i, present, taken = 0;
-    double started = ddp__now(), deadline = started + pg->timeout, report = started + DDP__JOIN_REPORT_S;
-    gethostname(host, sizeof host - 1);
-    /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
-       launch that started that node's first rank, or two launches given one MASTER_PORT and one
-       DDP_JOB_TOKEN would mix their ranks (the later one's rank 1 taking the free slot). */
-    if (launch && *launch) {
-        snprintf(me, sizeof me, "%.200s", launch);
-        snprintf(key, sizeof key, "ddp/launch/%d", pg->env.node_rank);
-        DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
-        if (taken && strcmp(holder, me) != 0)
-            return ddp__fail(DDP_ERR_STORE_REFUSED, "the store at %s:%d refused this rank: it belongs to another "
-                             "launch. Node %d of the job there was started by launch %s (host:launcher pid:start time), "
-                             "this rank by launch %s: two jobs share MASTER_PORT %d and DDP_JOB_TOKEN. Give each job its "
-                             "own MASTER_PORT (ddprun --standalone picks a free one) or its own DDP_JOB_TOKEN",
-                             pg->env.master_addr, pg->env.master_port, pg->env.node_rank, holder, me, pg->env.master_port);
-    }
-    snprintf(me, sizeof me, "pid %ld on host %.250s", (long)getpid(), host);
-    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
-    DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
-    if (taken)
-        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "two processes were started with RANK=%d: %s holds rank %d (it "
-                         "came first), and this process, %s, came later. Give each process its own rank 0..%d; if "
-                         "another job uses this MASTER_PORT with the same DDP_JOB_TOKEN, give each job its own port",
-                         pg->rank, holder, pg->rank, me, pg->world - 1);
-    snprintf(mine, sizeof mine, "%d", pg->world);
-    snprintf(key, sizeof key, "ddp/world/%d", pg->rank);
-    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
-    for (i = 0; i < pg->world; i++) {
-        const char* k[1];
-        size_t n = 0;
-        snprintf(key, sizeof key, "ddp/world/%d", i);
-        k[0] = key;
-        ddp__wait_note("waiting for rank %d to join the job (WORLD_SIZE=%d)", i, pg->world);
-        for (;;) {
-            DDP__TRY(ddp__store_check(pg->store, abort_key, 1, &present));
-            if (present) {
-                char why[256] = "";
-                ddp_store_get(pg->store, "ddp/abort", why, sizeof why - 1, &n);
-                return ddp__fail(DDP_ERR_WORLD_MISMATCH, "another rank stopped the job: %s", why);
-            }
-            DDP__TRY(ddp__store_check(pg->store, k, 1, &present));
-            if (present) break;
-            if (ddp__now() >= deadline)
-                return ddp__fail(DDP_ERR_TIMEOUT, "rank %d never joined within %.0f s (this rank expects WORLD_SIZE=%d): "
-                                 "start all %d processes, or fix WORLD_SIZE", i, pg->timeout, pg->world, pg->world);
-            if (ddp__now() >= report) { /* every 5 s, and every 30 s after the first half minute */
-                ddp__join_progress(pg, started, pg->rank == 0);
-                report = ddp__now() + (ddp__now() - started < 30 ? DDP__JOIN_REPORT_S : 6 * DDP__JOIN_REPORT_S);
-            }
-            ddp__sleep(0.02);
-        }
-        memset(theirs, 0, sizeof theirs);
-        DDP__TRY(ddp_store_get(pg->store, key, theirs, 15, &n)); /* a world size: a few digits */
-        if (strcmp(theirs, mine) != 0) {
-            char why[256];
-            snprintf(why, sizeof why, "rank %d was started with WORLD_SIZE=%s but rank %d with WORLD_SIZE=%s: every "
-                     "rank needs the same WORLD_SIZE", i, theirs, pg->rank, mine);
-            ddp_store_set(pg->store, "ddp/abort", why, strlen(why));
-            return ddp__fail(DDP_ERR_WORLD_MISMATCH, "%s", why);
-        }
-    }
-    return DDP_OK;
-}
-
-/* Ranks of one machine each get their own share of the cores this process may use (Linux; as
-   mpirun's --bind-to core does): a rank that waits by spinning then never sits on the core of the
-   rank it waits for, and the scheduler stops moving ranks between cores, which costs them their
-   caches. Shares are whole physical cores (a core's hyper-threads go together: two ranks on the
-   two threads of one core would share its units), and a rank on a GPU takes its share of the
-   cores next to that GPU (its PCI device's local_cpulist, the GPU's NUMA node), shared with the
-   local ranks whose GPUs sit there too. Only when every rank can have a core of its own;
-   DDP_BIND=none leaves placement to the system. The raw system call needs no _GNU_SOURCE. Threads
-   already running (a BLAS library's, the store's) are moved too; threads started later inherit
-   the mask. */
-#define DDP__BIND_MAXCPU 1024
 DDP__PRIVATE ddp_status ddp__named_backend(const ddp_desc* d, ddp_backend* out) {
     const char* env = getenv("DDP_BACKEND");
     *out = d->backend;
@@ -2840,6 +2746,13 @@ DDP__PRIVATE ddp_status ddp__launch(ddp_device d, ddp_stream* s, int k, long lon
                                     void** args); /* >>kernels */
 #endif
 
+/* The moments around a Linear layer's use at which m->unit_fn is called: before its forward,
+   after it, before its backward, and after it (its input's gradient computed, its weights no
+   longer needed). */
+enum { DDP__UNIT_FORWARD = 1, DDP__UNIT_FORWARD_DONE, DDP__UNIT_BACKWARD, DDP__UNIT_BACKWARD_DONE };
+#define DDP__UNIT(m, event, layer) \
+    do { if ((m)->unit_fn) DDP__TRY((m)->unit_fn((m), (m)->unit_user, (event), (layer))); } while (0)
+
 typedef struct ddp__layer {
     ddp_layer_kind kind;
     int in, out;        /* widths of the layer's input and output */
@@ -2867,8 +2780,13 @@ struct ddp_model {
     int have_loss;          /* 0: no loss since forward, 1: a loss to backpropagate, 2: backward used it */
     ddp_post_backward_fn post_backward;
     void* post_backward_user;
-    ddp_pg* shard_pg;        /* ZeRO-1 (ddp_wrap's zero_stage 1): the group an optimizer created
-                                from now on shards its state over; NULL: the full state */
+    struct ddp__shards* zero; /* ddp_wrap's zero_stage 1-3: who owns which part of the training
+                               state (>>zero); an optimizer created from then on keeps only its
+                               rank's part. NULL: every rank holds everything */
+    /* Called around each Linear layer's forward and backward (DDP__UNIT_*): where ZeRO-3 gathers
+       a layer's weights just before they are used and frees them after. */
+    ddp_status (*unit_fn)(ddp_model* m, void* user, int event, int layer);
+    void* unit_user;
     size_t optim_state_bytes; /* what the model's optimizer holds (ddp_wrapper_stats reports it) */
     struct ddp_optim* optim; /* the optimizer made last for this model: ddp_join evens its state too */
     int local_backwards;  /* backward passes added into p->grad under ddp_no_sync since the last
@@ -3180,6 +3098,7 @@ DDP__DEF ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch) {
         float* out = m->act[i + 1];
         long long n = (long long)batch * L->out;
         if (L->kind == DDP_LAYER_LINEAR) {
+            DDP__UNIT(m, DDP__UNIT_FORWARD, i);
             /* out[B, out] = in[B, in] . W^T, then + b on every row */
             DDP__TRY(ddp__gemm(m, 0, 1, batch, L->out, L->in, 1.f, in, L->in, L->weight->data, L->in, 0.f,
                                out, L->out));
@@ -3192,11 +3111,13 @@ DDP__DEF ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch) {
                 args[2] = (void*)&rows;
                 args[3] = (void*)&cols;
                 DDP__TRY(ddp__launch(m->device, m->stream, DDP__K_bias_add, n, args));
+                DDP__UNIT(m, DDP__UNIT_FORWARD_DONE, i);
                 continue;
             }
 #endif
             for (r = 0; r < (size_t)batch; r++)
                 for (c = 0; c < (size_t)L->out; c++) out[r * L->out + c] += L->bias->data[c];
+            DDP__UNIT(m, DDP__UNIT_FORWARD_DONE, i);
         } else {
 #if DDP__CUDA
             if (m->device.type == DDP_DEVICE_CUDA) {
@@ -3361,6 +3282,7 @@ DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
             m->trace_t = t_layer;
         }
         if (L->kind == DDP_LAYER_LINEAR) {
+            DDP__UNIT(m, DDP__UNIT_BACKWARD, i);
             /* dW[out, in] += g[B, out]^T . x[B, in];  db[out] += column sums of g */
             DDP__TRY(ddp__gemm(m, 1, 0, L->out, L->in, B, 1.f, g, L->out, m->act[i], L->in, 1.f,
                                L->weight->grad, L->in));
@@ -3370,10 +3292,14 @@ DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
                gradient, so a hook's communication can overlap the rest of backward. */
             ddp_param_grad_ready(L->bias);
             ddp_param_grad_ready(L->weight);
-            if (i == 0) break; /* nobody needs the gradient of the input data */
+            if (i == 0) { /* nobody needs the gradient of the input data */
+                DDP__UNIT(m, DDP__UNIT_BACKWARD_DONE, i);
+                break;
+            }
             /* dx[B, in] = g[B, out] . W[out, in] */
             DDP__TRY(ddp__gemm(m, 0, 0, B, L->in, L->out, 1.f, g, L->out, L->weight->data, L->in, 0.f,
                                gnext, L->in));
+            DDP__UNIT(m, DDP__UNIT_BACKWARD_DONE, i);
         } else {
             const float* keep = L->kind == DDP_LAYER_RELU ? m->act[i + 1] : m->act[i];
 #if DDP__CUDA
@@ -3410,8 +3336,9 @@ DDP__PRIVATE void ddp__model_set_post_backward(ddp_model* m, ddp_post_backward_f
 DDP__DEF ddp_status ddp_model_zero_grad(ddp_model* m) {
     int i;
     m->local_backwards = 0;
-    for (i = 0; i < m->nparams; i++)
-        DDP__TRY(ddp__zero(m->device, m->params[i]->grad, m->params[i]->count * sizeof(float), m->stream));
+    for (i = 0; i < m->nparams; i++) /* ZeRO-2 and -3 hold a gradient only during backward */
+        if (m->params[i]->grad)
+            DDP__TRY(ddp__zero(m->device, m->params[i]->grad, m->params[i]->count * sizeof(float), m->stream));
     return DDP_OK;
 }
 
@@ -3479,10 +3406,17 @@ typedef struct ddp_wrap_desc {
     int find_unused_parameters;   /* 1: a parameter without a gradient counts as zero, not an error */
     ddp_dtype compress;           /* DDP_F16 or DDP_BF16: all-reduce in 16 bits (PyTorch's
                                      fp16/bf16_compress_hook); default: no compression */
-    int zero_stage;               /* 0: DDP, every rank holds all the optimizer state; 1: ZeRO-1,
-                                     each rank keeps the optimizer state of its 1/N shard of the
-                                     parameters, updates that shard and all-gathers the rest
-                                     (create the optimizer after ddp_wrap). 2 and 3: not built */
+    int zero_stage;               /* 0: DDP, every rank holds everything. 1 (ZeRO-1): each rank
+                                     keeps the optimizer state of its 1/N shard of the parameters,
+                                     updates that shard and all-gathers the rest. 2: the gradients
+                                     too, reduce-scattered layer by layer during backward. 3: the
+                                     weights too, gathered layer by layer when used (>>zero). Create
+                                     the optimizer after ddp_wrap. At 2 and 3 a layer is the unit:
+                                     bucket caps and gradient_as_bucket_view do not apply, and
+                                     p->grad exists only during backward (and p->data, at 3, only
+                                     while the layer is gathered: see ddp_full_params) */
+    int prefetch;                 /* zero_stage 3: gather the next layer's weights while this one
+                                     computes (holds one layer more) */
     int uneven_inputs;            /* 1: ranks may run out of batches at different steps (PyTorch's
                                      Join). Each synchronised backward first counts the ranks still
                                      training; a rank out of batches calls ddp_join, which answers
@@ -3502,14 +3436,21 @@ typedef struct ddp_wrap_stats {
     int bucket_params[64];        /* parameters in each */
     long steps;                   /* synchronised backward passes */
     long all_reduces;             /* all-reduce calls issued */
-    uint64_t bytes_reduced;       /* bytes handed to all-reduce */
+    uint64_t bytes_reduced;       /* bytes handed to all-reduce (zero_stage 2-3: to reduce-scatter) */
     double wait_s;                /* time backward spent waiting for communication after its
                                      last layer: the communication overlap did not hide (on a
                                      GPU, counted from when backward's kernels have finished) */
-    size_t param_bytes;           /* the model's weights this rank holds (all of them) */
+    size_t param_bytes;           /* the model's weights this rank holds (all of them; zero_stage 3:
+                                     its shards, and the buffers gathered layers go into) */
+    size_t param_peak_bytes;      /* zero_stage 3: the most weight bytes in use at once: the shards
+                                     and the layers gathered (otherwise param_bytes) */
+    long reduce_scatters;         /* zero_stage 2-3: reduce-scatters of gradients issued */
+    long all_gathers;             /* zero_stage 1-3: all-gathers of weights issued */
+    uint64_t bytes_gathered;      /* bytes each rank handed to those all-gathers */
     size_t grad_bytes;            /* gradient memory this rank holds: p->grad, the buckets unless
                                      gradient_as_bucket_view puts p->grad inside them, and their
-                                     16-bit copies when compressing */
+                                     16-bit copies when compressing (zero_stage 2-3: its shards
+                                     of the averaged gradients, and the buffers backward uses) */
     size_t optim_state_bytes;     /* optimizer state this rank holds for the model (ZeRO-1: its
                                      shard's; DDP: all of it) */
     double backward_s;            /* time from each synchronised backward's first ready gradient to
@@ -3549,7 +3490,18 @@ DDP__PRIVATE ddp_status ddp__convert(ddp_device d, ddp_dtype dst_type, void* dst
                                 const void* src, size_t count, ddp_stream* s);
 DDP__PRIVATE ddp_status ddp__event_sync(ddp_event* e); /* >>cuda */
 DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w); /* >>reducer */
+DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w); /* >>signals */
 DDP__PRIVATE ddp_status ddp__optim_follow(struct ddp_optim* o, ddp_pg* pg, int root); /* >>optim */
+/* >>zero: */
+typedef struct ddp__shards ddp__shards;
+DDP__PRIVATE ddp_status ddp__zero_create(ddp_pg* pg, ddp_model* m, int stage, int prefetch, ddp__shards** out);
+DDP__PRIVATE ddp_status ddp__zero_destroy(ddp__shards* z);
+DDP__PRIVATE ddp_status ddp__zero_grad_ready(ddp__shards* z, ddp_param* p, float scale);
+DDP__PRIVATE ddp_status ddp__zero_grads_ensure(ddp__shards* z, int g);
+DDP__PRIVATE ddp_status ddp__zero_grads_done(ddp__shards* z);
+DDP__PRIVATE int ddp__zero_stage(const ddp__shards* z);
+DDP__PRIVATE int ddp__zero_group_of(const ddp__shards* z, int param);
+DDP__PRIVATE void ddp__zero_stats(const ddp__shards* z, ddp_wrap_stats* st);
 
 /*
    The life of one synchronised backward pass:
@@ -3588,6 +3540,7 @@ struct ddp_wrapper {
     ddp_wrap_stats st;
     double t_backward_start;
     ddp_event* backward_done; /* GPU: the end of backward's kernels, where exposed waiting starts */
+    struct ddp__shards* z; /* zero_stage 1-3: the shards (>>zero) */
     float* join_buf;    /* uneven_inputs: room for W floats on the model's device */
     int counted;        /* uneven_inputs: this backward pass has counted the active ranks */
     long joined_at;     /* uneven_inputs: st.steps when ddp_join last returned */
@@ -3692,6 +3645,13 @@ static void ddp__reducer_hook(ddp_param* p, void* user) {
         return;
     }
     w->ready[p->index] = 1;
+    if (ddp__zero_stage(w->z) >= 2) { /* ZeRO-2/3: the layer's gradients are reduce-scattered (>>zero) */
+        if ((s = ddp__zero_grad_ready(w->z, p, w->scale)) != DDP_OK) {
+            w->broken = s;
+            snprintf(w->err, sizeof w->err, "%s", ddp_error_string());
+        }
+        return;
+    }
     b = &w->buckets[w->bucket_of[p->index]];
     slot = b->buf + w->offset_of[p->index];
     /* into the bucket, already divided by the world size (in place for a bucket view) */
@@ -3729,6 +3689,14 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
         }
         /* find_unused_parameters: it contributes zeros, and its bucket can go */
         w->ready[i] = 1;
+        if (ddp__zero_stage(w->z) >= 2) {
+            int g = ddp__zero_group_of(w->z, i);
+            s = ddp__zero_grads_ensure(w->z, g); /* a zeroed buffer if backward never reached the layer */
+            if (s == DDP_OK && p->grad) s = ddp__zero(m->device, p->grad, p->count * sizeof(float), m->stream);
+            if (s == DDP_OK) s = ddp__zero_grad_ready(w->z, p, w->scale);
+            if (s != DDP_OK) return s;
+            continue;
+        }
         {
             ddp__bucket* b = &w->buckets[w->bucket_of[i]];
             s = ddp__zero(m->device, b->buf + w->offset_of[i], p->count * sizeof(float), m->stream);
@@ -3744,6 +3712,7 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
         if (s == DDP_OK) s = ddp__event_sync(w->backward_done);
     }
     t0 = ddp__now();
+    if (s == DDP_OK && ddp__zero_stage(w->z) >= 2) s = ddp__zero_grads_done(w->z);
     for (k = 0; k < w->nbuckets && s == DDP_OK; k++) {
         ddp__bucket* b = &w->buckets[k];
         s = ddp_work_wait(b->work);
@@ -3823,63 +3792,6 @@ DDP__PRIVATE ddp_status ddp__assign_buckets(ddp_wrapper* w) {
     return DDP_OK;
 }
 
-/* Every rank must hold the same model: compare each rank's list of names and shapes with rank
-   0's through the store, and let every rank fail with the same explanation when one differs. */
-DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
-    ddp_store* st = ddp_pg_store(w->pg);
-    char sig[4096], other[4096], key[96], verdict[512];
-    size_t n = 0, pos = 0;
-    int i, W = ddp_world_size(w->pg), me = ddp_rank(w->pg);
-    int gen = w->pg->wraps++; /* a fresh key space per wrap: every rank wraps in the same order */
-    ddp_model* m = w->m;
-    pos += (size_t)snprintf(sig + pos, sizeof sig - pos, "%d parameters:", m->nparams);
-    for (i = 0; i < m->nparams && pos < sizeof sig - 64; i++)
-        pos += (size_t)snprintf(sig + pos, sizeof sig - pos, " %s[%d%s%.0d]", m->params[i]->name, m->params[i]->shape[0],
-                                m->params[i]->ndim == 2 ? "," : "", m->params[i]->ndim == 2 ? m->params[i]->shape[1] : 0);
-    snprintf(key, sizeof key, "ddp/wrap/%d/sig/0", gen);
-    if (me == 0) DDP__TRY(ddp_store_set(st, key, sig, strlen(sig)));
-    memset(other, 0, sizeof other);
-    DDP__TRY(ddp_store_get(st, key, other, sizeof other - 1, &n));
-    verdict[0] = 0;
-    if (strcmp(sig, other) != 0) {
-        /* name the first differing parameter */
-        const char *a = sig, *b = other;
-        while (*a && *a == *b) a++, b++;
-        while (a > sig && a[-1] != ' ') a--, b--;
-        /* quote one parameter from each side: up to the next space */
-        snprintf(verdict, sizeof verdict, "rank %d has %.*s where rank 0 has %.*s (rank %d: %d parameters, rank 0: "
-                 "%d)", me, (int)strcspn(a, " "), a, (int)strcspn(b, " "), *b ? b : "nothing", me, m->nparams,
-                 atoi(other));
-    }
-    snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
-    DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
-    /* Every rank reads every verdict (the first one given, in rank order, is the one all report),
-       even after finding one: returning at the first would let rank 0 fail, and its program exit
-       with the store, while a slower rank still waits for a verdict, which would then see the
-       store vanish instead of the mismatch. */
-    verdict[0] = 0;
-    for (i = 0; i < W; i++) {
-        char theirs[512];
-        memset(theirs, 0, sizeof theirs);
-        snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, i);
-        DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
-        if (theirs[0] && !verdict[0]) snprintf(verdict, sizeof verdict, "%s", theirs);
-    }
-    if (!verdict[0]) return DDP_OK;
-    /* A mismatch ends the job. Rank 0 holds the store until every rank has read its verdicts
-       (each says so with one add, whose answer it has when the count is complete). */
-    snprintf(key, sizeof key, "ddp/wrap/%d/told", gen);
-    {
-        int64_t told = 0;
-        double deadline = ddp__now() + w->pg->timeout;
-        if (ddp__store_add(st, key, 1, &told) == DDP_OK)
-            while (me == 0 && told < W && ddp__now() < deadline && ddp__store_add(st, key, 0, &told) == DDP_OK)
-                ddp__sleep(0.002);
-    }
-    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the same "
-                     "model", verdict);
-}
-
 DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out) {
     ddp_wrapper* w;
     ddp_status s;
@@ -3896,11 +3808,16 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
     if (w->d.bucket_cap_bytes == 0) w->d.bucket_cap_bytes = (size_t)25 << 20;
     if (w->d.first_bucket_bytes == 0) w->d.first_bucket_bytes = (size_t)1 << 20;
     if (w->d.compress == DDP_DTYPE_DEFAULT) w->d.compress = DDP_F32;
-    if (w->d.zero_stage < 0 || w->d.zero_stage > 1) {
+    if (w->d.zero_stage < 0 || w->d.zero_stage > 3) {
         DDP_FREE(w);
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc.zero_stage %d: this ddp.h shards the optimizer "
-                         "state (1) or nothing (0); sharding gradients (2) and weights (3) is not built yet",
-                         desc ? desc->zero_stage : 0);
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc.zero_stage %d: 0 (DDP), 1 (the optimizer's state "
+                         "sharded), 2 (and the gradients) or 3 (and the weights)", desc->zero_stage);
+    }
+    if (w->d.zero_stage >= 2 && w->d.compress != DDP_F32) {
+        DDP_FREE(w);
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc: zero_stage %d with compress (16-bit gradients) is "
+                         "not built: its gradients go through reduce-scatters in f32. Use one of the two",
+                         desc->zero_stage);
     }
     if (w->d.uneven_inputs && w->d.zero_stage) {
         DDP_FREE(w);
@@ -3914,8 +3831,14 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
     /* every rank starts from rank 0's weights, whatever its own seed was */
     for (i = 0; i < m->nparams && s == DDP_OK; i++)
         s = ddp__broadcast(pg, m->params[i]->data, m->params[i]->count, DDP_F32, 0, NULL);
-    if (s == DDP_OK) s = ddp__assign_buckets(w);
-    if (s == DDP_OK && w->d.gradient_as_bucket_view) {
+    if (s == DDP_OK && w->d.zero_stage >= 2) { /* no buckets: a layer's gradients go as one (>>zero) */
+        w->ready = (unsigned char*)ddp__calloc((size_t)m->nparams + 1);
+        if (!w->ready) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the wrapper failed");
+    } else if (s == DDP_OK) {
+        s = ddp__assign_buckets(w);
+    }
+    if (s == DDP_OK && w->d.zero_stage) s = ddp__zero_create(pg, m, w->d.zero_stage, w->d.prefetch, &w->z);
+    if (s == DDP_OK && w->d.gradient_as_bucket_view && w->d.zero_stage < 2) {
         w->old_grad = (float**)ddp__calloc((size_t)m->nparams * sizeof(float*));
         if (!w->old_grad) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the gradient views failed");
         for (i = 0; i < m->nparams && s == DDP_OK; i++) {
@@ -3935,7 +3858,7 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
     }
     ddp__model_set_post_backward(m, ddp__reducer_finish, w);
     ddp__pg_set_stream(pg, m->device.type == DDP_DEVICE_CUDA ? m->stream : NULL);
-    m->shard_pg = w->d.zero_stage >= 1 ? pg : NULL;
+    m->zero = w->z;
     *out = w;
     if (ddp__log_level_enabled() >= DDP_LOG_INFO && ddp_rank(pg) == 0) ddp__wrapper_log_buckets(w);
     return DDP_OK;
@@ -3957,7 +3880,8 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
         }
     }
     if (w->m->post_backward == ddp__reducer_finish) ddp__model_set_post_backward(w->m, NULL, NULL);
-    if (w->m->shard_pg == w->pg) w->m->shard_pg = NULL;
+    if (w->z && ddp__zero_destroy(w->z) != DDP_OK) /* zero_stage 3: collective, it gathers the weights back */
+        ddp__log(DDP_LOG_WARN, "ddp_wrapper_destroy: giving the model its weights back failed: %s", ddp_error_string());
     ddp_stream_sync(w->m->stream);
     ddp__event_destroy(w->backward_done);
     for (i = 0; i < w->nbuckets; i++) {
@@ -4037,10 +3961,11 @@ DDP__DEF void ddp_wrapper_stats(const ddp_wrapper* w, ddp_wrap_stats* out) {
     int k;
     *out = w->st;
     out->optim_state_bytes = w->m->optim_state_bytes;
-    out->param_bytes = out->grad_bytes = ddp_model_num_elements(w->m) * sizeof(float);
+    out->param_bytes = out->param_peak_bytes = out->grad_bytes = ddp_model_num_elements(w->m) * sizeof(float);
     for (k = 0; k < w->nbuckets; k++) /* the buckets, and their 16-bit copies when compressing */
         out->grad_bytes += (w->d.gradient_as_bucket_view ? 0 : w->buckets[k].count * sizeof(float)) +
                            (w->buckets[k].wire ? w->buckets[k].count * 2 : 0);
+    if (w->z) ddp__zero_stats(w->z, out);
 }
 
 /* Print the bucket map (which parameters in which bucket) through the log, at INFO level. */
@@ -4057,6 +3982,506 @@ DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w) {
                                     w->m->params[w->buckets[k].params[i]]->name);
         ddp__log(DDP_LOG_INFO, "  bucket %d: %zu bytes: %s", k, w->buckets[k].count * sizeof(float), names);
     }
+}
+
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>zero: sharding the training state: ZeRO-1, ZeRO-2, ZeRO-3                       (chapter 11)  */
+/* ============================================================================================== */
+#if DDP__DECLARE
+/* zero_stage 3 (collective): on = 1 gathers every layer's weights onto every rank, so that p->data
+   holds the whole model until on = 0 gives the memory back (PyTorch's summon_full_params): to read
+   the weights, compare them or save them. Nothing to do for the other stages, whose ranks hold all
+   the weights anyway. The group's errors. */
+DDP_API ddp_status ddp_full_params(ddp_wrapper* w, int on);
+
+#endif /* DDP__DECLARE */
+#if DDP__IMPLEMENT
+/*
+   ZeRO (Rajbhandari et al., 2020) gives each part of the training state one owner. Parameters are
+   laid end to end in groups; a group of `count` numbers is cut into W shards of S = count / W
+   (rounded up), and rank r owns shard r of every group: its numbers [r S, (r+1) S). The last
+   shard's tail past `count` is padding that holds nothing. A parameter may straddle shards; each
+   rank owns a contiguous part of it, [first, first + len), possibly empty.
+
+     stage 1  one group: the whole model in registration order. Each rank keeps the optimizer's
+              state for its shard only; backward is DDP's (every rank ends it with all the averaged
+              gradients); each rank updates its shard and all-gathers everyone's new weights.
+     stage 2  a group per Linear layer (its weight, then its bias). A layer's gradients live only
+              during backward, in a buffer of W S numbers; once both are final they are averaged
+              with a reduce-scatter, which leaves each rank the S averaged numbers of its shard,
+              and the buffer goes back. The update is stage 1's, with the shard's gradients.
+     stage 3  stage 2, and the weights are sharded too: between uses each rank holds only its S
+              weights of each layer. Just before a layer's forward, and again before its backward,
+              an all-gather puts the whole layer together; right after, it is dropped. The update
+              changes the shard in place, and nothing is gathered after it.
+
+   Bytes each rank sends per step, for N parameters in f32 and W ranks (the ring's (W-1)/W x 4N
+   being one "unit"): DDP's all-reduce 2 units; stage 1 3 units (the all-reduce, then the weights'
+   all-gather); stage 2 2 units (a reduce-scatter and an all-gather); stage 3 3 units (the weights
+   gathered for forward and for backward, and the reduce-scatter), less the last layer's gather
+   for backward, which stays from forward.
+*/
+
+/* The buffers a gathered layer's weights, or its gradients during backward, go into (stages 2
+   and 3) come from two pools, weights and gradients, of buffers the size of the largest layer's
+   W S numbers: a buffer given back serves the next layer, so that a step allocates nothing after
+   the first, and a pool holds as many buffers as were ever in use at once. */
+typedef struct ddp__pool {
+    float* free[DDP_MAX_LAYERS];
+    int nfree;
+    size_t floats;  /* per buffer */
+    size_t bytes;   /* held by the pool, in use or free */
+} ddp__pool;
+
+struct ddp__shards {
+    ddp_pg* pg;
+    ddp_model* m;
+    int stage, W, rank, prefetch;
+    int ngroups;
+    int* members;       /* the groups' parameters, group after group, each in its layout order */
+    int* member_start;  /* group g: members[member_start[g] .. member_start[g + 1]) */
+    size_t *count, *shard;               /* per group */
+    int* group_of;                       /* per parameter */
+    size_t *offset, *first, *len;        /* per parameter: where it starts in its group; its owned part */
+    int* group_of_layer;                 /* stages 2-3: a Linear layer's group; -1 for an activation */
+    float** ptrs;                        /* per parameter: scratch for ddp__zero_io's base pointers */
+    float *send, *recv;                  /* pieces of the weights' all-gather (stages 1-2), and of
+                                            ddp_optim_consolidate's */
+    float** gshard;                      /* stages 2-3: per group, this rank's S averaged gradients */
+    float** gfull;                       /* stages 2-3: per group, its W S gradients during backward */
+    ddp_work** gwork;                    /* ... their reduce-scatter in flight */
+    int* gpending;                       /* ... parameters whose gradient is not final yet */
+    int inflight[DDP_MAX_LAYERS], nin;   /* groups whose reduce-scatter is in flight, oldest first */
+    float** wshard;                      /* stage 3: per group, this rank's S weights */
+    float** wfull;                       /* stage 3: per group, all W S weights while gathered */
+    ddp_work** wwork;                    /* ... their all-gather in flight (a prefetch) */
+    int full_on;                         /* ddp_full_params(w, 1) in force: nothing is dropped */
+    ddp__pool wpool, gpool;
+    long reduce_scatters, all_gathers;
+    uint64_t bytes_scattered, bytes_gathered;
+    size_t param_peak;                   /* stage 3: the most weight bytes held at once */
+    size_t param_now;
+};
+
+/* Pieces of a shard are gathered this many numbers at a time (stages 1 and 2), so that the
+   all-gather's buffers stay small ((W + 1) pieces) whatever the model's size. A variable so that
+   a test can make it tiny. */
+DDP__PRIVATE size_t ddp__zero_piece = (size_t)1 << 18;
+
+DDP__PRIVATE ddp_status ddp__pool_get(ddp_model* m, ddp__pool* p, float** out) {
+    if (p->nfree > 0) {
+        *out = p->free[--p->nfree];
+        return DDP_OK;
+    }
+    DDP__TRY(ddp_alloc(m->device, p->floats * sizeof(float), (void**)out));
+    p->bytes += p->floats * sizeof(float);
+    return DDP_OK;
+}
+DDP__PRIVATE void ddp__pool_put(ddp__pool* p, float* buf) {
+    if (buf) p->free[p->nfree++] = buf;
+}
+DDP__PRIVATE void ddp__pool_free(ddp_model* m, ddp__pool* p) {
+    while (p->nfree > 0) ddp_free(m->device, p->free[--p->nfree]);
+    p->bytes = 0;
+}
+
+/* Copy n numbers of group g, from its number `at` on, between buf and the parameters' arrays:
+   number e of parameter i is base[i][e - from[i]] (from NULL: base[i][e]). into = 1: from buf
+   into the arrays. The range must lie inside the group's `count` numbers. */
+DDP__PRIVATE ddp_status ddp__zero_io(const ddp__shards* z, int g, size_t at, float* buf, size_t n, float* const* base,
+                                     const size_t* from, int into) {
+    ddp_model* m = z->m;
+    int k;
+    for (k = z->member_start[g]; k < z->member_start[g + 1] && n > 0; k++) {
+        int i = z->members[k];
+        size_t begin = z->offset[i], end = begin + m->params[i]->count;
+        if (at >= begin && at < end) {
+            size_t e = at - begin, c = end - at < n ? end - at : n;
+            float* arr = base[i] + (e - (from ? from[i] : 0));
+            if (into) DDP__TRY(ddp_copy(m->device, arr, m->device, buf, c * sizeof(float), m->stream));
+            else DDP__TRY(ddp_copy(m->device, buf, m->device, arr, c * sizeof(float), m->stream));
+            buf += c, at += c, n -= c;
+        }
+    }
+    return DDP_OK;
+}
+DDP__PRIVATE float* const* ddp__zero_data_ptrs(const ddp__shards* z) {
+    int i;
+    for (i = 0; i < z->m->nparams; i++) z->ptrs[i] = z->m->params[i]->data;
+    return z->ptrs;
+}
+
+/* Where the owned part of parameter i's weights, and of its averaged gradient, lives: inside the
+   parameter (stages 1-2; the gradient at stage 1), or in the group's shard (stage 3; the gradient
+   at stages 2-3). Only for a parameter this rank owns some of (len > 0). */
+DDP__PRIVATE float* ddp__zero_at(const ddp__shards* z, float* const* shards, int i) {
+    int g = z->group_of[i];
+    return shards[g] + (z->offset[i] + z->first[i] - (size_t)z->rank * z->shard[g]);
+}
+DDP__PRIVATE float* ddp__zero_w(const ddp__shards* z, int i) {
+    return z->stage == 3 ? ddp__zero_at(z, z->wshard, i) : z->m->params[i]->data + z->first[i];
+}
+DDP__PRIVATE float* ddp__zero_g(const ddp__shards* z, int i) {
+    return z->stage >= 2 ? ddp__zero_at(z, z->gshard, i) : z->m->params[i]->grad + z->first[i];
+}
+
+/* Stages 1-2, after the update of this rank's shard: every rank's shard of every group to every
+   rank, a piece at a time. */
+DDP__PRIVATE ddp_status ddp__zero_gather_weights(ddp__shards* z) {
+    int g, q;
+    for (g = 0; g < z->ngroups; g++) {
+        const size_t S = z->shard[g], n = z->count[g], piece = S < ddp__zero_piece ? S : ddp__zero_piece;
+        size_t j;
+        for (j = 0; j < S; j += piece) {
+            size_t k = S - j < piece ? S - j : piece, from = (size_t)z->rank * S + j;
+            if (from < n) DDP__TRY(ddp__zero_io(z, g, from, z->send, n - from < k ? n - from : k, ddp__zero_data_ptrs(z),
+                                                NULL, 0));
+            DDP__TRY(ddp_all_gather(z->pg, z->send, z->recv, k, DDP_F32, NULL));
+            z->all_gathers++, z->bytes_gathered += k * sizeof(float);
+            for (q = 0; q < z->W; q++) {
+                size_t at = (size_t)q * S + j;
+                if (at < n) DDP__TRY(ddp__zero_io(z, g, at, z->recv + (size_t)q * k, n - at < k ? n - at : k,
+                                                  ddp__zero_data_ptrs(z), NULL, 1));
+            }
+        }
+    }
+    return DDP_OK;
+}
+
+/* ---- stage 3: a layer's weights, gathered for use and dropped after ------------------------------ */
+
+/* Point the group's parameters at their places in buf (NULL: nowhere). */
+DDP__PRIVATE void ddp__zero_point(ddp__shards* z, int g, float* buf, int grads) {
+    int k;
+    for (k = z->member_start[g]; k < z->member_start[g + 1]; k++) {
+        ddp_param* p = z->m->params[z->members[k]];
+        float* at = buf ? buf + z->offset[p->index] : NULL;
+        if (grads) p->grad = at;
+        else p->data = at;
+    }
+}
+
+/* Start gathering group g's weights (wait = 0: a prefetch, waited for later), or make sure they
+   are all here (wait = 1), and point its parameters at them. */
+DDP__PRIVATE ddp_status ddp__zero_gather(ddp__shards* z, int g, int wait) {
+    if (g < 0 || g >= z->ngroups) return DDP_OK;
+    if (!z->wfull[g]) {
+        DDP__TRY(ddp__pool_get(z->m, &z->wpool, &z->wfull[g]));
+        DDP__TRY(ddp_all_gather(z->pg, z->wshard[g], z->wfull[g], z->shard[g], DDP_F32, wait ? NULL : &z->wwork[g]));
+        z->all_gathers++, z->bytes_gathered += z->shard[g] * sizeof(float);
+        z->param_now += (size_t)z->W * z->shard[g] * sizeof(float);
+        if (z->param_now > z->param_peak) z->param_peak = z->param_now;
+    }
+    if (wait && z->wwork[g]) {
+        ddp_status s = ddp_work_wait(z->wwork[g]);
+        z->wwork[g] = NULL;
+        DDP__TRY(s);
+    }
+    if (wait) ddp__zero_point(z, g, z->wfull[g], 0);
+    return DDP_OK;
+}
+
+/* Give group g's gathered weights back (unless ddp_full_params holds them). */
+DDP__PRIVATE ddp_status ddp__zero_drop(ddp__shards* z, int g) {
+    ddp_status s = DDP_OK;
+    if (z->full_on || !z->wfull[g]) return DDP_OK;
+    if (z->wwork[g]) s = ddp_work_wait(z->wwork[g]), z->wwork[g] = NULL;
+    ddp__zero_point(z, g, NULL, 0);
+    ddp__pool_put(&z->wpool, z->wfull[g]);
+    z->wfull[g] = NULL;
+    z->param_now -= (size_t)z->W * z->shard[g] * sizeof(float);
+    return s;
+}
+
+/* ---- stages 2-3: a layer's gradients, reduce-scattered and dropped ------------------------------- */
+
+/* Wait for the oldest reduce-scatter in flight and give its buffer back. */
+DDP__PRIVATE ddp_status ddp__zero_retire(ddp__shards* z) {
+    int g = z->inflight[0], k;
+    ddp_status s = ddp_work_wait(z->gwork[g]);
+    z->gwork[g] = NULL;
+    for (k = 1; k < z->nin; k++) z->inflight[k - 1] = z->inflight[k];
+    z->nin--;
+    ddp__zero_point(z, g, NULL, 1);
+    ddp__pool_put(&z->gpool, z->gfull[g]);
+    z->gfull[g] = NULL;
+    return s;
+}
+
+/* Before a layer's backward: a zeroed buffer for its gradients, unless one holds what earlier
+   backward passes under no_sync accumulated. At most two reduce-scatters stay in flight, so that
+   the gradients held stay a few layers' worth. */
+DDP__PRIVATE ddp_status ddp__zero_grads_here(ddp__shards* z, int g) {
+    if (!z->gfull[g]) {
+        while (z->nin >= 2) DDP__TRY(ddp__zero_retire(z));
+        DDP__TRY(ddp__pool_get(z->m, &z->gpool, &z->gfull[g]));
+        DDP__TRY(ddp__zero(z->m->device, z->gfull[g], (size_t)z->W * z->shard[g] * sizeof(float), z->m->stream));
+        ddp__zero_point(z, g, z->gfull[g], 1);
+    }
+    z->gpending[g] = z->member_start[g + 1] - z->member_start[g];
+    return DDP_OK;
+}
+
+/* The end of backward, for a layer backward never reached (a hand-written backward): its buffer. */
+DDP__PRIVATE ddp_status ddp__zero_grads_ensure(ddp__shards* z, int g) {
+    return z->gfull[g] ? DDP_OK : ddp__zero_grads_here(z, g);
+}
+
+/* A parameter's gradient is final (the reducer's hook, synchronised passes only): scale it by
+   `scale`; when its layer's are all in, reduce-scatter them. */
+DDP__PRIVATE ddp_status ddp__zero_grad_ready(ddp__shards* z, ddp_param* p, float scale) {
+    int g = z->group_of[p->index];
+    DDP__TRY(ddp__scale(z->m, p->grad, p->grad, p->count, scale));
+    if (--z->gpending[g] > 0) return DDP_OK;
+    DDP__TRY(ddp_reduce_scatter(z->pg, z->gfull[g], z->gshard[g], z->shard[g], DDP_F32, DDP_SUM, &z->gwork[g]));
+    z->reduce_scatters++, z->bytes_scattered += (size_t)z->W * z->shard[g] * sizeof(float);
+    z->inflight[z->nin++] = g;
+    ddp__log(DDP_LOG_DETAIL, "zero: layer group %d's gradients final: reduce-scatter launched", g);
+    return DDP_OK;
+}
+
+/* The end of a synchronised backward: every reduce-scatter done, every gradient buffer back. */
+DDP__PRIVATE ddp_status ddp__zero_grads_done(ddp__shards* z) {
+    ddp_status s = DDP_OK, t;
+    while (z->nin > 0)
+        if ((t = ddp__zero_retire(z)) != DDP_OK && s == DDP_OK) s = t;
+    return s;
+}
+
+/* m->unit_fn for stages 2 and 3: around each Linear layer's forward and backward. */
+DDP__PRIVATE ddp_status ddp__zero_unit(ddp_model* m, void* user, int event, int layer) {
+    ddp__shards* z = (ddp__shards*)user;
+    int g = z->group_of_layer[layer];
+    (void)m;
+    switch (event) {
+    case DDP__UNIT_FORWARD:
+        if (z->stage < 3) return DDP_OK;
+        DDP__TRY(ddp__zero_gather(z, g, 1));
+        return z->prefetch ? ddp__zero_gather(z, g + 1, 0) : DDP_OK;
+    case DDP__UNIT_FORWARD_DONE: /* the last layer's weights stay: its backward comes next */
+        return z->stage == 3 && g != z->ngroups - 1 ? ddp__zero_drop(z, g) : DDP_OK;
+    case DDP__UNIT_BACKWARD:
+        if (z->stage == 3) {
+            DDP__TRY(ddp__zero_gather(z, g, 1));
+            if (z->prefetch) DDP__TRY(ddp__zero_gather(z, g - 1, 0));
+        }
+        return ddp__zero_grads_here(z, g);
+    case DDP__UNIT_BACKWARD_DONE:
+        return z->stage == 3 ? ddp__zero_drop(z, g) : DDP_OK;
+    }
+    return DDP_OK;
+}
+
+/* ---- making and unmaking the shards -------------------------------------------------------------- */
+
+DDP__PRIVATE void ddp__zero_free(ddp__shards* z) {
+    int g;
+    if (!z) return;
+    for (g = 0; g < z->ngroups; g++) {
+        if (z->gshard) ddp_free(z->m->device, z->gshard[g]);
+        if (z->wshard) ddp_free(z->m->device, z->wshard[g]);
+    }
+    ddp__pool_free(z->m, &z->wpool);
+    ddp__pool_free(z->m, &z->gpool);
+    ddp_free(z->m->device, z->send);
+    ddp_free(z->m->device, z->recv);
+    if (z->members) DDP_FREE(z->members);
+    if (z->member_start) DDP_FREE(z->member_start);
+    if (z->count) DDP_FREE(z->count);
+    if (z->shard) DDP_FREE(z->shard);
+    if (z->group_of) DDP_FREE(z->group_of);
+    if (z->offset) DDP_FREE(z->offset);
+    if (z->first) DDP_FREE(z->first);
+    if (z->len) DDP_FREE(z->len);
+    if (z->group_of_layer) DDP_FREE(z->group_of_layer);
+    if (z->ptrs) DDP_FREE(z->ptrs);
+    if (z->gshard) DDP_FREE(z->gshard);
+    if (z->gfull) DDP_FREE(z->gfull);
+    if (z->gwork) DDP_FREE(z->gwork);
+    if (z->gpending) DDP_FREE(z->gpending);
+    if (z->wshard) DDP_FREE(z->wshard);
+    if (z->wfull) DDP_FREE(z->wfull);
+    if (z->wwork) DDP_FREE(z->wwork);
+    DDP_FREE(z);
+}
+
+/* Lay out the groups of `stage` for model m on group pg, and (stages 2-3) move the gradients, and
+   (stage 3) the weights, into shards: the model's own arrays are freed. Every rank holds rank 0's
+   weights when this is called. */
+DDP__PRIVATE ddp_status ddp__zero_create(ddp_pg* pg, ddp_model* m, int stage, int prefetch, ddp__shards** out) {
+    ddp__shards* z = (ddp__shards*)ddp__calloc(sizeof *z);
+    size_t np = (size_t)m->nparams + 1, most = 0;
+    int i, g, k = 0;
+    ddp_status s = DDP_OK;
+    *out = NULL;
+    if (!z) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the shards' layout failed");
+    z->pg = pg, z->m = m, z->stage = stage, z->prefetch = prefetch;
+    z->W = ddp_world_size(pg), z->rank = ddp_rank(pg);
+    z->members = (int*)ddp__calloc(np * sizeof(int));
+    z->member_start = (int*)ddp__calloc(np * sizeof(int));
+    z->count = (size_t*)ddp__calloc(np * sizeof(size_t));
+    z->shard = (size_t*)ddp__calloc(np * sizeof(size_t));
+    z->group_of = (int*)ddp__calloc(np * sizeof(int));
+    z->offset = (size_t*)ddp__calloc(np * sizeof(size_t));
+    z->first = (size_t*)ddp__calloc(np * sizeof(size_t));
+    z->len = (size_t*)ddp__calloc(np * sizeof(size_t));
+    z->group_of_layer = (int*)ddp__calloc(((size_t)m->nlayers + 1) * sizeof(int));
+    z->ptrs = (float**)ddp__calloc(np * sizeof(float*));
+    if (!z->members || !z->member_start || !z->count || !z->shard || !z->group_of || !z->offset || !z->first ||
+        !z->len || !z->group_of_layer || !z->ptrs) {
+        ddp__zero_free(z);
+        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the shards' layout failed");
+    }
+    /* the groups: stage 1 the whole model; stages 2-3 a Linear layer each (weight, then bias) */
+    for (i = 0; i < m->nlayers; i++) z->group_of_layer[i] = -1;
+    if (stage == 1) {
+        z->ngroups = 1;
+        for (i = 0; i < m->nparams; i++) z->members[k++] = i;
+    } else {
+        for (i = 0; i < m->nlayers; i++) {
+            if (m->layers[i].kind != DDP_LAYER_LINEAR) continue;
+            z->group_of_layer[i] = z->ngroups;
+            z->member_start[z->ngroups++] = k;
+            z->members[k++] = m->layers[i].weight->index;
+            z->members[k++] = m->layers[i].bias->index;
+        }
+    }
+    z->member_start[z->ngroups] = k;
+    for (g = 0; g < z->ngroups; g++) {
+        size_t lo, hi;
+        for (k = z->member_start[g]; k < z->member_start[g + 1]; k++) {
+            i = z->members[k];
+            z->group_of[i] = g;
+            z->offset[i] = z->count[g];
+            z->count[g] += m->params[i]->count;
+        }
+        z->shard[g] = (z->count[g] + (size_t)z->W - 1) / (size_t)z->W;
+        if (z->shard[g] > most) most = z->shard[g];
+        lo = (size_t)z->rank * z->shard[g], hi = lo + z->shard[g] < z->count[g] ? lo + z->shard[g] : z->count[g];
+        for (k = z->member_start[g]; k < z->member_start[g + 1]; k++) { /* each parameter's part in [lo, hi) */
+            size_t a, b;
+            i = z->members[k];
+            a = lo > z->offset[i] ? lo : z->offset[i];
+            b = hi < z->offset[i] + m->params[i]->count ? hi : z->offset[i] + m->params[i]->count;
+            z->first[i] = b > a ? a - z->offset[i] : 0;
+            z->len[i] = b > a ? b - a : 0;
+        }
+    }
+    z->wpool.floats = z->gpool.floats = most * (size_t)z->W;
+    { /* the weights' all-gather after each step (stages 1-2) and ddp_optim_consolidate, in pieces */
+        size_t piece = most < ddp__zero_piece ? most : ddp__zero_piece;
+        s = ddp_alloc(m->device, piece * sizeof(float), (void**)&z->send);
+        if (s == DDP_OK) s = ddp_alloc(m->device, piece * (size_t)z->W * sizeof(float), (void**)&z->recv);
+    }
+    if (s == DDP_OK && stage >= 2) {
+        z->gshard = (float**)ddp__calloc((size_t)z->ngroups * sizeof(float*) + 1);
+        z->gfull = (float**)ddp__calloc((size_t)z->ngroups * sizeof(float*) + 1);
+        z->gwork = (ddp_work**)ddp__calloc((size_t)z->ngroups * sizeof(ddp_work*) + 1);
+        z->gpending = (int*)ddp__calloc((size_t)z->ngroups * sizeof(int) + 1);
+        if (!z->gshard || !z->gfull || !z->gwork || !z->gpending)
+            s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the gradients' shards failed");
+        for (g = 0; g < z->ngroups && s == DDP_OK; g++) {
+            s = ddp_alloc(m->device, z->shard[g] * sizeof(float), (void**)&z->gshard[g]);
+            if (s == DDP_OK) s = ddp__zero(m->device, z->gshard[g], z->shard[g] * sizeof(float), m->stream);
+        }
+    }
+    if (s == DDP_OK && stage == 3) {
+        z->wshard = (float**)ddp__calloc((size_t)z->ngroups * sizeof(float*) + 1);
+        z->wfull = (float**)ddp__calloc((size_t)z->ngroups * sizeof(float*) + 1);
+        z->wwork = (ddp_work**)ddp__calloc((size_t)z->ngroups * sizeof(ddp_work*) + 1);
+        if (!z->wshard || !z->wfull || !z->wwork) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the weights' shards failed");
+        for (g = 0; g < z->ngroups && s == DDP_OK; g++) { /* this rank's weights of the layer, padding zeroed */
+            size_t lo = (size_t)z->rank * z->shard[g], have = lo < z->count[g] ? z->count[g] - lo : 0;
+            if (have > z->shard[g]) have = z->shard[g];
+            s = ddp_alloc(m->device, z->shard[g] * sizeof(float), (void**)&z->wshard[g]);
+            if (s == DDP_OK) s = ddp__zero(m->device, z->wshard[g], z->shard[g] * sizeof(float), m->stream);
+            if (s == DDP_OK && have) s = ddp__zero_io(z, g, lo, z->wshard[g], have, ddp__zero_data_ptrs(z), NULL, 0);
+        }
+    }
+    if (s == DDP_OK) s = ddp_stream_sync(m->stream);
+    if (s != DDP_OK) {
+        ddp__zero_free(z);
+        return s;
+    }
+    /* From here the model's own arrays are gone: gradients exist only during backward (stages
+       2-3), weights only while gathered (stage 3). */
+    for (i = 0; i < m->nparams && stage >= 2; i++) {
+        ddp_free(m->device, m->params[i]->grad);
+        m->params[i]->grad = NULL;
+        if (stage == 3) {
+            ddp_free(m->device, m->params[i]->data);
+            m->params[i]->data = NULL;
+        }
+    }
+    if (stage >= 2) m->unit_fn = ddp__zero_unit, m->unit_user = z;
+    *out = z;
+    return DDP_OK;
+}
+
+/* Undo ddp__zero_create: the model gets arrays of its own back, with every weight (collective at
+   stage 3, which gathers them) and zero gradients. */
+DDP__PRIVATE ddp_status ddp__zero_destroy(ddp__shards* z) {
+    ddp_model* m;
+    ddp_status s = DDP_OK, t;
+    int g, i;
+    if (!z) return DDP_OK;
+    m = z->m;
+    if (z->stage >= 2) s = ddp__zero_grads_done(z);
+    for (g = 0; z->gfull && g < z->ngroups; g++) /* no_sync leftovers */
+        if (z->gfull[g])
+            ddp__zero_point(z, g, NULL, 1), ddp__pool_put(&z->gpool, z->gfull[g]), z->gfull[g] = NULL;
+    if (z->stage == 3) {
+        z->full_on = 0;
+        for (g = 0; g < z->ngroups; g++)
+            if ((t = ddp__zero_drop(z, g)) != DDP_OK && s == DDP_OK) s = t;
+    }
+    for (i = 0; i < m->nparams && z->stage >= 2; i++) {
+        ddp_param* p = m->params[i];
+        if ((t = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->grad)) == DDP_OK)
+            t = ddp__zero(m->device, p->grad, p->count * sizeof(float), m->stream);
+        if (t == DDP_OK && z->stage == 3) t = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->data);
+        if (t != DDP_OK && s == DDP_OK) s = t;
+    }
+    for (g = 0; g < z->ngroups && z->stage == 3 && s == DDP_OK; g++) { /* every weight, back in place */
+        float* buf;
+        s = ddp__pool_get(m, &z->wpool, &buf);
+        if (s == DDP_OK) s = ddp_all_gather(z->pg, z->wshard[g], buf, z->shard[g], DDP_F32, NULL);
+        if (s == DDP_OK) s = ddp__zero_io(z, g, 0, buf, z->count[g], ddp__zero_data_ptrs(z), NULL, 1);
+        if (s == DDP_OK) s = ddp_stream_sync(m->stream);
+        ddp__pool_put(&z->wpool, buf);
+    }
+    if (m->unit_user == z) m->unit_fn = NULL, m->unit_user = NULL;
+    if (m->zero == z) m->zero = NULL;
+    ddp_stream_sync(m->stream);
+    ddp__zero_free(z);
+    return s;
+}
+
+DDP__PRIVATE int ddp__zero_stage(const ddp__shards* z) { return z ? z->stage : 0; }
+DDP__PRIVATE int ddp__zero_group_of(const ddp__shards* z, int param) { return z->group_of[param]; }
+
+/* What the shards hold and what moved, into the wrapper's counters. */
+DDP__PRIVATE void ddp__zero_stats(const ddp__shards* z, ddp_wrap_stats* st) {
+    size_t shards = 0;
+    int g;
+    for (g = 0; g < z->ngroups; g++) shards += z->shard[g] * sizeof(float);
+    if (z->stage == 3) st->param_bytes = shards + z->wpool.bytes, st->param_peak_bytes = shards + z->param_peak;
+    if (z->stage >= 2) st->grad_bytes = shards + z->gpool.bytes;
+    st->reduce_scatters = z->reduce_scatters, st->all_gathers = z->all_gathers;
+    st->bytes_gathered = z->bytes_gathered;
+    if (z->stage >= 2) st->bytes_reduced = z->bytes_scattered;
+}
+
+DDP__DEF ddp_status ddp_full_params(ddp_wrapper* w, int on) {
+    ddp__shards* z = w->z;
+    int g;
+    if (!z || z->stage < 3) return DDP_OK;
+    z->full_on = 0;
+    for (g = 0; g < z->ngroups; g++) DDP__TRY(on ? ddp__zero_gather(z, g, 1) : ddp__zero_drop(z, g));
+    z->full_on = on;
+    return ddp_stream_sync(w->m->stream);
 }
 
 #endif /* DDP__IMPLEMENT */
@@ -4662,94 +5087,27 @@ struct ddp_optim {
     long steps;
     float* state1[2 * DDP_MAX_LAYERS]; /* SGD momentum buffer, or Adam's first moment */
     float* state2[2 * DDP_MAX_LAYERS]; /* Adam's second moment */
-    /* ZeRO-1: the state covers elements [first[i], first[i] + len[i]) of parameter i only, the
-       part of it inside this rank's shard; without sharding first is 0 and len the count. */
+    /* ZeRO: the state covers numbers [first[i], first[i] + len[i]) of parameter i only, the part
+       of it this rank owns; without sharding first is 0 and len the count. */
     size_t first[2 * DDP_MAX_LAYERS], len[2 * DDP_MAX_LAYERS];
-    ddp_pg* pg;       /* ZeRO-1: the group the state is sharded over; NULL: not sharded */
-    size_t shard, lo; /* ZeRO-1: elements per shard; where this rank's begins in the flat model */
-    float *send, *recv; /* ZeRO-1: a piece of this rank's updated shard, and of every rank's */
+    ddp__shards* z;       /* ZeRO (zero_stage 1-3): who owns what (>>zero); NULL: not sharded */
     size_t state_bytes; /* the state held, counted into the model's optim_state_bytes */
-    float* full[2];     /* ZeRO-1 on the rank that consolidated: the whole of state1 and state2,
-                           the parameters laid end to end; freed by the next step */
-    long full_steps;    /* the step count the consolidated copy belongs to */
+    float* full[3];     /* on the rank that consolidated: all of state1, state2 and (zero_stage 3)
+                           the weights, the parameters end to end; freed by the next step */
+    int consolidated;   /* full[] holds the state of this step */
 };
 
 /*
-   ZeRO-1 (Rajbhandari et al., 2020; PyTorch's ZeroRedundancyOptimizer). Lay the parameters end to
-   end in their registration order: N elements. Rank r owns the shard [r S, (r+1) S) of that flat
-   vector, S = ceil(N / W). After backward every rank holds the same averaged gradients, as in
-   DDP, so the owner of an element computes exactly the update DDP would; only the owner keeps its
-   optimizer state (Adam's two moments: 2N/W floats per rank instead of 2N). After updating its
-   shard a rank all-gathers every shard, and all ranks hold identical weights again. The cost:
-   one all-gather of the weights per step (the second half of an all-reduce's traffic), in pieces
-   so that its buffers stay small.
+   With ZeRO (>>zero says who owns what) the optimizer keeps state only for the numbers this rank
+   owns, and updates only those: in the parameter itself (stages 1-2) or in the layer's shard of
+   weights (stage 3), from the averaged gradient in p->grad (stage 1) or in the layer's shard of
+   gradients (stages 2-3). Every number has exactly one owner, which computes exactly the update
+   DDP would. Stages 1 and 2 then all-gather the new weights; stage 3 keeps them sharded.
 */
-/* Pieces of a shard are gathered this many elements at a time, so the all-gather's buffers stay
-   small ((W + 1) pieces) whatever the model's size. A variable so that a test can make it tiny. */
-DDP__PRIVATE size_t ddp__zero_piece = (size_t)1 << 18;
-
-DDP__PRIVATE ddp_status ddp__optim_shard(ddp_optim* o, ddp_pg* pg) {
-    ddp_model* m = o->m;
-    size_t n = ddp_model_num_elements(m), at = 0, hi, piece;
-    int W = ddp_world_size(pg), i;
-    ddp_status s;
-    o->pg = pg;
-    o->shard = (n + (size_t)W - 1) / (size_t)W;
-    o->lo = o->shard * (size_t)ddp_rank(pg);
-    hi = o->lo + o->shard < n ? o->lo + o->shard : n;
-    for (i = 0; i < m->nparams; i++) {
-        size_t count = m->params[i]->count;
-        size_t a = o->lo > at ? o->lo - at : 0, b = hi > at ? hi - at : 0;
-        if (a > count) a = count;
-        if (b > count) b = count;
-        o->first[i] = a;
-        o->len[i] = b > a ? b - a : 0;
-        at += count;
-    }
-    piece = o->shard < ddp__zero_piece ? o->shard : ddp__zero_piece;
-    s = ddp_alloc(m->device, piece * sizeof(float), (void**)&o->send);
-    if (s == DDP_OK) s = ddp_alloc(m->device, piece * (size_t)W * sizeof(float), (void**)&o->recv);
-    return s;
-}
-
-/* Copy n elements between the flat view of the model's parameters, from element `at` on, and buf:
-   into the parameters when `to_params`, else out of them. */
-DDP__PRIVATE ddp_status ddp__flat_copy(ddp_model* m, size_t at, float* buf, size_t n, int to_params) {
-    size_t begin = 0;
+DDP__PRIVATE void ddp__optim_shard(ddp_optim* o, ddp__shards* z) {
     int i;
-    for (i = 0; i < m->nparams && n > 0; i++) {
-        ddp_param* p = m->params[i];
-        size_t end = begin + p->count;
-        if (at < end) {
-            size_t off = at - begin, k = end - at < n ? end - at : n;
-            if (to_params) DDP__TRY(ddp_copy(m->device, p->data + off, m->device, buf, k * sizeof(float), m->stream));
-            else DDP__TRY(ddp_copy(m->device, buf, m->device, p->data + off, k * sizeof(float), m->stream));
-            buf += k, at += k, n -= k;
-        }
-        begin = end;
-    }
-    return DDP_OK;
-}
-
-/* ZeRO-1, after the update of this rank's shard: every rank's shard to every rank, a piece at a
-   time. Piece j of rank q is the flat range [q S + j, q S + j + k); the last shard's tail past
-   the model's N elements is padding that nobody reads. */
-DDP__PRIVATE ddp_status ddp__optim_gather(ddp_optim* o) {
-    ddp_model* m = o->m;
-    const size_t n = ddp_model_num_elements(m), piece = o->shard < ddp__zero_piece ? o->shard : ddp__zero_piece;
-    const int W = ddp_world_size(o->pg);
-    size_t j;
-    int q;
-    for (j = 0; j < o->shard; j += piece) {
-        size_t k = o->shard - j < piece ? o->shard - j : piece, from = o->lo + j;
-        if (from < n) DDP__TRY(ddp__flat_copy(m, from, o->send, n - from < k ? n - from : k, 0));
-        DDP__TRY(ddp_all_gather(o->pg, o->send, o->recv, k, DDP_F32, NULL));
-        for (q = 0; q < W; q++) {
-            size_t at = (size_t)q * o->shard + j;
-            if (at < n) DDP__TRY(ddp__flat_copy(m, at, o->recv + (size_t)q * k, n - at < k ? n - at : k, 1));
-        }
-    }
-    return DDP_OK;
+    o->z = z;
+    for (i = 0; i < o->m->nparams; i++) o->first[i] = z->first[i], o->len[i] = z->len[i];
 }
 
 /* State tensors per parameter: SGD's momentum buffer (with momentum only), Adam's two moments. */
@@ -4757,62 +5115,55 @@ DDP__PRIVATE int ddp__optim_nstate(const ddp_optim* o) {
     return o->d.kind == DDP_SGD ? o->d.momentum != 0.f : 2;
 }
 
-/* Copy n elements of this rank's shard of state `which` (0: state1, 1: state2), from element `at`
-   of the shard on, into buf. The shard's elements are the owned parts of the parameters, in order,
-   so element `at` is in the parameter whose owned part covers it. */
-DDP__PRIVATE ddp_status ddp__shard_state_copy(ddp_optim* o, int which, size_t at, float* buf, size_t n) {
-    ddp_model* m = o->m;
-    size_t begin = 0;
-    int i;
-    for (i = 0; i < m->nparams && n > 0; i++) {
-        size_t end = begin + o->len[i];
-        if (at < end) {
-            size_t off = at - begin, k = end - at < n ? end - at : n;
-            float* st = which ? o->state2[i] : o->state1[i];
-            DDP__TRY(ddp_copy(m->device, buf, m->device, st + off, k * sizeof(float), m->stream));
-            buf += k, at += k, n -= k;
-        }
-        begin = end;
-    }
-    return DDP_OK;
+/* Where parameter i starts when the parameters are laid end to end in registration order. */
+DDP__PRIVATE size_t ddp__flat_offset(const ddp_model* m, int i) {
+    size_t at = 0;
+    int j;
+    for (j = 0; j < i; j++) at += m->params[j]->count;
+    return at;
 }
 
-/* Consolidation moves each state tensor the way ddp__optim_gather moves the weights: every shard,
-   a piece at a time, all-gathered; rank `to` keeps what arrives and the others drop it. An
-   all-gather rather than a gather to one rank because it is the collective every backend has;
-   the bytes each rank receives are those of one all-gather of the state. */
+/* Consolidation moves each sharded tensor (each state, and at stage 3 the weights) the way the
+   weights' all-gather of stages 1-2 moves them: every shard of every group, a piece at a time,
+   all-gathered; rank `to` keeps what arrives, in registration order, and the others drop it. An
+   all-gather rather than a gather to one rank because it is the collective every backend has. */
 DDP__DEF ddp_status ddp_optim_consolidate(ddp_optim* o, int to) {
+    ddp__shards* z = o->z;
     ddp_model* m = o->m;
-    size_t n, piece, j, have;
-    int W, q, which, nstate;
-    if (!o->pg) return DDP_OK;
-    W = ddp_world_size(o->pg);
-    if (to < 0 || to >= W)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_optim_consolidate: rank %d is not in this job of %d", to, W);
-    n = ddp_model_num_elements(m);
-    piece = o->shard < ddp__zero_piece ? o->shard : ddp__zero_piece;
-    nstate = ddp__optim_nstate(o);
-    have = o->shard * (size_t)ddp_rank(o->pg) < n ? n - o->shard * (size_t)ddp_rank(o->pg) : 0;
-    if (have > o->shard) have = o->shard; /* this rank's elements: the last shard may be short */
-    for (which = 0; which < nstate; which++) {
+    float* mine[2 * DDP_MAX_LAYERS];
+    float* whole[2 * DDP_MAX_LAYERS];
+    int which, g, q, i;
+    if (!z) return DDP_OK;
+    if (to < 0 || to >= z->W)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_optim_consolidate: rank %d is not in this job of %d", to, z->W);
+    for (which = 0; which < 3; which++) {
         float* full = NULL;
-        if (ddp_rank(o->pg) == to) {
-            if (!o->full[which]) DDP__TRY(ddp_alloc(m->device, n * sizeof(float), (void**)&o->full[which]));
+        if (which < 2 ? which >= ddp__optim_nstate(o) : z->stage != 3) continue;
+        for (i = 0; i < m->nparams; i++) /* this rank's numbers of each parameter */
+            mine[i] = which == 0 ? o->state1[i] : which == 1 ? o->state2[i] : o->len[i] ? ddp__zero_w(z, i) : NULL;
+        if (z->rank == to) {
+            if (!o->full[which])
+                DDP__TRY(ddp_alloc(m->device, ddp_model_num_elements(m) * sizeof(float), (void**)&o->full[which]));
             full = o->full[which];
+            for (i = 0; i < m->nparams; i++) whole[i] = full + ddp__flat_offset(m, i);
         }
-        for (j = 0; j < o->shard; j += piece) {
-            size_t k = o->shard - j < piece ? o->shard - j : piece;
-            if (j < have) DDP__TRY(ddp__shard_state_copy(o, which, j, o->send, have - j < k ? have - j : k));
-            DDP__TRY(ddp_all_gather(o->pg, o->send, o->recv, k, DDP_F32, NULL));
-            for (q = 0; full && q < W; q++) {
-                size_t at = (size_t)q * o->shard + j;
-                if (at < n)
-                    DDP__TRY(ddp_copy(m->device, full + at, m->device, o->recv + (size_t)q * k,
-                                      (n - at < k ? n - at : k) * sizeof(float), m->stream));
+        for (g = 0; g < z->ngroups; g++) {
+            const size_t S = z->shard[g], n = z->count[g], lo = (size_t)z->rank * S;
+            const size_t piece = S < ddp__zero_piece ? S : ddp__zero_piece;
+            size_t j, have = lo < n ? (n - lo < S ? n - lo : S) : 0; /* the last shard may be short */
+            for (j = 0; j < S; j += piece) {
+                size_t k = S - j < piece ? S - j : piece;
+                if (j < have) DDP__TRY(ddp__zero_io(z, g, lo + j, z->send, have - j < k ? have - j : k, mine, o->first, 0));
+                DDP__TRY(ddp_all_gather(z->pg, z->send, z->recv, k, DDP_F32, NULL));
+                for (q = 0; full && q < z->W; q++) {
+                    size_t at = (size_t)q * S + j;
+                    if (at < n) DDP__TRY(ddp__zero_io(z, g, at, z->recv + (size_t)q * k, n - at < k ? n - at : k, whole,
+                                                      NULL, 1));
+                }
             }
         }
     }
-    o->full_steps = o->steps;
+    o->consolidated = 1;
     return ddp_stream_sync(m->stream);
 }
 
@@ -4871,7 +5222,7 @@ DDP__DEF ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, d
     o->m = m;
     o->d = d;
     for (i = 0; i < m->nparams; i++) o->len[i] = m->params[i]->count;
-    if (m->shard_pg) s = ddp__optim_shard(o, m->shard_pg);
+    if (m->zero) ddp__optim_shard(o, m->zero);
     for (i = 0; i < m->nparams && s == DDP_OK; i++) {
         size_t nb = o->len[i] * sizeof(float);
         /* zeroed, so a snapshot taken before the first step holds no stray bytes */
@@ -4906,13 +5257,13 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
                 "Keep no_sync on for the first K-1 micro-batches and off for the last one: ddp_no_sync(w, k < K - 1) "
                 "before each backward. Printed once per process", m->local_backwards,
                 m->local_backwards == 1 ? "" : "es", m->local_backwards == 1 ? "its" : "their");
-    if (m->shard_pg && !o->pg)
-        return ddp__fail(DDP_ERR_STATE, "ddp_optim_step: the model was wrapped with zero_stage 1 after this optimizer "
-                         "was created, so it holds the full state and the shards would go unused: create the "
-                         "optimizer after ddp_wrap");
+    if (m->zero && o->z != m->zero)
+        return ddp__fail(DDP_ERR_STATE, "ddp_optim_step: the model was wrapped with zero_stage %d after this optimizer "
+                         "was created, so its state is not sharded the way the model now is: create the optimizer "
+                         "after ddp_wrap", ddp__zero_stage(m->zero));
     /* a consolidated copy describes the state before this step: it is stale from here on */
-    ddp_free(m->device, o->full[0]), ddp_free(m->device, o->full[1]);
-    o->full[0] = o->full[1] = NULL;
+    for (i = 0; i < 3; i++) ddp_free(m->device, o->full[i]), o->full[i] = NULL;
+    o->consolidated = 0;
     o->steps++;
     first = o->steps == 1;
     if (d->kind != DDP_SGD) {
@@ -4924,10 +5275,12 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
     }
     for (i = 0; i < m->nparams; i++) {
         ddp_param* p = m->params[i];
-        /* with ZeRO-1 only the part of p inside this rank's shard */
-        float *w = p->data + o->first[i], *g = p->grad + o->first[i], *s1 = o->state1[i], *s2 = o->state2[i];
+        /* with ZeRO only the part of p this rank owns, wherever it lives (>>zero) */
+        float *w, *g, *s1 = o->state1[i], *s2 = o->state2[i];
         long long n = (long long)o->len[i], k;
         if (n == 0) continue;
+        w = o->z ? ddp__zero_w(o->z, i) : p->data;
+        g = o->z ? ddp__zero_g(o->z, i) : p->grad;
 #if DDP__CUDA
         if (m->device.type == DDP_DEVICE_CUDA) {
             if (d->kind == DDP_SGD) {
@@ -4979,7 +5332,7 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
             }
         }
     }
-    if (o->pg) DDP__TRY(ddp__optim_gather(o));
+    if (o->z && o->z->stage <= 2) DDP__TRY(ddp__zero_gather_weights(o->z));
     ddp__trace("optimizer step", DDP__TRACE_COMPUTE, t_start, ddp__now());
     return DDP_OK;
 }
@@ -4995,10 +5348,7 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
     }
     o->m->optim_state_bytes -= o->state_bytes;
     if (o->m->optim == o) o->m->optim = NULL;
-    ddp_free(o->m->device, o->send);
-    ddp_free(o->m->device, o->recv);
-    ddp_free(o->m->device, o->full[0]);
-    ddp_free(o->m->device, o->full[1]);
+    for (i = 0; i < 3; i++) ddp_free(o->m->device, o->full[i]);
     DDP_FREE(o);
 }
 
@@ -5091,6 +5441,7 @@ DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name
     if (i < m->nparams) {
         snprintf(name, nn, "%s", m->params[i]->name);
         *data = m->params[i]->data;
+        if (!*data && o && o->full[2]) *data = o->full[2] + ddp__flat_offset(m, i); /* ZeRO-3, consolidated */
         *owner = m->params[i];
         return 1;
     }
@@ -5101,12 +5452,8 @@ DDP__PRIVATE int ddp__st_tensor_at(ddp_model* m, ddp_optim* o, int i, char* name
     if (o->d.kind == DDP_SGD) snprintf(name, nn, "optim.%s.momentum_buffer", m->params[k]->name);
     else snprintf(name, nn, "optim.%s.%s", m->params[k]->name, i % per ? "exp_avg_sq" : "exp_avg");
     *data = i % per ? o->state2[k] : o->state1[k];
-    if (o->pg) { /* ZeRO-1: the consolidated copy (NULL on a rank without one), all of the tensor */
-        size_t at = 0;
-        int j;
-        for (j = 0; j < k; j++) at += m->params[j]->count;
-        *data = o->full[i % per] ? o->full[i % per] + at : NULL;
-    }
+    if (o->z) /* ZeRO: the consolidated copy (NULL on a rank without one), all of the tensor */
+        *data = o->full[i % per] ? o->full[i % per] + ddp__flat_offset(m, k) : NULL;
     *owner = m->params[k];
     return 1;
 }
@@ -5135,13 +5482,17 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
     ddp_status st = DDP_OK;
     if (!s || !s->model || !path)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_save: %s is NULL", !path ? "path" : "the model");
-    if (s->optim && s->optim->pg && ddp__optim_nstate(s->optim) > 0 &&
-        (!s->optim->full[0] || s->optim->full_steps != s->optim->steps))
-        return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the optimizer's state is sharded over the ranks (ZeRO-1) "
-                         "and this rank holds %s: call ddp_optim_consolidate(o, %d) on every rank right before this "
-                         "save, after the last step", s->optim->full[0] ? "a consolidated copy from an earlier step" :
-                         "only its shard", ddp_rank(s->optim->pg));
+    if (s->optim && s->optim->z && (ddp__optim_nstate(s->optim) > 0 || s->optim->z->stage == 3) &&
+        (!s->optim->consolidated || (s->optim->z->rank != 0 && !s->optim->full[0] && !s->optim->full[2])))
+        return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the optimizer's state is sharded over the ranks (zero_stage "
+                         "%d) and this rank holds only its shard: call ddp_optim_consolidate(o, %d) on every rank "
+                         "right before this save, after the last step", s->optim->z->stage, s->optim->z->rank);
     m = s->model;
+    for (i = 0; i < m->nparams; i++)
+        if (!m->params[i]->data && !(s->optim && s->optim->full[2]))
+            return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the weights are sharded over the ranks (zero_stage 3): "
+                             "put the optimizer in the snapshot and call ddp_optim_consolidate(o, this rank) on every "
+                             "rank first, or gather them with ddp_full_params(w, 1)");
     okind = s->optim ? (int)s->optim->d.kind : 0;
     memset(&b, 0, sizeof b);
     ddp__put(&b, "\0\0\0\0\0\0\0\0", 8); /* the header's length, filled in below */
@@ -5220,33 +5571,13 @@ typedef struct ddp__st {
 } ddp__st;
 /* Parse a whole file's header into *st (>>files); DDP_ERR_CHECKPOINT naming the first problem. */
 DDP__PRIVATE ddp_status ddp__st_parse(const unsigned char* buf, size_t size, const char* what, ddp__st* st);
-
-/* The JSON reader: a cursor over the header, strict about the subset safetensors uses. */
-/* ---- reading: checking the file against the snapshot struct, then loading ------------------------- */
-
-DDP__PRIVATE const char* ddp__st_get(const ddp__st* st, const char* key) {
-    int i;
-    for (i = 0; i < st->nmeta; i++)
-        if (!strcmp(st->meta[i].key, key)) return st->meta[i].val;
-    return NULL;
-}
-/* A metadata value as a whole number in [lo, hi]; 0 (after setting the error) if absent or bad. */
+/* A metadata value (>>files), or NULL when absent; and one as a whole number in [lo, hi] (0, after
+   setting the error, if absent or bad). */
+DDP__PRIVATE const char* ddp__st_get(const ddp__st* st, const char* key);
 DDP__PRIVATE int ddp__st_num(const ddp__st* st, const char* what, const char* key, long long lo, long long hi,
-                             long long* out) {
-    const char* v = ddp__st_get(st, key);
-    char* end;
-    long long x;
-    if (!v) { ddp__fail(DDP_ERR_CHECKPOINT, "%s: the metadata lacks \"%s\"", what, key); return 0; }
-    errno = 0;
-    x = strtoll(v, &end, 10);
-    if (!*v || *end || errno || x < lo || x > hi) {
-        ddp__fail(DDP_ERR_CHECKPOINT, "%s: metadata \"%s\" is \"%s\", not a number from %lld to %lld", what, key, v, lo,
-                  hi);
-        return 0;
-    }
-    *out = x;
-    return 1;
-}
+                             long long* out);
+
+/* ---- reading: checking the file against the snapshot struct, then loading ------------------------- */
 
 DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     unsigned char* buf = NULL;
@@ -5372,12 +5703,17 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     }
 #undef DDP__ST_BAD
 #undef DDP__ST_NUM
-    /* Everything checked: only now change the model and the rest. A sharded (ZeRO-1) optimizer
-       takes from each state tensor only its shard's part, so a file that N ranks wrote resumes on
-       any number of ranks. */
+    /* Everything checked: only now change the model and the rest. A sharded optimizer (ZeRO) takes
+       from each state tensor only this rank's part, and at zero_stage 3 so do the weights, so a
+       file that N ranks wrote resumes on any number of ranks. */
     for (i = 0; r == DDP_OK && ddp__st_tensor_at(m, okind ? s->optim : NULL, i, name, sizeof name, &data, &p); i++) {
         const unsigned char* from = buf + st->data_off + st->t[match[i]].begin;
-        if (i >= m->nparams && s->optim->pg) {
+        if (i < m->nparams && !m->params[i]->data && m->zero) { /* zero_stage 3: into this rank's shard */
+            const ddp__shards* z = m->zero;
+            if (z->len[i])
+                r = ddp_copy(m->device, ddp__zero_w(z, i), ddp__cpu(), from + z->first[i] * sizeof(float),
+                             z->len[i] * sizeof(float), NULL);
+        } else if (i >= m->nparams && s->optim->z) {
             int per = ddp__optim_nstate(s->optim), k = (i - m->nparams) / per;
             float* to = (i - m->nparams) % per ? s->optim->state2[k] : s->optim->state1[k];
             if (s->optim->len[k])
@@ -7428,6 +7764,154 @@ DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w) {
     return DDP_OK;
 }
 
+/* ---- agreeing on the world (ddp_init) ------------------------------------------------------------- */
+
+/* The first caller for `key` stores `value` under it; a later one gets the first one's value in
+   `first` (n bytes) and *taken = 1. The store has no compare-and-set: a counter decides. */
+DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* value, char* first, size_t n, int* taken) {
+    char count[DDP_STORE_MAX_KEY + 8];
+    int64_t claims = 0;
+    size_t got = 0;
+    snprintf(count, sizeof count, "%s/claims", key);
+    DDP__TRY(ddp__store_add(pg->store, count, 1, &claims));
+    *taken = claims > 1;
+    if (!*taken) return ddp_store_set(pg->store, key, value, strlen(value));
+    memset(first, 0, n);
+    return ddp_store_get(pg->store, key, first, n - 1, &got); /* set right after the first add */
+}
+
+/* Every rank publishes its view of the job; every rank reads all views. A rank that sees a
+   disagreement publishes it under ddp/abort so that the others fail at once with the same
+   explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
+   for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
+#define DDP__JOIN_REPORT_S 5.0 /* seconds between rank 0's first reports of who is missing */
+DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
+    char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
+    const char* abort_key[1] = {"ddp/abort"};
+    const char* launch = getenv("DDP_LAUNCH_ID");
+    int i, present, taken = 0;
+    double started = ddp__now(), deadline = started + pg->timeout, report = started + DDP__JOIN_REPORT_S;
+    gethostname(host, sizeof host - 1);
+    /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
+       launch that started that node's first rank, or two launches given one MASTER_PORT and one
+       DDP_JOB_TOKEN would mix their ranks (the later one's rank 1 taking the free slot). */
+    if (launch && *launch) {
+        snprintf(me, sizeof me, "%.200s", launch);
+        snprintf(key, sizeof key, "ddp/launch/%d", pg->env.node_rank);
+        DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
+        if (taken && strcmp(holder, me) != 0)
+            return ddp__fail(DDP_ERR_STORE_REFUSED, "the store at %s:%d refused this rank: it belongs to another "
+                             "launch. Node %d of the job there was started by launch %s (host:launcher pid:start time), "
+                             "this rank by launch %s: two jobs share MASTER_PORT %d and DDP_JOB_TOKEN. Give each job its "
+                             "own MASTER_PORT (ddprun --standalone picks a free one) or its own DDP_JOB_TOKEN",
+                             pg->env.master_addr, pg->env.master_port, pg->env.node_rank, holder, me, pg->env.master_port);
+    }
+    snprintf(me, sizeof me, "pid %ld on host %.250s", (long)getpid(), host);
+    snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
+    DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
+    if (taken)
+        return ddp__fail(DDP_ERR_WORLD_MISMATCH, "two processes were started with RANK=%d: %s holds rank %d (it "
+                         "came first), and this process, %s, came later. Give each process its own rank 0..%d; if "
+                         "another job uses this MASTER_PORT with the same DDP_JOB_TOKEN, give each job its own port",
+                         pg->rank, holder, pg->rank, me, pg->world - 1);
+    snprintf(mine, sizeof mine, "%d", pg->world);
+    snprintf(key, sizeof key, "ddp/world/%d", pg->rank);
+    DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
+    for (i = 0; i < pg->world; i++) {
+        const char* k[1];
+        size_t n = 0;
+        snprintf(key, sizeof key, "ddp/world/%d", i);
+        k[0] = key;
+        ddp__wait_note("waiting for rank %d to join the job (WORLD_SIZE=%d)", i, pg->world);
+        for (;;) {
+            DDP__TRY(ddp__store_check(pg->store, abort_key, 1, &present));
+            if (present) {
+                char why[256] = "";
+                ddp_store_get(pg->store, "ddp/abort", why, sizeof why - 1, &n);
+                return ddp__fail(DDP_ERR_WORLD_MISMATCH, "another rank stopped the job: %s", why);
+            }
+            DDP__TRY(ddp__store_check(pg->store, k, 1, &present));
+            if (present) break;
+            if (ddp__now() >= deadline)
+                return ddp__fail(DDP_ERR_TIMEOUT, "rank %d never joined within %.0f s (this rank expects WORLD_SIZE=%d): "
+                                 "start all %d processes, or fix WORLD_SIZE", i, pg->timeout, pg->world, pg->world);
+            if (ddp__now() >= report) { /* every 5 s, and every 30 s after the first half minute */
+                ddp__join_progress(pg, started, pg->rank == 0);
+                report = ddp__now() + (ddp__now() - started < 30 ? DDP__JOIN_REPORT_S : 6 * DDP__JOIN_REPORT_S);
+            }
+            ddp__sleep(0.02);
+        }
+        memset(theirs, 0, sizeof theirs);
+        DDP__TRY(ddp_store_get(pg->store, key, theirs, 15, &n)); /* a world size: a few digits */
+        if (strcmp(theirs, mine) != 0) {
+            char why[256];
+            snprintf(why, sizeof why, "rank %d was started with WORLD_SIZE=%s but rank %d with WORLD_SIZE=%s: every "
+                     "rank needs the same WORLD_SIZE", i, theirs, pg->rank, mine);
+            ddp_store_set(pg->store, "ddp/abort", why, strlen(why));
+            return ddp__fail(DDP_ERR_WORLD_MISMATCH, "%s", why);
+        }
+    }
+    return DDP_OK;
+}
+
+/* ---- the same model on every rank (ddp_wrap) ------------------------------------------------------ */
+/* Every rank must hold the same model: compare each rank's list of names and shapes with rank
+   0's through the store, and let every rank fail with the same explanation when one differs. */
+DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
+    ddp_store* st = ddp_pg_store(w->pg);
+    char sig[4096], other[4096], key[96], verdict[512];
+    size_t n = 0, pos = 0;
+    int i, W = ddp_world_size(w->pg), me = ddp_rank(w->pg);
+    int gen = w->pg->wraps++; /* a fresh key space per wrap: every rank wraps in the same order */
+    ddp_model* m = w->m;
+    pos += (size_t)snprintf(sig + pos, sizeof sig - pos, "%d parameters:", m->nparams);
+    for (i = 0; i < m->nparams && pos < sizeof sig - 64; i++)
+        pos += (size_t)snprintf(sig + pos, sizeof sig - pos, " %s[%d%s%.0d]", m->params[i]->name, m->params[i]->shape[0],
+                                m->params[i]->ndim == 2 ? "," : "", m->params[i]->ndim == 2 ? m->params[i]->shape[1] : 0);
+    snprintf(key, sizeof key, "ddp/wrap/%d/sig/0", gen);
+    if (me == 0) DDP__TRY(ddp_store_set(st, key, sig, strlen(sig)));
+    memset(other, 0, sizeof other);
+    DDP__TRY(ddp_store_get(st, key, other, sizeof other - 1, &n));
+    verdict[0] = 0;
+    if (strcmp(sig, other) != 0) {
+        /* name the first differing parameter */
+        const char *a = sig, *b = other;
+        while (*a && *a == *b) a++, b++;
+        while (a > sig && a[-1] != ' ') a--, b--;
+        /* quote one parameter from each side: up to the next space */
+        snprintf(verdict, sizeof verdict, "rank %d has %.*s where rank 0 has %.*s (rank %d: %d parameters, rank 0: "
+                 "%d)", me, (int)strcspn(a, " "), a, (int)strcspn(b, " "), *b ? b : "nothing", me, m->nparams,
+                 atoi(other));
+    }
+    snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
+    DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
+    /* Every rank reads every verdict (the first one given, in rank order, is the one all report),
+       even after finding one: returning at the first would let rank 0 fail, and its program exit
+       with the store, while a slower rank still waits for a verdict, which would then see the
+       store vanish instead of the mismatch. */
+    verdict[0] = 0;
+    for (i = 0; i < W; i++) {
+        char theirs[512];
+        memset(theirs, 0, sizeof theirs);
+        snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, i);
+        DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
+        if (theirs[0] && !verdict[0]) snprintf(verdict, sizeof verdict, "%s", theirs);
+    }
+    if (!verdict[0]) return DDP_OK;
+    /* A mismatch ends the job. Rank 0 holds the store until every rank has read its verdicts
+       (each says so with one add, whose answer it has when the count is complete). */
+    snprintf(key, sizeof key, "ddp/wrap/%d/told", gen);
+    {
+        int64_t told = 0;
+        double deadline = ddp__now() + w->pg->timeout;
+        if (ddp__store_add(st, key, 1, &told) == DDP_OK)
+            while (me == 0 && told < W && ddp__now() < deadline && ddp__store_add(st, key, 0, &told) == DDP_OK)
+                ddp__sleep(0.002);
+    }
+    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the same "
+                     "model", verdict);
+}
+
 #endif /* DDP__IMPLEMENT */
 
 /* ============================================================================================== */
@@ -9297,6 +9781,17 @@ DDP__PRIVATE const ddp__backend_vt* ddp__mpi_vt(void) { return &ddp__mpi_backend
 /* >>bind: keeping each rank on its own cores                                                     */
 /* ============================================================================================== */
 #if DDP__IMPLEMENT
+/* Ranks of one machine each get their own share of the cores this process may use (Linux; as
+   mpirun's --bind-to core does): a rank that waits by spinning then never sits on the core of the
+   rank it waits for, and the scheduler stops moving ranks between cores, which costs them their
+   caches. Shares are whole physical cores (a core's hyper-threads go together: two ranks on the
+   two threads of one core would share its units), and a rank on a GPU takes its share of the
+   cores next to that GPU (its PCI device's local_cpulist, the GPU's NUMA node), shared with the
+   local ranks whose GPUs sit there too. Only when every rank can have a core of its own;
+   DDP_BIND=none leaves placement to the system. The raw system call needs no _GNU_SOURCE. Threads
+   already running (a BLAS library's, the store's) are moved too; threads started later inherit
+   the mask. */
+#define DDP__BIND_MAXCPU 1024
 typedef struct ddp__cpu_core {
     int cpu;  /* a CPU number */
     int core; /* its physical core: CPUs with the same value are hyper-threads of one core */
@@ -9897,6 +10392,31 @@ DDP__PRIVATE ddp_status ddp__st_parse(const unsigned char* buf, size_t size, con
                          k > data_len ? "truncated" : "damaged (it has extra bytes)", (unsigned long long)k,
                          (unsigned long long)data_len);
     return DDP_OK;
+}
+
+/* ---- reading a snapshot's metadata (>>snapshot checks it against the struct) ------------------------ */
+DDP__PRIVATE const char* ddp__st_get(const ddp__st* st, const char* key) {
+    int i;
+    for (i = 0; i < st->nmeta; i++)
+        if (!strcmp(st->meta[i].key, key)) return st->meta[i].val;
+    return NULL;
+}
+/* A metadata value as a whole number in [lo, hi]; 0 (after setting the error) if absent or bad. */
+DDP__PRIVATE int ddp__st_num(const ddp__st* st, const char* what, const char* key, long long lo, long long hi,
+                             long long* out) {
+    const char* v = ddp__st_get(st, key);
+    char* end;
+    long long x;
+    if (!v) { ddp__fail(DDP_ERR_CHECKPOINT, "%s: the metadata lacks \"%s\"", what, key); return 0; }
+    errno = 0;
+    x = strtoll(v, &end, 10);
+    if (!*v || *end || errno || x < lo || x > hi) {
+        ddp__fail(DDP_ERR_CHECKPOINT, "%s: metadata \"%s\" is \"%s\", not a number from %lld to %lld", what, key, v, lo,
+                  hi);
+        return 0;
+    }
+    *out = x;
+    return 1;
 }
 
 #endif /* DDP__IMPLEMENT */

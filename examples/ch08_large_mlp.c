@@ -20,10 +20,13 @@
        build/examples/ch08_large_mlp --one-bucket             # all 96 MiB in one all-reduce
        build/examples/ch08_large_mlp --view                   # gradient_as_bucket_view
        build/examples/ch08_large_mlp --adam --zero-stage 1    # Adam's state sharded (ZeRO-1)
+       build/examples/ch08_large_mlp --adam --zero-stage 3    # and the gradients and weights (ZeRO-3)
    Options: --nproc N (1: one process without ddp_init/ddp_wrap)  --steps N  --warmup N
             --bucket-cap-mb X (0: every parameter its own bucket)  --first-bucket-mb X
             --one-bucket  --view  --adam (Adam instead of SGD: two moments of state per parameter)
-            --zero-stage 0|1 (1: each rank keeps the optimizer state of its shard only)
+            --zero-stage 0-3 (1: each rank keeps the optimizer state of its shard only; 2: and the
+              gradients; 3: and the weights)  --prefetch (zero_stage 3: the next layer's gather
+              overlaps this one's work)
             --device cpu|cuda|cuda:N|auto */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
@@ -32,7 +35,7 @@
 #define MAX_STEPS 10000
 
 typedef struct options {
-    int nproc, steps, warmup, one_bucket, view, adam, zero_stage;
+    int nproc, steps, warmup, one_bucket, view, adam, zero_stage, prefetch;
     double bucket_cap_mb, first_bucket_mb;
     const char* device;
 } options;
@@ -40,7 +43,8 @@ typedef struct options {
 static void usage(const char* prog) {
     fprintf(stderr,
             "usage: %s [--nproc N] [--steps N] [--warmup N] [--bucket-cap-mb X] [--first-bucket-mb X]\n"
-            "          [--one-bucket] [--view] [--adam] [--zero-stage 0|1] [--device cpu|cuda|cuda:N|auto]\n",
+            "          [--one-bucket] [--view] [--adam] [--zero-stage 0-3] [--prefetch]\n"
+            "          [--device cpu|cuda|cuda:N|auto]\n",
             prog);
     exit(2);
 }
@@ -55,6 +59,7 @@ static options parse_args(int argc, char** argv) {
         if (!strcmp(a, "--one-bucket")) { o.one_bucket = 1; continue; }
         if (!strcmp(a, "--view")) { o.view = 1; continue; }
         if (!strcmp(a, "--adam")) { o.adam = 1; continue; }
+        if (!strcmp(a, "--prefetch")) { o.prefetch = 1; continue; }
         if (!v) {
             fprintf(stderr, "%s needs a value\n", a);
             usage(argv[0]);
@@ -73,9 +78,9 @@ static options parse_args(int argc, char** argv) {
         }
     }
     if (o.nproc < 1 || o.steps < 1 || o.steps > MAX_STEPS || o.warmup < 0 || o.bucket_cap_mb < 0 ||
-        o.first_bucket_mb < 0) {
+        o.first_bucket_mb < 0 || o.zero_stage < 0 || o.zero_stage > 3) {
         fprintf(stderr, "--nproc and --steps (<= %d) must be >= 1, --warmup, --bucket-cap-mb and "
-                "--first-bucket-mb >= 0\n", MAX_STEPS);
+                "--first-bucket-mb >= 0, --zero-stage 0 to 3\n", MAX_STEPS);
         exit(2);
     }
     return o;
@@ -126,6 +131,7 @@ static int run(int rank, void* arg) {
     int *y, i, k, world = 1;
     double* times; /* [T_COUNT][steps], then the medians */
     double med[T_COUNT];
+    uint64_t sent0 = 0, received; /* bytes this rank had sent when the steps began */
     char devname[32];
 
     /* 1. Join the job (not for the 1-process baseline: no process group, no wrapper). */
@@ -158,6 +164,7 @@ static int run(int rank, void* arg) {
             wd.first_bucket_bytes = opt->one_bucket ? SIZE_MAX / 2 : mib_to_bytes(opt->first_bucket_mb);
             wd.gradient_as_bucket_view = opt->view;
             wd.zero_stage = opt->zero_stage;
+            wd.prefetch = opt->prefetch;
             DDP_CHECK(ddp_wrap(pg, model, &wd, &ddp));
         }
         DDP_CHECK(ddp_optim_create(model, &od, &optim));
@@ -192,7 +199,8 @@ static int run(int rank, void* arg) {
         printf("; %d warm-up + %d timed steps\n", opt->warmup, opt->steps);
         if (distributed) {
             ddp_wrapper_stats(ddp, &st);
-            printf("buckets: %d%s (reduced in this order):", st.buckets, opt->view ? ", gradient_as_bucket_view" : "");
+            if (st.buckets == 0) printf("buckets: none, each layer's gradients are reduce-scattered as one\n");
+            else printf("buckets: %d%s (reduced in this order):", st.buckets, opt->view ? ", gradient_as_bucket_view" : "");
             for (k = 0; k < st.buckets && k < 64; k++)
                 printf(" %.2f MiB (%d params)%s", st.bucket_bytes[k] / 1048576.0, st.bucket_params[k],
                        k + 1 < st.buckets ? "," : "\n");
@@ -203,6 +211,7 @@ static int run(int rank, void* arg) {
     }
 
     /* 4. Train. Nothing in this loop allocates. */
+    if (distributed) ddp_pg_bytes(pg, &sent0, &received); /* what ddp_wrap sent is not a step's */
     for (i = 0; i < opt->warmup + opt->steps; i++) {
         const float* xb = x + (size_t)(i % NBATCHES) * batch * in;
         const int* yb = y + (size_t)(i % NBATCHES) * batch;
@@ -240,10 +249,19 @@ static int run(int rank, void* arg) {
             if (distributed || k != T_WAIT) printf("  %s %.1f", t_names[k], med[k]);
         printf("\nexposed communication: %.1f ms of a %.1f ms step (%.2f); last loss %.4f\n", med[T_WAIT],
                med[T_STEP], med[T_WAIT] / med[T_STEP], loss);
+        if (distributed) { /* what one rank holds of the training state, and what it sent */
+            uint64_t sent;
+            ddp_pg_bytes(pg, &sent, &received);
+            printf("rank 0 holds: weights %.2f MiB (%.2f at most, while layers are gathered), gradients %.2f MiB, "
+                   "optimizer state %.2f MiB; sent %.2f MiB per step (zero_stage %d)\n", st.param_bytes / 1048576.0,
+                   st.param_peak_bytes / 1048576.0, st.grad_bytes / 1048576.0, st.optim_state_bytes / 1048576.0,
+                   (sent - sent0) / 1048576.0 / (opt->warmup + opt->steps), opt->zero_stage);
+        }
         printf("result nproc=%d buckets=%d view=%d step_ms=%.2f wait_ms=%.2f exposed=%.3f fwd_ms=%.2f bwd_ms=%.2f "
-               "opt_ms=%.2f zero_stage=%d optim_state_mib=%.2f\n", world, distributed ? st.buckets : 0, opt->view,
-               med[T_STEP], med[T_WAIT], med[T_WAIT] / med[T_STEP], med[T_FWD], med[T_BWD], med[T_OPT],
-               opt->zero_stage, distributed ? st.optim_state_bytes / 1048576.0 : 0.0);
+               "opt_ms=%.2f zero_stage=%d optim_state_mib=%.2f state_mib=%.2f\n", world, distributed ? st.buckets : 0,
+               opt->view, med[T_STEP], med[T_WAIT], med[T_WAIT] / med[T_STEP], med[T_FWD], med[T_BWD], med[T_OPT],
+               opt->zero_stage, distributed ? st.optim_state_bytes / 1048576.0 : 0.0,
+               distributed ? (st.param_peak_bytes + st.grad_bytes + st.optim_state_bytes) / 1048576.0 : 0.0);
         fflush(stdout);
     }
 

@@ -3,6 +3,10 @@
    The chapter-3 program with three additions:
    --zero-stage 1   each rank keeps Adam's moments for its 1/N shard of the parameters only
                     (ZeRO-1), updates that shard and all-gathers the rest. The weights stay DDP's.
+   --zero-stage 2   and each layer's gradients are reduce-scattered, so that a rank keeps only its
+                    shard's averaged gradients (ZeRO-2).
+   --zero-stage 3   and the weights are sharded too: each layer is gathered just before its forward
+                    and its backward, and dropped after (ZeRO-3, PyTorch's FSDP).
    --save-every N   with ZeRO-1 every rank first consolidates the sharded state onto rank 0, which
                     writes the file DDP would write; --resume loads it on start, on any number of
                     ranks, sharded or not (each rank takes its own shard).
@@ -18,7 +22,7 @@
        make
        build/examples/ch11_sharding --zero-stage 1
        build/examples/ch11_sharding --nproc 3 --uneven 1 --batch-size 8
-   Options: --zero-stage 0|1  --resume  --uneven K  --no-join
+   Options: --zero-stage 0-3  --resume  --uneven K  --no-join
             and those of examples/ch03_multi_gpu.c: --device cpu|cuda|cuda:N|auto
             --data wine|digits|FILE.csv  --data-dir DIR  --epochs N  --batch-size N  --lr X
             --hidden N  --seed N  --save-every N (epochs; 0 = never)  --snapshot FILE  --nproc N */
@@ -41,7 +45,7 @@ static void usage(const char* prog) {
             "usage: %s [--device cpu|cuda|cuda:N|auto] [--data wine|digits|FILE.csv] [--data-dir DIR]\n"
             "          [--epochs N] [--batch-size N] [--lr X] [--hidden N] [--seed N]\n"
             "          [--save-every N] [--snapshot FILE] [--nproc N]\n"
-            "          [--zero-stage 0|1] [--resume] [--uneven K] [--no-join]\n", prog);
+            "          [--zero-stage 0-3] [--resume] [--uneven K] [--no-join]\n", prog);
     exit(2);
 }
 
@@ -82,8 +86,8 @@ static options parse_args(int argc, char** argv) {
         fprintf(stderr, "--epochs, --batch-size and --nproc must be >= 1, --hidden and --save-every >= 0, --lr > 0\n");
         exit(2);
     }
-    if (o.zero_stage < 0 || o.zero_stage > 1 || o.uneven < 0) {
-        fprintf(stderr, "--zero-stage must be 0 or 1, --uneven >= 0\n");
+    if (o.zero_stage < 0 || o.zero_stage > 3 || o.uneven < 0) {
+        fprintf(stderr, "--zero-stage must be 0 to 3, --uneven >= 0\n");
         exit(2);
     }
     return o;
@@ -119,18 +123,16 @@ static double weight_sum(ddp_model* m) {
     return sum;
 }
 
-/* What this rank holds and sent, and the sum of its weights: one line per rank, in rank order. */
-static void print_holdings(ddp_pg* pg, ddp_wrapper* ddp, ddp_model* model, long steps, int uneven) {
-    ddp_wrap_stats st;
-    uint64_t sent, received;
+/* What this rank held and sent in training (st, sent), and the sum of its weights: one line per
+   rank, in rank order. */
+static void print_holdings(ddp_pg* pg, const ddp_wrap_stats* st, uint64_t sent, ddp_model* model, long steps,
+                           int uneven) {
     int r;
-    ddp_wrapper_stats(ddp, &st);
-    ddp_pg_bytes(pg, &sent, &received); /* since ddp_init: ddp_wrap's broadcast, the steps, saves */
     for (r = 0; r < ddp_world_size(pg); r++) {
         if (r == ddp_rank(pg)) {
             printf("rank %d holds: weights %.1f KiB, gradients %.1f KiB, optimizer state %.1f KiB", r,
-                   st.param_bytes / 1024.0, st.grad_bytes / 1024.0, st.optim_state_bytes / 1024.0);
-            if (uneven) printf("; answered %ld steps with zeros", st.shadowed_steps);
+                   st->param_bytes / 1024.0, st->grad_bytes / 1024.0, st->optim_state_bytes / 1024.0);
+            if (uneven) printf("; answered %ld steps with zeros", st->shadowed_steps);
             else printf("; sent %.1f KiB per step", sent / 1024.0 / (double)(steps > 0 ? steps : 1));
             printf("; sum of the weights %.9f\n", weight_sum(model));
             fflush(stdout);
@@ -155,6 +157,8 @@ static int train(int rank, void* arg) {
     char devname[32];
     int epoch, first_epoch = 1;
     long steps_before;
+    ddp_wrap_stats st;
+    uint64_t sent, received;
 
     /* 1. Data: load, hold out 20% for testing, standardise with the training statistics. */
     DDP_CHECK(ddp_dataset_load(opt->data, opt->data_dir, &all));
@@ -236,14 +240,18 @@ static int train(int rank, void* arg) {
         }
     }
 
-    /* 5. Evaluate on the held-out samples. */
+    /* 5. Evaluate on the held-out samples. With zero_stage 3 no rank holds the whole model: every
+       rank gathers every layer first (collective), and then rank 0 can run forward alone. */
+    ddp_wrapper_stats(ddp, &st), ddp_pg_bytes(pg, &sent, &received); /* what training held and sent */
+    DDP_CHECK(ddp_full_params(ddp, 1));
     if (rank == 0) {
         float accuracy, test_loss;
         DDP_CHECK(ddp_model_evaluate(model, test.x, test.y, test.n, &accuracy, &test_loss));
         printf("test loss: %.4f\n", test_loss);
         printf("test accuracy: %.4f\n", accuracy);
     }
-    print_holdings(pg, ddp, model, ddp_optim_steps(optim) - steps_before, opt->uneven);
+    print_holdings(pg, &st, sent, model, ddp_optim_steps(optim) - steps_before, opt->uneven);
+    DDP_CHECK(ddp_full_params(ddp, 0));
 
     ddp_loader_free(&loader);
     ddp_optim_destroy(optim);

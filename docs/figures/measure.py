@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure the data behind docs/figures/*.png (python3 standard library only).
 
-    python3 docs/figures/measure.py [BUILD] [ring|timeline|loss|sweep|scaling|busbw ...]
+    python3 docs/figures/measure.py [BUILD] [ring|timeline|loss|sweep|scaling|busbw|zero ...]
 
 BUILD is the build folder (make's $(BUILD), default build); without names, every measurement
 runs. Each one starts the project's own programs, parses what they print or write, and writes
@@ -352,7 +352,43 @@ def busbw():
           + "\n\n\n".join(blocks) + "\n")
 
 
-ALL = {"ring": ring, "timeline": timeline, "loss": loss, "sweep": sweep, "scaling": scaling, "busbw": busbw}
+# ---- 6. ZeRO: training state per rank against the number of ranks --------------------------------
+def zero():
+    # The program counts the bytes it allocated for each part (ddp_wrapper_stats), so one step is
+    # enough and nothing here is a timing: the numbers are the same on any machine.
+    pat = re.compile(r"rank 0 holds: weights ([0-9.]+) MiB \(([0-9.]+) at most[^)]*\), gradients ([0-9.]+) MiB, "
+                     r"optimizer state ([0-9.]+) MiB; sent ([0-9.]+) MiB per step \(zero_stage (\d)\)")
+    blocks, cmds = [], []
+    for z in (0, 1, 2, 3):
+        rows = ["# %s: nproc zero_stage weights_peak_mib gradients_mib optimizer_state_mib total_mib "
+                "sent_mib_per_step weights_held_mib" % ("DDP" if z == 0 else "ZeRO-%d" % z)]
+        for n in (2, 3, 4):
+            out, shown = run([BUILD + "/examples/ch08_large_mlp", "--nproc", str(n), "--adam", "--zero-stage", str(z),
+                              "--steps", "1", "--warmup", "0"])
+            cmds.append(shown)
+            m = pat.search(out)
+            if not m or int(m.group(6)) != z:
+                sys.exit("measure.py: no 'rank 0 holds: ...' line for zero_stage %d in the output of:\n  %s\n%s"
+                         % (z, shown, out[-3000:]))
+            held, peak, grad, opt, sent = (float(m.group(i)) for i in range(1, 6))
+            rows.append("%d %d %.2f %.2f %.2f %.2f %.2f %.2f" % (n, z, peak, grad, opt, peak + grad + opt, sent, held))
+        blocks.append("\n".join(rows))
+    write("zero_memory.dat", header(
+        "ch08_large_mlp (25M parameters, Adam) on 2, 3 and 4 ranks: what rank 0 holds of the training state, "
+        "for DDP (zero_stage 0) and ZeRO-1, -2, -3, from its 'rank 0 holds:' line", cmds,
+        ["MiB = 2^20 bytes, as the program counts them (ddp_wrapper_stats: allocated buffers, not the process's "
+         "memory), so they do not depend on the machine",
+         "weights_peak: the most weight memory in use at once (ZeRO-3: its shards plus the layers gathered); "
+         "gradients: p->grad and the buckets (ZeRO-2/3: the gradient shards and the buffers backward uses); "
+         "optimizer_state: Adam's two moments (ZeRO-1..3: this rank's shard); total = the three added",
+         "sent_mib_per_step: what rank 0 sent per step; weights_held: the line's first weights number (ZeRO-3: "
+         "its shards and the buffers gathered layers go into), which the figure does not use",
+         "gnuplot index 0: DDP, 1: ZeRO-1, 2: ZeRO-2, 3: ZeRO-3"])
+          + "\n\n\n".join(blocks) + "\n")
+
+
+ALL = {"ring": ring, "timeline": timeline, "loss": loss, "sweep": sweep, "scaling": scaling, "busbw": busbw,
+       "zero": zero}
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -88,6 +88,7 @@ typedef struct cfg {
     float lr, momentum;
     int adam;           /* Adam instead of SGD */
     int zero;           /* ddp_wrap_desc.zero_stage */
+    int prefetch;       /* ddp_wrap_desc.prefetch (zero_stage 3) */
     int from, to;       /* train steps [from, to) (to 0: STEPS) */
     const char* load;   /* a snapshot (model and optimizer) to resume from before step `from` */
     int load_model_only; /* ... leaving the optimizer's state out of the load */
@@ -106,6 +107,66 @@ static void track_max(ddp_param* p, void* user) {
         if (fabs(g[i]) > g_grad_max_step) g_grad_max_step = fabs(g[i]);
     free(g);
 }
+/* The numbers rank r owns of a group of n: [r S, (r+1) S) cut at n, S = ceil(n / W). */
+static size_t owned(size_t n, int W, int r) {
+    size_t S = (n + (size_t)W - 1) / (size_t)W, lo = S * (size_t)r;
+    return lo >= n ? 0 : n - lo < S ? n - lo : S;
+}
+/* The optimizer state a rank holds: all of it (DDP); its shard's of the whole model laid end to end
+   (ZeRO-1); its shard's of each layer, weight and bias end to end (ZeRO-2 and -3). */
+static int check_state_bytes(int rank, int W, const cfg* c, ddp_wrapper* w, size_t n) {
+    size_t per = c->adam ? 2 : (c->momentum != 0.f), want = 0;
+    int l;
+    ddp_wrap_stats st;
+    if (c->zero == 0) want = n;
+    else if (c->zero == 1) want = owned(n, W, rank);
+    else
+        for (l = 0; l + 1 < 4; l++) want += owned((size_t)g_sizes[l] * g_sizes[l + 1] + g_sizes[l + 1], W, rank);
+    want *= per * 4;
+    ddp_wrapper_stats(w, &st);
+    if (st.optim_state_bytes != want) {
+        printf("    rank %d: %zu bytes of optimizer state, expected %zu (zero_stage %d)\n", rank, st.optim_state_bytes,
+               want, c->zero);
+        return 1;
+    }
+    return 0;
+}
+/* ZeRO-3's weights: a rank holds its shard of each layer (S numbers) and, while a layer is in use,
+   the whole layer (W S); with prefetch also the next one (forward) or the previous one (backward).
+   The most it held at once must be exactly the shards and the largest layer (the largest pair of
+   neighbours with prefetch): more means a layer was not dropped. Between steps it holds the shards
+   and its buffers for gathered layers, each the size of the largest: one, two with prefetch.
+   Gradients (stages 2-3): the shards, and two such buffers (a layer's gradients being computed
+   while the previous layer's are reduce-scattered); under no_sync one per layer (three), since
+   every layer keeps its gradients until the synchronised pass. */
+static int check_zero3_memory(int rank, int W, const cfg* c, ddp_wrapper* w) {
+    size_t shards = 0, largest = 0, pair = 0, prev = 0, model = 0, peak, between, grads;
+    int l;
+    ddp_wrap_stats st;
+    for (l = 0; l + 1 < 4; l++) {
+        size_t n = (size_t)g_sizes[l] * g_sizes[l + 1] + g_sizes[l + 1], S = (n + (size_t)W - 1) / (size_t)W;
+        shards += S, model += n;
+        if (W * S > largest) largest = W * S;
+        if (l > 0 && prev + W * S > pair) pair = prev + W * S;
+        prev = W * S;
+    }
+    peak = 4 * (shards + (c->prefetch ? pair : largest));
+    between = 4 * (shards + (c->prefetch ? 2 : 1) * largest);
+    grads = 4 * (shards + (c->accum > 1 ? 3 : 2) * largest);
+    ddp_wrapper_stats(w, &st);
+    if (rank == 0 && W == 4 && !c->load)
+        printf("    ZeRO-3 on 4 ranks%s: weights held at most %zu bytes at once (the model: %zu; the shards: %zu), "
+               "%zu between steps; gradients %zu\n", c->prefetch ? ", prefetch" : "", st.param_peak_bytes, 4 * model,
+               4 * shards, st.param_bytes, st.grad_bytes);
+    if (st.param_peak_bytes != peak || st.param_bytes != between || st.grad_bytes != grads) {
+        printf("    rank %d (W=%d%s): ZeRO-3 held %zu bytes of weights at most, %zu between steps and %zu of gradients; "
+               "expected %zu, %zu and %zu\n", rank, W, c->prefetch ? ", prefetch" : "", st.param_peak_bytes,
+               st.param_bytes, st.grad_bytes, peak, between, grads);
+        return 1;
+    }
+    return 0;
+}
+
 static int train_rank(int rank, void* arg) {
     const cfg* c = (const cfg*)arg;
     ddp_desc d;
@@ -133,7 +194,7 @@ static int train_rank(int rank, void* arg) {
     memset(&wd, 0, sizeof wd);
     wd.bucket_cap_bytes = c->cap, wd.first_bucket_bytes = c->first, wd.gradient_as_bucket_view = c->view;
     wd.compress = c->compress;
-    wd.zero_stage = c->zero;
+    wd.zero_stage = c->zero, wd.prefetch = c->prefetch;
     if (ddp_wrap(pg, m, &wd, &w) != DDP_OK) {
         printf("    rank %d: ddp_wrap: %s\n", rank, ddp_error_string());
         return 12;
@@ -143,18 +204,7 @@ static int train_rank(int rank, void* arg) {
         printf("    rank %d: ddp_optim_create: %s\n", rank, ddp_error_string());
         return 17;
     }
-    {
-        /* the optimizer state this rank holds: all of it (DDP), or its shard's (ZeRO-1: elements
-           [r S, min(N, (r+1) S)) of the N laid end to end, S = ceil(N / W)) */
-        size_t n = ddp_model_num_elements(m), per = c->adam ? 2 : (c->momentum != 0.f), S = (n + W - 1) / W;
-        size_t lo = S * (size_t)ddp_rank(pg), hi = lo + S < n ? lo + S : n, want = per * (c->zero ? hi - lo : n) * 4;
-        ddp_wrap_stats st;
-        ddp_wrapper_stats(w, &st);
-        if (st.optim_state_bytes != want) {
-            printf("    rank %d: %zu bytes of optimizer state, expected %zu\n", rank, st.optim_state_bytes, want);
-            return 18;
-        }
-    }
+    if (check_state_bytes(rank, W, c, w, ddp_model_num_elements(m))) return 18;
     if (c->load) {
         ddp_snapshot snap;
         memset(&snap, 0, sizeof snap);
@@ -204,8 +254,11 @@ static int train_rank(int rank, void* arg) {
             return 20;
         }
     }
+    if (c->zero == 3 && check_zero3_memory(rank, W, c, w)) return 21;
     snprintf(path, sizeof path, "%s/w%d.bin", g_dir, rank);
+    if (ddp_full_params(w, 1) != DDP_OK) return 22; /* zero_stage 3: the weights are sharded until then */
     save_params(m, path);
+    if (ddp_full_params(w, 0) != DDP_OK) return 23;
     snprintf(path, sizeof path, "%s/g%d.txt", g_dir, rank);
     {
         FILE* f = fopen(path, "w");
@@ -331,68 +384,74 @@ static void equivalence_no_sync_accumulation(void) {
 /* ZeRO-1: the optimizer state sharded over the ranks trains the same weights as one process, for
    SGD with momentum and Adam, bucket caps from one parameter to one bucket, and no_sync. Each
    rank holds 1/W of the state (train_rank checks the bytes). */
-static void equivalence_zero1(void) {
+static void equivalence_zero(void) {
     const size_t caps[2] = {1, 0};
-    int W, ci, adam;
-    double worst = 0, e;
-    for (W = 1; W <= 4; W++)
-        for (adam = 0; adam < 2; adam++)
-            for (ci = 0; ci < 2; ci++) {
-                cfg c = base();
-                c.zero = 1;
-                c.adam = adam;
-                if (adam) c.lr = 0.01f;
-                c.cap = c.first = caps[ci];
-                e = equivalence(W, &c, g_gpu ? 1e-4 : 1e-5);
-                if (e > worst) worst = e;
-            }
-    {
+    int W, ci, adam, stage;
+    double worst[4] = {0, 0, 0, 0}, e;
+    for (stage = 1; stage <= 3; stage++)
+        for (W = 1; W <= 4; W++)
+            for (adam = 0; adam < 2; adam++)
+                for (ci = 0; ci < 2; ci++) {
+                    cfg c = base();
+                    c.zero = stage;
+                    c.adam = adam;
+                    if (adam) c.lr = 0.01f;
+                    c.cap = c.first = caps[ci]; /* stages 2-3 go by layer, whatever the cap */
+                    c.prefetch = stage == 3 && ci == 1;
+                    e = equivalence(W, &c, g_gpu ? 1e-4 : 1e-5);
+                    if (e > worst[stage]) worst[stage] = e;
+                }
+    for (stage = 1; stage <= 3; stage++) { /* no_sync: stages 2-3 keep the layers' gradients meanwhile */
         cfg c = base();
-        c.zero = 1;
+        c.zero = stage;
         c.accum = 3;
         c.momentum = 0;
         e = equivalence(2, &c, g_gpu ? 1e-4 : 1e-5);
-        if (e > worst) worst = e;
+        if (e > worst[stage]) worst[stage] = e;
     }
-    /* the all-gather in pieces of 7 elements: shards of 62 and 47 of the 185 cut unevenly */
+    /* the all-gathers in pieces of 7 numbers: shards of 62 and 47 of the 185 cut unevenly */
     ddp__zero_piece = 7;
-    for (W = 3; W <= 4; W++) {
-        cfg c = base();
-        c.zero = 1;
-        c.adam = 1;
-        c.lr = 0.01f;
-        e = equivalence(W, &c, g_gpu ? 1e-4 : 1e-5);
-        if (e > worst) worst = e;
-    }
+    for (W = 3; W <= 4; W++)
+        for (stage = 1; stage <= 2; stage++) {
+            cfg c = base();
+            c.zero = stage;
+            c.adam = 1;
+            c.lr = 0.01f;
+            e = equivalence(W, &c, g_gpu ? 1e-4 : 1e-5);
+            if (e > worst[stage]) worst[stage] = e;
+        }
     ddp__zero_piece = (size_t)1 << 18;
-    printf("    ZeRO-1: worst relative L2 difference from one process over 19 runs: %.3g\n", worst);
+    printf("    worst relative L2 difference from one process: ZeRO-1 %.3g, ZeRO-2 %.3g, ZeRO-3 %.3g (%d runs each "
+           "or more)\n", worst[1], worst[2], worst[3], 17);
 }
 
-/* A ZeRO-1 snapshot: N ranks train half the steps, consolidate the optimizer's state onto rank 0,
-   which saves; M ranks (sharded again, or plain DDP) load it and train the other half. The weights
-   must be those of one process that trained every step without stopping: each resumed rank took
-   its new shard's part of the state from the file, and a run without the state (a fresh Adam)
-   would end elsewhere, which the last check shows. */
-static void zero1_snapshot_resumes_on_other_worlds(void) {
-    static const int pairs[][3] = {{2, 3, 1}, {4, 2, 1}, {3, 1, 1}, {2, 4, 0}, {1, 2, 1}}; /* N, M, M's stage */
+/* A ZeRO snapshot: N ranks train half the steps, consolidate the sharded state onto rank 0, which
+   saves; M ranks (sharded the same way, another way, or plain DDP) load it and train the other
+   half. The weights must be those of one process that trained every step without stopping: each
+   resumed rank took its own part of the state (and at stage 3 of the weights) from the file, and a
+   run without the optimizer's state (a fresh Adam) ends elsewhere, which the first check shows. */
+static void zero_snapshot_resumes_on_other_worlds(void) {
+    /* N, M, the writers' stage, the readers' */
+    static const int runs[][4] = {{2, 3, 1, 1}, {4, 2, 1, 1}, {3, 1, 1, 1}, {2, 4, 1, 0}, {1, 2, 1, 1},
+                                  {3, 2, 3, 2}, {2, 4, 2, 3}, {4, 1, 3, 0}, {2, 3, 0, 3}};
     char path[128];
     double worst = 0, e;
     size_t i;
     int adam;
-    snprintf(path, sizeof path, "%s/zero1.st", g_dir);
+    snprintf(path, sizeof path, "%s/zero.st", g_dir);
     for (adam = 0; adam < 2; adam++)
-        for (i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        for (i = 0; i < sizeof runs / sizeof runs[0]; i++) {
             cfg c = base();
-            int N = pairs[i][0], M = pairs[i][1];
+            int N = runs[i][0], M = runs[i][1];
             if (g_gpu && (N > g_gpus || M > g_gpus)) continue;
             c.adam = adam;
             if (adam) c.lr = 0.01f;
-            c.zero = 1, c.to = STEPS / 2, c.save = path;
+            c.zero = runs[i][2], c.to = STEPS / 2, c.save = path;
             CHECK_OK(ddp_spawn(N, train_rank, &c));
-            c.zero = pairs[i][2], c.from = STEPS / 2, c.to = 0, c.save = NULL, c.load = path;
+            c.zero = runs[i][3], c.from = STEPS / 2, c.to = 0, c.save = NULL, c.load = path;
             e = equivalence(M, &c, g_gpu ? 1e-4 : 1e-5);
-            printf("    %s: ZeRO-1 on %d rank%s, resumed on %d (%s): %.3g relative from one process\n",
-                   adam ? "Adam" : "SGD", N, N > 1 ? "s" : "", M, c.zero ? "ZeRO-1" : "DDP", e);
+            printf("    %s: zero_stage %d on %d rank%s, resumed with zero_stage %d on %d: %.3g relative from one "
+                   "process\n", adam ? "Adam" : "SGD", runs[i][2], N, N > 1 ? "s" : "", runs[i][3], M, e);
             if (e > worst) worst = e;
             if (i == 0) { /* the same resume without the optimizer's state must miss */
                 c.load_model_only = 1;
@@ -575,9 +634,9 @@ static int join_refusals_rank(int rank, void* arg) {
 }
 static void join_refusals(void) { CHECK_OK(ddp_spawn(2, join_refusals_rank, NULL)); }
 
-/* What ZeRO-1 cannot do here is refused by name: stages 2 and 3, an optimizer created before the
-   wrap (it would hold the full state), and a snapshot of a sharded state that was not consolidated
-   right before the save. */
+/* What ZeRO cannot do here is refused by name: a stage past 3, 16-bit gradients with stage 2, an
+   optimizer created before the wrap (it would hold the full state), and a snapshot of a sharded
+   state that was not consolidated right before the save. */
 static int zero_refusals_rank(int rank, void* arg) {
     ddp_desc d;
     ddp_pg* pg;
@@ -594,11 +653,17 @@ static int zero_refusals_rank(int rank, void* arg) {
     if (ddp_init(&d, &pg) != DDP_OK) return 10;
     m = model_on(ddp_pg_device(pg), 100);
     memset(&wd, 0, sizeof wd);
-    wd.zero_stage = 2;
-    if (ddp_wrap(pg, m, &wd, &w) != DDP_ERR_INVALID_ARGUMENT || !strstr(ddp_error_string(), "zero_stage 2")) {
-        printf("    rank %d: zero_stage 2 was not refused by name: %s\n", rank, ddp_error_string());
+    wd.zero_stage = 4;
+    if (ddp_wrap(pg, m, &wd, &w) != DDP_ERR_INVALID_ARGUMENT || !strstr(ddp_error_string(), "zero_stage 4")) {
+        printf("    rank %d: zero_stage 4 was not refused by name: %s\n", rank, ddp_error_string());
         bad = 1;
     }
+    wd.zero_stage = 2, wd.compress = DDP_BF16;
+    if (ddp_wrap(pg, m, &wd, &w) != DDP_ERR_INVALID_ARGUMENT || !strstr(ddp_error_string(), "with compress")) {
+        printf("    rank %d: zero_stage 2 with compression was not refused by name: %s\n", rank, ddp_error_string());
+        bad = 1;
+    }
+    wd.compress = DDP_DTYPE_DEFAULT;
     early = sgd(m, 0.1f, 0.9f);
     wd.zero_stage = 1;
     if (ddp_wrap(pg, m, &wd, &w) != DDP_OK) return 11;
@@ -1032,8 +1097,8 @@ int main(int argc, char** argv) {
         RUN(equivalence_all_worlds_and_buckets);
         RUN(equivalence_no_sync_accumulation);
         RUN(equivalence_compressed);
-        RUN(equivalence_zero1);
-        RUN(zero1_snapshot_resumes_on_other_worlds);
+        RUN(equivalence_zero);
+        RUN(zero_snapshot_resumes_on_other_worlds);
         RUN(join_uneven_inputs);
         RUN(overlap_on_the_gpu);
         h_remove_tree(g_dir);
@@ -1042,8 +1107,8 @@ int main(int argc, char** argv) {
     RUN(equivalence_all_worlds_and_buckets);
     RUN(equivalence_no_sync_accumulation);
     RUN(equivalence_compressed);
-    RUN(equivalence_zero1);
-    RUN(zero1_snapshot_resumes_on_other_worlds);
+    RUN(equivalence_zero);
+    RUN(zero_snapshot_resumes_on_other_worlds);
     RUN(zero_refusals);
     RUN(join_uneven_inputs);
     RUN(join_refusals);

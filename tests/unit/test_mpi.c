@@ -200,11 +200,11 @@ static int timeout_main(void) {
     return 0;
 }
 
-/* ZeRO-1 and uneven inputs over MPI's own collectives: the weights match one process that applies
+/* ZeRO and uneven inputs over MPI's own collectives: the weights match one process that applies
    the same rule. Rank r's batch of step t is drawn from the seed (r, t); each step of the one
    process sums the gradients of the ranks that train in it and divides by the world size. With
-   ZeRO-1 every rank trains every step (Adam, sharded state, then consolidated onto rank 0); with
-   uneven inputs rank r stops after 8 - 2r steps and joins (SGD with momentum). */
+   zero_stage 1, 2 or 3 every rank trains every step (Adam, sharded state, then consolidated onto
+   rank 0); with uneven inputs rank r stops after 8 - 2r steps and joins (SGD with momentum). */
 enum { MPI_FEAT = 5, MPI_B = 3, MPI_STEPS = 8 };
 static ddp_model* mpi_model(uint64_t seed) {
     int sizes[3] = {MPI_FEAT, 7, 3};
@@ -232,7 +232,7 @@ static void mpi_batch(int rank, int step, float* x, int* y) {
     for (i = 0; i < MPI_B; i++) y[i] = (int)ddp_rng_below(&r, 3);
 }
 static int sharding_main(int rank, void* arg) {
-    const int uneven = *(const int*)arg;
+    const int mode = *(const int*)arg, uneven = mode < 0, stage = uneven ? 0 : mode; /* -1: uneven inputs */
     ddp_pg* pg;
     ddp_model *m, *ref;
     ddp_optim *o, *ro;
@@ -248,7 +248,7 @@ static int sharding_main(int rank, void* arg) {
     }
     m = mpi_model(10 + (uint64_t)rank), ref = mpi_model(10);
     memset(&wd, 0, sizeof wd);
-    wd.zero_stage = !uneven, wd.uneven_inputs = uneven;
+    wd.zero_stage = stage, wd.uneven_inputs = uneven;
     if (!m || !ref || ddp_wrap(pg, m, &wd, &w) != DDP_OK || !(o = mpi_optim(m, !uneven)) || !(ro = mpi_optim(ref, !uneven))) {
         printf("    rank %d: setting up: %s\n", rank, ddp_error_string());
         return 1;
@@ -283,14 +283,18 @@ static int sharding_main(int rank, void* arg) {
             for (k = 0; k < ddp_model_param(ref, i)->count; k++) ddp_model_param(ref, i)->grad[k] /= (float)g_world;
         ddp_optim_step(ro);
     }
+    if (ddp_full_params(w, 1) != DDP_OK) { /* zero_stage 3: the weights are sharded until then */
+        printf("    rank %d: ddp_full_params: %s\n", rank, ddp_error_string());
+        return 1;
+    }
     for (i = 0; i < ddp_model_num_params(m); i++)
         for (k = 0; k < ddp_model_param(m, i)->count; k++) {
             double e = (double)ddp_model_param(m, i)->data[k] - ddp_model_param(ref, i)->data[k];
             num += e * e, den += (double)ddp_model_param(ref, i)->data[k] * ddp_model_param(ref, i)->data[k];
         }
     if (sqrt(num / den) > 1e-5) {
-        printf("    rank %d (%s): the weights are %.3g relative from one process applying the rule\n", rank,
-               uneven ? "uneven inputs" : "ZeRO-1", sqrt(num / den));
+        printf("    rank %d (%s, zero_stage %d): the weights are %.3g relative from one process applying the rule\n",
+               rank, uneven ? "uneven inputs" : "sharded", stage, sqrt(num / den));
         bad++;
     }
     ddp_wrapper_destroy(w);
@@ -328,8 +332,10 @@ int main(int argc, char** argv) {
     mpi_case("mpi_collectives_in_flight_complete_in_order", in_flight_main, NULL);
     if (g_world == 2) mpi_case("mpi_misuse_refused", misuse_main, NULL); /* its check assumes 2 ranks */
     {
-        int zero1 = 0, uneven = 1;
-        mpi_case("mpi_zero1_equals_one_process", sharding_main, &zero1);
+        int stages[3] = {1, 2, 3}, uneven = -1;
+        mpi_case("mpi_zero1_equals_one_process", sharding_main, &stages[0]);
+        mpi_case("mpi_zero2_equals_one_process", sharding_main, &stages[1]);
+        mpi_case("mpi_zero3_equals_one_process", sharding_main, &stages[2]);
         if (g_world <= 4) mpi_case("mpi_uneven_inputs_join", sharding_main, &uneven); /* 8 - 2r steps */
     }
     if (ddp__cuda_device_count() >= g_world) mpi_case("mpi_gpu_buffers_staged", gpu_main, NULL);
