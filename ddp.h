@@ -71,6 +71,7 @@
         >>cuda      the CUDA runtime: probing the GPUs, streams, events
         >>kernels   GPU kernels compiled at run time by NVRTC; cuBLAS; the CPU
                     matrix product
+        >>buffers   the two buffers ZeRO's layers take turns in                11
         >>store     the rendezvous store: sockets, its server, its client      2, 4
         >>signals   who has joined; the flight record of the last collectives  9
                     (SIGUSR1); desync checks; what ddp_init waited for
@@ -193,6 +194,8 @@
       machines talks TCP between all its ranks, also between those that share a machine.
     - The GPU path has run on one GPU (make gpu-check on an H200). NCCL with several ranks needs
       a GPU for each and has run only on the GPU stand-in (tests/fakegpu).
+    - ZeRO-2 and -3 (>>zero) shard layer by layer: a rank holds a whole layer while it computes,
+      so the largest layer sets a floor under what sharding saves.
 */
 
 /* The implementation uses POSIX (files, later sockets and processes). Strict C99 hides those
@@ -4025,15 +4028,23 @@ DDP_API ddp_status ddp_full_params(ddp_wrapper* w, int on);
 */
 
 /* The buffers a gathered layer's weights, or its gradients during backward, go into (stages 2
-   and 3) come from two pools, weights and gradients, of buffers the size of the largest layer's
-   W S numbers: a buffer given back serves the next layer, so that a step allocates nothing after
-   the first, and a pool holds as many buffers as were ever in use at once. */
+   and 3). Layers come one after another, and at most two neighbours are held at once (a layer's
+   gradients while the one before is on the wire; with prefetch, a layer's weights while the next
+   one's arrive), so two buffers serve them all: even layers use one, odd layers the other, each
+   the size of its largest layer. Without prefetch one buffer, the size of the largest layer,
+   serves every layer's weights. A layer that finds its buffer taken (under no_sync, where every
+   layer keeps its gradients until the synchronised pass) gets one of its own for that time. */
 typedef struct ddp__pool {
-    float* free[DDP_MAX_LAYERS];
-    int nfree;
-    size_t floats;  /* per buffer */
-    size_t bytes;   /* held by the pool, in use or free */
+    float* slot[2];
+    size_t floats[2]; /* each slot's size */
+    int busy[2];
+    int nslots;       /* 1 or 2 */
+    size_t bytes;     /* held: the slots allocated so far, and the buffers of its own a layer holds */
 } ddp__pool;
+/* >>buffers: a buffer for group g's n floats; giving it back; freeing the pool. */
+DDP__PRIVATE ddp_status ddp__pool_get(ddp_model* m, ddp__pool* p, int g, size_t n, float** out);
+DDP__PRIVATE void ddp__pool_put(ddp_model* m, ddp__pool* p, float* buf, size_t n);
+DDP__PRIVATE void ddp__pool_free(ddp_model* m, ddp__pool* p);
 
 struct ddp__shards {
     ddp_pg* pg;
@@ -4069,23 +4080,6 @@ struct ddp__shards {
    all-gather's buffers stay small ((W + 1) pieces) whatever the model's size. A variable so that
    a test can make it tiny. */
 DDP__PRIVATE size_t ddp__zero_piece = (size_t)1 << 18;
-
-DDP__PRIVATE ddp_status ddp__pool_get(ddp_model* m, ddp__pool* p, float** out) {
-    if (p->nfree > 0) {
-        *out = p->free[--p->nfree];
-        return DDP_OK;
-    }
-    DDP__TRY(ddp_alloc(m->device, p->floats * sizeof(float), (void**)out));
-    p->bytes += p->floats * sizeof(float);
-    return DDP_OK;
-}
-DDP__PRIVATE void ddp__pool_put(ddp__pool* p, float* buf) {
-    if (buf) p->free[p->nfree++] = buf;
-}
-DDP__PRIVATE void ddp__pool_free(ddp_model* m, ddp__pool* p) {
-    while (p->nfree > 0) ddp_free(m->device, p->free[--p->nfree]);
-    p->bytes = 0;
-}
 
 /* Copy n numbers of group g, from its number `at` on, between buf and the parameters' arrays:
    number e of parameter i is base[i][e - from[i]] (from NULL: base[i][e]). into = 1: from buf
@@ -4168,7 +4162,7 @@ DDP__PRIVATE void ddp__zero_point(ddp__shards* z, int g, float* buf, int grads) 
 DDP__PRIVATE ddp_status ddp__zero_gather(ddp__shards* z, int g, int wait) {
     if (g < 0 || g >= z->ngroups) return DDP_OK;
     if (!z->wfull[g]) {
-        DDP__TRY(ddp__pool_get(z->m, &z->wpool, &z->wfull[g]));
+        DDP__TRY(ddp__pool_get(z->m, &z->wpool, g, (size_t)z->W * z->shard[g], &z->wfull[g]));
         DDP__TRY(ddp_all_gather(z->pg, z->wshard[g], z->wfull[g], z->shard[g], DDP_F32, wait ? NULL : &z->wwork[g]));
         z->all_gathers++, z->bytes_gathered += z->shard[g] * sizeof(float);
         z->param_now += (size_t)z->W * z->shard[g] * sizeof(float);
@@ -4189,7 +4183,7 @@ DDP__PRIVATE ddp_status ddp__zero_drop(ddp__shards* z, int g) {
     if (z->full_on || !z->wfull[g]) return DDP_OK;
     if (z->wwork[g]) s = ddp_work_wait(z->wwork[g]), z->wwork[g] = NULL;
     ddp__zero_point(z, g, NULL, 0);
-    ddp__pool_put(&z->wpool, z->wfull[g]);
+    ddp__pool_put(z->m, &z->wpool, z->wfull[g], (size_t)z->W * z->shard[g]);
     z->wfull[g] = NULL;
     z->param_now -= (size_t)z->W * z->shard[g] * sizeof(float);
     return s;
@@ -4205,7 +4199,7 @@ DDP__PRIVATE ddp_status ddp__zero_retire(ddp__shards* z) {
     for (k = 1; k < z->nin; k++) z->inflight[k - 1] = z->inflight[k];
     z->nin--;
     ddp__zero_point(z, g, NULL, 1);
-    ddp__pool_put(&z->gpool, z->gfull[g]);
+    ddp__pool_put(z->m, &z->gpool, z->gfull[g], (size_t)z->W * z->shard[g]);
     z->gfull[g] = NULL;
     return s;
 }
@@ -4216,7 +4210,7 @@ DDP__PRIVATE ddp_status ddp__zero_retire(ddp__shards* z) {
 DDP__PRIVATE ddp_status ddp__zero_grads_here(ddp__shards* z, int g) {
     if (!z->gfull[g]) {
         while (z->nin >= 2) DDP__TRY(ddp__zero_retire(z));
-        DDP__TRY(ddp__pool_get(z->m, &z->gpool, &z->gfull[g]));
+        DDP__TRY(ddp__pool_get(z->m, &z->gpool, g, (size_t)z->W * z->shard[g], &z->gfull[g]));
         DDP__TRY(ddp__zero(z->m->device, z->gfull[g], (size_t)z->W * z->shard[g] * sizeof(float), z->m->stream));
         ddp__zero_point(z, g, z->gfull[g], 1);
     }
@@ -4258,6 +4252,8 @@ DDP__PRIVATE ddp_status ddp__zero_unit(ddp_model* m, void* user, int event, int 
     switch (event) {
     case DDP__UNIT_FORWARD:
         if (z->stage < 3) return DDP_OK;
+        /* a new forward: the last layer, kept from the one before for its backward, can go */
+        if (g == 0 && z->ngroups > 1) DDP__TRY(ddp__zero_drop(z, z->ngroups - 1));
         DDP__TRY(ddp__zero_gather(z, g, 1));
         return z->prefetch ? ddp__zero_gather(z, g + 1, 0) : DDP_OK;
     case DDP__UNIT_FORWARD_DONE: /* the last layer's weights stay: its backward comes next */
@@ -4369,7 +4365,13 @@ DDP__PRIVATE ddp_status ddp__zero_create(ddp_pg* pg, ddp_model* m, int stage, in
             z->len[i] = b > a ? b - a : 0;
         }
     }
-    z->wpool.floats = z->gpool.floats = most * (size_t)z->W;
+    /* the pools' slots: gradients by the parity of the layer; weights likewise with prefetch */
+    z->gpool.nslots = 2, z->wpool.nslots = prefetch ? 2 : 1;
+    for (g = 0; g < z->ngroups; g++) {
+        size_t n = (size_t)z->W * z->shard[g];
+        if (n > z->gpool.floats[g % 2]) z->gpool.floats[g % 2] = n;
+        if (n > z->wpool.floats[prefetch ? g % 2 : 0]) z->wpool.floats[prefetch ? g % 2 : 0] = n;
+    }
     { /* the weights' all-gather after each step (stages 1-2) and ddp_optim_consolidate, in pieces */
         size_t piece = most < ddp__zero_piece ? most : ddp__zero_piece;
         s = ddp_alloc(m->device, piece * sizeof(float), (void**)&z->send);
@@ -4431,7 +4433,8 @@ DDP__PRIVATE ddp_status ddp__zero_destroy(ddp__shards* z) {
     if (z->stage >= 2) s = ddp__zero_grads_done(z);
     for (g = 0; z->gfull && g < z->ngroups; g++) /* no_sync leftovers */
         if (z->gfull[g])
-            ddp__zero_point(z, g, NULL, 1), ddp__pool_put(&z->gpool, z->gfull[g]), z->gfull[g] = NULL;
+            ddp__zero_point(z, g, NULL, 1), ddp__pool_put(m, &z->gpool, z->gfull[g], (size_t)z->W * z->shard[g]),
+                z->gfull[g] = NULL;
     if (z->stage == 3) {
         z->full_on = 0;
         for (g = 0; g < z->ngroups; g++)
@@ -4446,11 +4449,11 @@ DDP__PRIVATE ddp_status ddp__zero_destroy(ddp__shards* z) {
     }
     for (g = 0; g < z->ngroups && z->stage == 3 && s == DDP_OK; g++) { /* every weight, back in place */
         float* buf;
-        s = ddp__pool_get(m, &z->wpool, &buf);
+        s = ddp__pool_get(m, &z->wpool, g, (size_t)z->W * z->shard[g], &buf);
         if (s == DDP_OK) s = ddp_all_gather(z->pg, z->wshard[g], buf, z->shard[g], DDP_F32, NULL);
         if (s == DDP_OK) s = ddp__zero_io(z, g, 0, buf, z->count[g], ddp__zero_data_ptrs(z), NULL, 1);
         if (s == DDP_OK) s = ddp_stream_sync(m->stream);
-        ddp__pool_put(&z->wpool, buf);
+        ddp__pool_put(m, &z->wpool, buf, (size_t)z->W * z->shard[g]);
     }
     if (m->unit_user == z) m->unit_fn = NULL, m->unit_user = NULL;
     if (m->zero == z) m->zero = NULL;
@@ -5750,6 +5753,7 @@ done:
 /*      >>trace     the timeline DDP_TRACE writes                                                 */
 /*      >>cuda      the CUDA runtime: probing the GPUs, streams, events                           */
 /*      >>kernels   GPU kernels compiled at run time by NVRTC; cuBLAS; the CPU matrix product     */
+/*      >>buffers   the two buffers ZeRO's gathered layers and their gradients take turns in      */
 /*      >>store     the rendezvous store: sockets, its server, its client (declared in >>pg)      */
 /*      >>signals   who has joined; the flight record; desync checks; what ddp_init waited for   */
 /*      >>sums      element-wise sums, four floats at a time (the ring, shm, the reducer)         */
@@ -6462,6 +6466,45 @@ DDP__PRIVATE void ddp__gemm_cpu(int ta, int tb, int M, int N, int K, float alpha
 }
 
 /* ============================================================================================== */
+#endif /* DDP__IMPLEMENT */
+
+/* ============================================================================================== */
+/* >>buffers: the two buffers ZeRO's layers take turns in (>>zero)                                */
+/* ============================================================================================== */
+#if DDP__IMPLEMENT
+/* A buffer for group g's n floats. */
+DDP__PRIVATE ddp_status ddp__pool_get(ddp_model* m, ddp__pool* p, int g, size_t n, float** out) {
+    int k = p->nslots == 2 ? g % 2 : 0;
+    if (!p->busy[k] && p->floats[k] >= n) {
+        if (!p->slot[k]) {
+            DDP__TRY(ddp_alloc(m->device, p->floats[k] * sizeof(float), (void**)&p->slot[k]));
+            p->bytes += p->floats[k] * sizeof(float);
+        }
+        p->busy[k] = 1, *out = p->slot[k];
+        return DDP_OK;
+    }
+    DDP__TRY(ddp_alloc(m->device, n * sizeof(float), (void**)out));
+    p->bytes += n * sizeof(float);
+    return DDP_OK;
+}
+/* Give back a buffer of n floats that ddp__pool_get handed out. */
+DDP__PRIVATE void ddp__pool_put(ddp_model* m, ddp__pool* p, float* buf, size_t n) {
+    int k;
+    if (!buf) return;
+    for (k = 0; k < 2; k++)
+        if (buf == p->slot[k]) {
+            p->busy[k] = 0;
+            return;
+        }
+    ddp_free(m->device, buf);
+    p->bytes -= n * sizeof(float);
+}
+DDP__PRIVATE void ddp__pool_free(ddp_model* m, ddp__pool* p) {
+    int k;
+    for (k = 0; k < 2; k++) ddp_free(m->device, p->slot[k]), p->slot[k] = NULL;
+    p->bytes = 0;
+}
+
 #endif /* DDP__IMPLEMENT */
 
 /* ============================================================================================== */

@@ -25,9 +25,9 @@ array psz[4] = [1.3, 2.0, 2.2, 1.2]
 set label 1 at screen 0.67, 0.47 left font ",9" tc rgb "#444444" \
     "weights: the most held at once during the step\n\n" . \
     "Why ZeRO stays above 1/N of DDP here:\n" . \
-    "- ZeRO-2, -3 keep two layer-sized buffers\n" . \
-    "  that backward writes gradients into\n" . \
-    "  (128 MiB, whatever N)\n" . \
+    "- ZeRO-2, -3 keep two buffers that backward\n" . \
+    "  writes a layer's gradients into (even and\n" . \
+    "  odd layers: 64 + 16 MiB, whatever N)\n" . \
     "- ZeRO-3 gathers each layer in full while\n" . \
     "  it is used (the largest: 64 MiB)\n" . \
     "- DDP and ZeRO-1 hold the gradients twice:\n" . \

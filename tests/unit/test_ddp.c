@@ -135,24 +135,26 @@ static int check_state_bytes(int rank, int W, const cfg* c, ddp_wrapper* w, size
    the whole layer (W S); with prefetch also the next one (forward) or the previous one (backward).
    The most it held at once must be exactly the shards and the largest layer (the largest pair of
    neighbours with prefetch): more means a layer was not dropped. Between steps it holds the shards
-   and its buffers for gathered layers, each the size of the largest: one, two with prefetch.
-   Gradients (stages 2-3): the shards, and two such buffers (a layer's gradients being computed
-   while the previous layer's are reduce-scattered); under no_sync one per layer (three), since
-   every layer keeps its gradients until the synchronised pass. */
+   and the buffers gathered layers go into: one the size of the largest layer, or with prefetch one
+   for the even layers and one for the odd, each the size of its largest. Gradients (stages 2-3):
+   the shards, and the even and the odd buffer (a layer's gradients are computed while the previous
+   layer's are reduce-scattered); under no_sync the layers that found their buffer taken had one
+   of their own until the synchronised pass, and gave it back. */
 static int check_zero3_memory(int rank, int W, const cfg* c, ddp_wrapper* w) {
-    size_t shards = 0, largest = 0, pair = 0, prev = 0, model = 0, peak, between, grads;
+    size_t shards = 0, largest = 0, pair = 0, prev = 0, model = 0, parity[2] = {0, 0}, peak, between, grads;
     int l;
     ddp_wrap_stats st;
     for (l = 0; l + 1 < 4; l++) {
         size_t n = (size_t)g_sizes[l] * g_sizes[l + 1] + g_sizes[l + 1], S = (n + (size_t)W - 1) / (size_t)W;
         shards += S, model += n;
         if (W * S > largest) largest = W * S;
+        if (W * S > parity[l % 2]) parity[l % 2] = W * S;
         if (l > 0 && prev + W * S > pair) pair = prev + W * S;
         prev = W * S;
     }
     peak = 4 * (shards + (c->prefetch ? pair : largest));
-    between = 4 * (shards + (c->prefetch ? 2 : 1) * largest);
-    grads = 4 * (shards + (c->accum > 1 ? 3 : 2) * largest);
+    between = 4 * (shards + (c->prefetch ? parity[0] + parity[1] : largest));
+    grads = 4 * (shards + parity[0] + parity[1]);
     ddp_wrapper_stats(w, &st);
     if (rank == 0 && W == 4 && !c->load)
         printf("    ZeRO-3 on 4 ranks%s: weights held at most %zu bytes at once (the model: %zu; the shards: %zu), "
