@@ -4041,7 +4041,7 @@ typedef struct ddp__pool {
     int nslots;       /* 1 or 2 */
     size_t bytes;     /* held: the slots allocated so far, and the buffers of its own a layer holds */
 } ddp__pool;
-/* >>buffers: a buffer for group g's n floats; giving it back; freeing the pool. */
+/* Defined in >>buffers: a buffer for group g's n floats; giving it back; freeing the pool. */
 DDP__PRIVATE ddp_status ddp__pool_get(ddp_model* m, ddp__pool* p, int g, size_t n, float** out);
 DDP__PRIVATE void ddp__pool_put(ddp_model* m, ddp__pool* p, float* buf, size_t n);
 DDP__PRIVATE void ddp__pool_free(ddp_model* m, ddp__pool* p);
