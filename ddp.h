@@ -3609,7 +3609,8 @@ DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
 /* Sum `mine` over the ranks (a vector of n floats, n <= W) through the wrapper's buffer. */
 DDP__PRIVATE ddp_status ddp__join_sum(ddp_wrapper* w, float* mine, int n) {
     ddp_model* m = w->m;
-    if (!w->join_buf) DDP__TRY(ddp_alloc(m->device, (size_t)ddp_world_size(w->pg) * sizeof(float), (void**)&w->join_buf));
+    if (!w->join_buf)
+        DDP__TRY(ddp_alloc(m->device, (size_t)ddp_world_size(w->pg) * sizeof(float), (void**)&w->join_buf));
     DDP__TRY(ddp_copy(m->device, w->join_buf, ddp__cpu(), mine, (size_t)n * sizeof(float), m->stream));
     DDP__TRY(ddp_all_reduce(w->pg, w->join_buf, (size_t)n, DDP_F32, DDP_SUM, NULL));
     DDP__TRY(ddp_copy(ddp__cpu(), mine, m->device, w->join_buf, (size_t)n * sizeof(float), m->stream));
@@ -4130,8 +4131,9 @@ DDP__PRIVATE ddp_status ddp__zero_gather_weights(ddp__shards* z) {
         size_t j;
         for (j = 0; j < S; j += piece) {
             size_t k = S - j < piece ? S - j : piece, from = (size_t)z->rank * S + j;
-            if (from < n) DDP__TRY(ddp__zero_io(z, g, from, z->send, n - from < k ? n - from : k, ddp__zero_data_ptrs(z),
-                                                NULL, 0));
+            if (from < n)
+                DDP__TRY(ddp__zero_io(z, g, from, z->send, n - from < k ? n - from : k, ddp__zero_data_ptrs(z), NULL,
+                                      0));
             DDP__TRY(ddp_all_gather(z->pg, z->send, z->recv, k, DDP_F32, NULL));
             z->all_gathers++, z->bytes_gathered += k * sizeof(float);
             for (q = 0; q < z->W; q++) {
@@ -4393,7 +4395,8 @@ DDP__PRIVATE ddp_status ddp__zero_create(ddp_pg* pg, ddp_model* m, int stage, in
         z->wshard = (float**)ddp__calloc((size_t)z->ngroups * sizeof(float*) + 1);
         z->wfull = (float**)ddp__calloc((size_t)z->ngroups * sizeof(float*) + 1);
         z->wwork = (ddp_work**)ddp__calloc((size_t)z->ngroups * sizeof(ddp_work*) + 1);
-        if (!z->wshard || !z->wfull || !z->wwork) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the weights' shards failed");
+        if (!z->wshard || !z->wfull || !z->wwork)
+            s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the weights' shards failed");
         for (g = 0; g < z->ngroups && s == DDP_OK; g++) { /* this rank's weights of the layer, padding zeroed */
             size_t lo = (size_t)z->rank * z->shard[g], have = lo < z->count[g] ? z->count[g] - lo : 0;
             if (have > z->shard[g]) have = z->shard[g];
@@ -5071,11 +5074,11 @@ DDP_API ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, dd
 DDP_API ddp_status ddp_optim_step(ddp_optim* o);
 /* Steps taken so far. */
 DDP_API long ddp_optim_steps(const ddp_optim* o);
-/* ZeRO-1 (collective: every rank calls it): gather the sharded state onto rank `to`, so that a
-   ddp_snapshot_save there, before the next step, writes the whole state in the same file DDP
-   writes (PyTorch's consolidate_state_dict). Rank `to` holds the copy until the next step. Does
-   nothing for an optimizer that is not sharded. DDP_ERR_INVALID_ARGUMENT for a bad `to`; the
-   group's errors. */
+/* ZeRO (collective: every rank calls it): gather the sharded state, and at zero_stage 3 the
+   weights, onto rank `to`, so that a ddp_snapshot_save there, before the next step, writes the
+   file DDP writes (PyTorch's consolidate_state_dict). Only rank `to` holds the copy, until the next
+   step. Does nothing for an optimizer that is not sharded. DDP_ERR_INVALID_ARGUMENT for a bad
+   `to`; the group's errors. */
 DDP_API ddp_status ddp_optim_consolidate(ddp_optim* o, int to);
 /* Free the optimizer and its state. NULL is ignored. */
 DDP_API void ddp_optim_destroy(ddp_optim* o);
@@ -5139,8 +5142,9 @@ DDP__DEF ddp_status ddp_optim_consolidate(ddp_optim* o, int to) {
     if (!z) return DDP_OK;
     if (to < 0 || to >= z->W)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_optim_consolidate: rank %d is not in this job of %d", to, z->W);
-    for (which = 0; which < 3; which++) {
+    for (which = 0; which < 3; which++) { /* only rank `to` keeps a copy, of this step */
         float* full = NULL;
+        if (z->rank != to) ddp_free(m->device, o->full[which]), o->full[which] = NULL;
         if (which < 2 ? which >= ddp__optim_nstate(o) : z->stage != 3) continue;
         for (i = 0; i < m->nparams; i++) /* this rank's numbers of each parameter */
             mine[i] = which == 0 ? o->state1[i] : which == 1 ? o->state2[i] : o->len[i] ? ddp__zero_w(z, i) : NULL;
@@ -5156,7 +5160,8 @@ DDP__DEF ddp_status ddp_optim_consolidate(ddp_optim* o, int to) {
             size_t j, have = lo < n ? (n - lo < S ? n - lo : S) : 0; /* the last shard may be short */
             for (j = 0; j < S; j += piece) {
                 size_t k = S - j < piece ? S - j : piece;
-                if (j < have) DDP__TRY(ddp__zero_io(z, g, lo + j, z->send, have - j < k ? have - j : k, mine, o->first, 0));
+                if (j < have)
+                    DDP__TRY(ddp__zero_io(z, g, lo + j, z->send, have - j < k ? have - j : k, mine, o->first, 0));
                 DDP__TRY(ddp_all_gather(z->pg, z->send, z->recv, k, DDP_F32, NULL));
                 for (q = 0; full && q < z->W; q++) {
                     size_t at = (size_t)q * S + j;
@@ -5398,8 +5403,10 @@ typedef struct ddp_snapshot {
 DDP_API ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path);
 /* Read `path` into what s points to, and s->epoch/s->step. Under DDP, call it on every rank after
    ddp_wrap (whose broadcast of rank 0's initial weights would overwrite what was loaded) and after
-   ddp_optim_create (a ZeRO-1 optimizer takes its shard's part of the state). Checks the whole file first (length, header, offsets, checksum, names, shapes,
-   optimizer kind, sampler settings, the number of ranks) and changes nothing unless all of it
+   ddp_optim_create (a sharded optimizer, ZeRO, takes its own part of the state, and at
+   zero_stage 3 of the weights too). Checks the whole file first (length, header, offsets,
+   checksum, names, shapes, optimizer kind, sampler settings, the number of ranks) and changes
+   nothing unless all of it
    matches: DDP_ERR_CHECKPOINT naming the first problem for a damaged, truncated or foreign file,
    or one of a job with another number of ranks; DDP_ERR_IO when it cannot be read (DDP_ERR_IO with
    errno ENOENT: no file). */
@@ -5485,11 +5492,13 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
     ddp_status st = DDP_OK;
     if (!s || !s->model || !path)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_save: %s is NULL", !path ? "path" : "the model");
+    /* A sharded state is saved by the rank it was consolidated onto, before the next step. */
     if (s->optim && s->optim->z && (ddp__optim_nstate(s->optim) > 0 || s->optim->z->stage == 3) &&
-        (!s->optim->consolidated || (s->optim->z->rank != 0 && !s->optim->full[0] && !s->optim->full[2])))
-        return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the optimizer's state is sharded over the ranks (zero_stage "
-                         "%d) and this rank holds only its shard: call ddp_optim_consolidate(o, %d) on every rank "
-                         "right before this save, after the last step", s->optim->z->stage, s->optim->z->rank);
+        (!s->optim->consolidated || !s->optim->full[ddp__optim_nstate(s->optim) > 0 ? 0 : 2]))
+        return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the optimizer's state is sharded over the ranks "
+                         "(zero_stage %d) and this rank holds only its shard: call ddp_optim_consolidate(o, %d) on "
+                         "every rank right before this save, after the last step", s->optim->z->stage,
+                         s->optim->z->rank);
     m = s->model;
     for (i = 0; i < m->nparams; i++)
         if (!m->params[i]->data && !(s->optim && s->optim->full[2]))

@@ -688,6 +688,13 @@ static int zero_refusals_rank(int rank, void* arg) {
         printf("    rank %d: ddp_optim_consolidate: %s\n", rank, ddp_error_string());
         bad = 1;
     }
+    /* consolidated onto rank 1: rank 0 holds only its shard, and rank 1 gets past the check (to the
+       missing folder) */
+    if (ddp_optim_consolidate(o, 1) != DDP_OK) return 14;
+    if (ddp_snapshot_save(&snap, "/nonexistent/never-written.st") != (rank == 0 ? DDP_ERR_STATE : DDP_ERR_IO)) {
+        printf("    rank %d: saving after a consolidation onto rank 1: %s\n", rank, ddp_error_string());
+        bad = 1;
+    }
     if (ddp_optim_step(o) != DDP_OK) return 13;
     if (rank == 0 && (ddp_snapshot_save(&snap, "/nonexistent/never-written.st") != DDP_ERR_STATE ||
                       !strstr(ddp_error_string(), "right before this save"))) {
