@@ -126,7 +126,7 @@ FAKE_PROGS :=
 ifeq ($(HAVE_CUDA),1)
   FAKE_LIBS  := -L$(FAKE_DIR) -Wl,-rpath,$(abspath $(FAKE_DIR)) -lfakegpu
   FAKE_PROGS := $(FAKE_DIR)/tests/fakegpu/selftest $(FAKE_DIR)/tests/test_gpu $(FAKE_DIR)/tests/test_gpu_pg \
-                $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/examples/ch01_single_gpu $(FAKE_DIR)/examples/ch03_multi_gpu \
+                $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/tests/test_own_model $(FAKE_DIR)/examples/ch01_single_gpu $(FAKE_DIR)/examples/ch03_multi_gpu \
                 $(FAKE_DIR)/examples/ch04_multi_node $(FAKE_DIR)/examples/ch06_fault_tolerance $(FAKE_DIR)/examples/ch08_large_mlp \
                 $(FAKE_DIR)/bench/large_mlp_launched $(FAKE_DIR)/tests/confusions/confusions $(FAKE_DIR)/allreduce_perf
   ifeq ($(HAVE_MPI),1)
@@ -140,11 +140,11 @@ export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS HAVE_MPI MPI_CFL
 
 EXAMPLES := $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch04_multi_node
 EXAMPLES += $(BUILD)/examples/ch06_fault_tolerance $(BUILD)/examples/ch08_large_mlp $(BUILD)/examples/ch09_hang
-EXAMPLES += $(BUILD)/examples/ch07_accumulate $(BUILD)/examples/ch11_sharding
+EXAMPLES += $(BUILD)/examples/ch07_accumulate $(BUILD)/examples/ch11_sharding $(BUILD)/examples/ch12_own_model
 EXAMPLES += $(BUILD)/examples/ch02_sampler_demo $(BUILD)/examples/ch02_ring_bytes
 TOOLS    := $(BUILD)/ddprun $(BUILD)/allreduce_perf
 TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu \
-            $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_sampler \
+            $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_own_model $(BUILD)/tests/test_sampler \
             $(BUILD)/tests/test_snapshot $(BUILD)/tests/snapshot_dump
 
 TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync $(BUILD)/tests/test_cycles
@@ -233,7 +233,7 @@ $(BUILD)/%_mpi: tools/%.c $(DECLS) $(OBJ)/ddp_mpi.o
 $(BUILD)/examples/%_mpi: examples/%.c $(DECLS) $(OBJ)/ddp_mpi.o
 	@mkdir -p $(@D)
 	$(call PROG,$(OBJ)/ddp_mpi.o,$(DDP_LIBS) $(MPI_LIBS),$(MPI_FLAGS))
-$(BUILD)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c tests/unit/harness.h $(DECLS) $(OBJ)/ddp_internals_mpi.o
+$(BUILD)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c tests/unit/test_own_model.c tests/unit/harness.h $(DECLS) $(OBJ)/ddp_internals_mpi.o
 	@mkdir -p $(@D)
 	$(call PROG,$(OBJ)/ddp_internals_mpi.o,$(DDP_LIBS) $(MPI_LIBS),$(MPI_FLAGS))
 
@@ -260,7 +260,7 @@ $(FAKE_DIR)/examples/%: examples/%.c $(DECLS) $(OBJ)/ddp.o $(FAKE_LIB)
 $(FAKE_DIR)/allreduce_perf: tools/allreduce_perf.c $(DECLS) $(OBJ)/ddp.o $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(call PROG,$(OBJ)/ddp.o,$(FAKE_LINK))
-$(FAKE_DIR)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c tests/unit/harness.h $(DECLS) $(OBJ)/ddp_internals_mpi.o $(FAKE_LIB)
+$(FAKE_DIR)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c tests/unit/test_own_model.c tests/unit/harness.h $(DECLS) $(OBJ)/ddp_internals_mpi.o $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(call PROG,$(OBJ)/ddp_internals_mpi.o,$(FAKE_LIBS) $(BLAS_LIBS) $(MPI_LIBS) -lpthread -lm,$(MPI_FLAGS))
 $(FAKE_DIR)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/ch08_large_mlp.c $(DECLS) $(OBJ)/ddp.o $(FAKE_LIB)
@@ -375,7 +375,7 @@ bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/ch08_large_mlp $(BUILD)/bench/large
 #   make BUILD=build-gpu gpu-check            (there)
 # make gpu-check-standin runs the same flow on the GPU stand-in, so that the first real run can
 # only fail on the GPU itself.
-GPU_CHECK_PROGS := $(BUILD)/tests/test_gpu $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp \
+GPU_CHECK_PROGS := $(BUILD)/tests/test_gpu $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_own_model \
                    $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch08_large_mlp \
                    $(BUILD)/bench/large_mlp_launched $(BUILD)/ddprun
 .PHONY: gpu-check gpu-check-build gpu-check-standin

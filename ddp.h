@@ -10,7 +10,8 @@
 
     What it is not: an autograd engine, a tensor library, or a replacement for PyTorch. The
     network layer holds exactly what the tutorial needs (Linear, ReLU, GELU, two losses, SGD and
-    Adam/AdamW) so that every line of a training step can be read.
+    Adam/AdamW) so that every line of a training step can be read. A model of your own (your
+    tensors, your forward and backward) goes under DDP too: see ddp_model_add and ddp_unit_begin.
 
     USE
     ===
@@ -56,14 +57,16 @@
                     SLURM)
         >>data      data files, train/test split, the distributed sampler,     1-2
                     batches
-        >>nn        the model: layers, forward, losses, backward, which fires  1
-                    the per-parameter "gradient ready" hook
+        >>nn        the model: layers, forward, losses, backward, which fires  1, 12
+                    the per-parameter "gradient ready" hook; a model of your
+                    own tensors, and the brackets around each unit's use
         >>reducer   the DDP wrapper: buckets, hooks, overlap, no_sync          2, 7-8
         >>zero      sharding the training state (ZeRO-1, -2, -3): who owns      11
                     what, a layer gathered just before use, the shards' step
         >>ring      the ring all-reduce, one rule for every step               2, 10
         >>nccl      the NCCL backend, and the ring over NCCL's send and recv   3, 10
-        >>optim     the optimizer step: SGD, Adam, AdamW                       1
+        >>optim     the optimizer step: SGD, Adam, AdamW; the learning rate;   1, 12
+                    clipping by the global norm
         >>snapshot  resumable state in a safetensors file                      1, 6
 
         tag         PART II: THE MACHINERY (its own map and tuning variables open it)
@@ -111,7 +114,8 @@
     DDP_MALLOC(n), DDP_FREE(p)
                          host allocator; define both or neither.
     DDP_ASSERT(c)        internal consistency checks (default: assert from <assert.h>).
-    DDP_MAX_LAYERS       layers in one model (default 64); DDP_MAX_HOOKS hooks per parameter (4).
+    DDP_MAX_LAYERS       layers in one ddp_model_mlp (default 64); DDP_MAX_HOOKS hooks per parameter (4).
+    DDP_MAX_PARAMS       tensors in one model (default 1024: a 48-block GPT-2 has 580).
 
     Environment, read at run time (a tuning value that cannot be used is named in a warning, and
     its default is used instead):
@@ -189,13 +193,15 @@
     ================
     - f32 compute only; f16 and bf16 are storage and wire formats (conversion, gradient
       compression), with arithmetic in f32.
-    - The network layer is a sequential stack; there is no automatic differentiation.
+    - ddp_model_mlp is a sequential stack; there is no automatic differentiation, so a model of
+      your own brings its own backward, which marks each gradient ready (TUTORIAL chapter 12).
     - The CPU backend uses shared memory only when every rank is on one host; a job across
       machines talks TCP between all its ranks, also between those that share a machine.
     - The GPU path has run on one GPU (make gpu-check on an H200). NCCL with several ranks needs
       a GPU for each and has run only on the GPU stand-in (tests/fakegpu).
-    - ZeRO-2 and -3 (>>zero) shard layer by layer: a rank holds a whole layer while it computes,
-      so the largest layer sets a floor under what sharding saves.
+    - ZeRO-2 and -3 (>>zero) shard unit by unit (a Linear layer of ddp_model_mlp, or the units
+      you give your tensors): a rank holds a whole unit while it computes, so the largest unit sets
+      a floor under what sharding saves.
 */
 
 /* The implementation uses POSIX (files, later sockets and processes). Strict C99 hides those
@@ -258,6 +264,9 @@
 
 #ifndef DDP_MAX_LAYERS
 #define DDP_MAX_LAYERS 64
+#endif
+#ifndef DDP_MAX_PARAMS
+#define DDP_MAX_PARAMS 1024
 #endif
 #ifndef DDP_MAX_HOOKS
 #define DDP_MAX_HOOKS 4
@@ -2649,36 +2658,46 @@ DDP__DEF void ddp_loader_free(ddp_loader* l) {
 #endif /* DDP__IMPLEMENT */
 
 /* ============================================================================================== */
-/* >>nn: the model: layers, forward, losses, backward and its gradient-ready hook    (chapter 1)  */
+/* >>nn: the model: layers, forward, losses, backward, the gradient-ready hook  (chapters 1, 12)  */
 /* ============================================================================================== */
 #if DDP__DECLARE
 
 typedef struct ddp_param ddp_param;
+typedef struct ddp_model ddp_model; /* a model: ddp_model_mlp's layers, or your own tensors */
 /* Called once per backward for each parameter, the moment its gradient is final (accumulated
    into p->grad), last layer first. This is where data parallelism plugs in: the reducer's hook
    starts averaging a gradient while backward still computes the earlier layers'. */
 typedef void (*ddp_grad_hook_fn)(ddp_param* p, void* user);
 
 struct ddp_param {
-    char name[32];       /* "fc1.weight", "fc1.bias", ... in registration order */
+    char name[48];       /* "fc1.weight", "h.0.attn.bias", ... unique in the model */
     int index;           /* position in the model's parameter list */
-    int ndim;            /* 2 for a weight [out, in], 1 for a bias [out] */
-    int shape[2];
+    int ndim;            /* 1 to 4; a Linear weight is [out, in], a bias [out] */
+    int shape[4];        /* shape[ndim..3] are 1 */
     size_t count;        /* elements */
     ddp_device device;
-    float* data;         /* count floats on `device` */
+    float* data;         /* count floats on `device` (under ZeRO-3 only while its unit is gathered) */
     float* grad;         /* count floats on `device`; accumulates until ddp_model_zero_grad */
+    int unit;            /* its unit (ddp_unit_begin): 0, the whole model, or 1, 2, ... */
+    int no_decay;        /* 1: the optimizer gives it no weight decay (a parameter group of its own) */
     int nhooks;
     ddp_grad_hook_fn hooks[DDP_MAX_HOOKS];
     void* hook_user[DDP_MAX_HOOKS];
+    /* the library's own */
+    ddp_model* model;
+    float *home_data, *home_grad; /* the caller's arrays when adopted (ddp_tensor_desc.data, .grad) */
+    int ready;                    /* marked ready in the open backward */
 };
 
 /* Register `fn` to run each time p's gradient becomes final. DDP_ERR_INVALID_ARGUMENT when
    p already has DDP_MAX_HOOKS hooks. */
 DDP_API ddp_status ddp_param_add_hook(ddp_param* p, ddp_grad_hook_fn fn, void* user);
 /* Announce that p->grad is final for this backward: runs p's hooks in registration order.
-   ddp_model_backward calls it; a hand-written backward must call it for each parameter. */
-DDP_API void ddp_param_grad_ready(ddp_param* p);
+   ddp_model_backward calls it; your own backward calls it once per tensor, inside
+   ddp_unit_begin(m, 0, DDP_BACKWARD) .. ddp_unit_end (under ZeRO-2 and -3 inside the bracket of
+   p's unit too, where its gradient lives).
+   DDP_ERR_STATE, naming the tensor, outside a backward or for a second call in one backward. */
+DDP_API ddp_status ddp_param_grad_ready(ddp_param* p);
 
 typedef enum ddp_layer_kind {
     DDP_LAYER_NONE = 0,
@@ -2692,7 +2711,6 @@ typedef struct ddp_model_desc {
     uint64_t seed;     /* initial weights; the same seed gives the same weights on CPU and GPU */
 } ddp_model_desc;
 
-typedef struct ddp_model ddp_model; /* a sequential stack of layers */
 
 /* A multilayer perceptron sizes[0] -> sizes[1] -> ... -> sizes[n-1] with activation `act`
    between the Linear layers (none after the last), initialised as PyTorch's Linear does:
@@ -2702,6 +2720,51 @@ DDP_API ddp_status ddp_model_mlp(const ddp_model_desc* desc, const int* sizes, i
                                  ddp_layer_kind act, ddp_model** out);
 /* Free the model and everything on its device. NULL is ignored. */
 DDP_API void ddp_model_destroy(ddp_model* m);
+
+/* ---- your own model: tensors you describe, a forward and a backward you write ---- */
+typedef enum ddp_init_kind {
+    DDP_INIT_ZEROS = 0, /* the default */
+    DDP_INIT_ONES,      /* a layernorm's gain */
+    DDP_INIT_UNIFORM,   /* U(-scale, scale): PyTorch's Linear with scale 1/sqrt(fan_in) */
+    DDP_INIT_NORMAL     /* N(0, scale^2): GPT-2's weights with scale 0.02 */
+} ddp_init_kind;
+
+typedef struct ddp_tensor_desc {
+    const char* name;  /* required, unique, at most 47 characters; a snapshot stores it */
+    int ndim;          /* 1 to 4 */
+    int shape[4];
+    float* data;       /* NULL: ddp.h allocates it on the model's device and initialises it (init);
+                          otherwise it adopts these shape-many floats on that device (a slice of
+                          one flat buffer, as llm.c keeps its weights), which stay yours to free
+                          after ddp_model_destroy */
+    float* grad;       /* likewise for the gradient; ddp.h's own starts at zero */
+    ddp_init_kind init; /* for data ddp.h allocates, drawn from the model's seed and this tensor's
+                          position: the same on every rank and device */
+    float scale;       /* its bound or standard deviation */
+    int unit;          /* 0: the whole model's unit; 1, 2, ...: a unit of its own (ZeRO-3 gathers a
+                          unit's weights between its ddp_unit_begin and ddp_unit_end; FSDP's wrap
+                          policy: one unit per transformer block). Number units in forward's order */
+    int no_decay;      /* 1: no weight decay for this tensor (biases, gains, embeddings) */
+} ddp_tensor_desc;
+
+/* An empty model on desc->device, for tensors you add. DDP_ERR_NO_GPU or DDP_ERR_NOT_BUILT when
+   that device is unusable. */
+DDP_API ddp_status ddp_model_create(const ddp_model_desc* desc, ddp_model** out);
+/* Add tensor *t to m (before ddp_wrap) and hand it back through *out (may be NULL).
+   DDP_ERR_INVALID_ARGUMENT, naming the tensor, for a bad name, shape or unit, or a name taken. */
+DDP_API ddp_status ddp_model_add(ddp_model* m, const ddp_tensor_desc* t, ddp_param** out);
+
+typedef enum ddp_phase { DDP_FORWARD = 1, DDP_BACKWARD = 2 } ddp_phase;
+/* Brackets around the use of a unit's tensors. Unit 0 is the whole model: ddp_unit_begin(m, 0,
+   DDP_FORWARD) opens a forward, ddp_unit_begin(m, 0, DDP_BACKWARD) a backward, and the matching
+   ddp_unit_end closes it; a backward's end is where DDP waits for its all-reduces (its status is
+   returned). Inside, each other unit's forward or backward is bracketed the same way, one unit at
+   a time: under ZeRO-3 its weights are gathered at begin (p->data is valid only from there) and
+   freed after, and under ZeRO-2 and -3 its gradients exist (p->grad) only inside its backward.
+   ddp_model_mlp's forward and backward bracket each Linear layer as a unit. DDP_ERR_STATE,
+   naming the unit, for brackets that do not match. */
+DDP_API ddp_status ddp_unit_begin(ddp_model* m, int unit, ddp_phase phase);
+DDP_API ddp_status ddp_unit_end(ddp_model* m, int unit, ddp_phase phase);
 
 /* The model's number of parameters, parameter i (NULL outside 0..n-1), and its compute stream
    (NULL on the CPU). */
@@ -2744,17 +2807,16 @@ DDP__PRIVATE void ddp__gemm_cpu(int ta, int tb, int M, int N, int K, float alpha
                                 int lda, const float* B, int ldb, float beta, float* C, int ldc);
 DDP__PRIVATE void ddp__trace(const char* name, int tid, double t0, double t1); /* >>trace */
 DDP__PRIVATE int ddp__trace_on(void); /* >>trace */
+typedef struct ddp__shards ddp__shards; /* >>zero: who owns which part of the training state */
+DDP__PRIVATE int ddp__zero_stage(const ddp__shards* z); /* >>zero */
 #if DDP__CUDA
 DDP__PRIVATE ddp_status ddp__launch(ddp_device d, ddp_stream* s, int k, long long n,
                                     void** args); /* >>kernels */
 #endif
 
-/* The moments around a Linear layer's use at which m->unit_fn is called: before its forward,
-   after it, before its backward, and after it (its input's gradient computed, its weights no
-   longer needed). */
+/* The moments around a unit's use at which m->unit_fn is called: ddp_unit_begin and ddp_unit_end
+   of its forward and of its backward. */
 enum { DDP__UNIT_FORWARD = 1, DDP__UNIT_FORWARD_DONE, DDP__UNIT_BACKWARD, DDP__UNIT_BACKWARD_DONE };
-#define DDP__UNIT(m, event, layer) \
-    do { if ((m)->unit_fn) DDP__TRY((m)->unit_fn((m), (m)->unit_user, (event), (layer))); } while (0)
 
 typedef struct ddp__layer {
     ddp_layer_kind kind;
@@ -2767,8 +2829,14 @@ struct ddp_model {
     ddp_device device;
     uint64_t seed;
     int nlayers, nlinear, nparams;
+    int nunits;             /* 1 + the largest unit number of a tensor */
+    int phase;              /* unit 0's open bracket: 0, DDP_FORWARD or DDP_BACKWARD */
+    int open_unit;          /* the other unit whose bracket is open; 0: none */
+    int rank;               /* the rank it is wrapped on, for messages; -1: not wrapped */
+    ddp_status broken;      /* a tensor marked ready wrongly in the open backward: its end says so */
+    char err[512];
     ddp__layer layers[DDP_MAX_LAYERS];
-    ddp_param* params[2 * DDP_MAX_LAYERS];
+    ddp_param* params[DDP_MAX_PARAMS];
     /* act[i] is layer i's input, act[nlayers] the model's output, each [capacity, width]; kept
        from forward for backward. Grown (never shrunk) when a larger batch arrives, so a steady
        training loop allocates nothing: fresh memory is slow to touch. */
@@ -2786,8 +2854,8 @@ struct ddp_model {
     struct ddp__shards* zero; /* ddp_wrap's zero_stage 1-3: who owns which part of the training
                                state (>>zero); an optimizer created from then on keeps only its
                                rank's part. NULL: every rank holds everything */
-    /* Called around each Linear layer's forward and backward (DDP__UNIT_*): where ZeRO-3 gathers
-       a layer's weights just before they are used and frees them after. */
+    /* Called at each bracket of a unit (DDP__UNIT_*): where ZeRO-3 gathers a unit's weights just
+       before they are used and frees them after. */
     ddp_status (*unit_fn)(ddp_model* m, void* user, int event, int layer);
     void* unit_user;
     size_t optim_state_bytes; /* what the model's optimizer holds (ddp_wrapper_stats reports it) */
@@ -2817,9 +2885,46 @@ DDP__DEF ddp_status ddp_param_add_hook(ddp_param* p, ddp_grad_hook_fn fn, void* 
 /* Remove every hook of p. */
 DDP__PRIVATE void ddp__param_clear_hooks(ddp_param* p) { p->nhooks = 0; }
 
-DDP__DEF void ddp_param_grad_ready(ddp_param* p) {
+/* " on rank R" once the model is wrapped, for messages that name a tensor. */
+DDP__PRIVATE const char* ddp__model_where(const ddp_model* m) {
+    static DDP__TLS char where[32];
+    where[0] = 0;
+    if (m && m->rank >= 0) snprintf(where, sizeof where, " on rank %d", m->rank);
+    return where;
+}
+
+/* A tensor marked ready wrongly: fail now, and again when the backward ends (the hook is not run,
+   so a caller that ignores this status still hears of it there). */
+DDP__PRIVATE ddp_status ddp__model_broke(ddp_model* m, const char* fmt, ...) DDP__PRINTF(2, 3);
+DDP__PRIVATE ddp_status ddp__model_broke(ddp_model* m, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->err, sizeof m->err, fmt, ap);
+    va_end(ap);
+    if (m->phase == DDP_BACKWARD) m->broken = DDP_ERR_STATE;
+    return ddp__fail(DDP_ERR_STATE, "%s", m->err);
+}
+
+DDP__DEF ddp_status ddp_param_grad_ready(ddp_param* p) {
+    ddp_model* m = p->model;
     int i;
+    if (m->phase != DDP_BACKWARD)
+        return ddp__model_broke(m, "tensor %s was marked ready%s outside a backward: a backward of your own opens "
+                                "with ddp_unit_begin(m, 0, DDP_BACKWARD) and ends with ddp_unit_end(m, 0, "
+                                "DDP_BACKWARD), and marks each tensor ready between the two", p->name,
+                                ddp__model_where(m));
+    if (p->unit && m->open_unit != p->unit && m->zero && ddp__zero_stage(m->zero) >= 2)
+        return ddp__model_broke(m, "tensor %s of unit %d was marked ready%s outside its unit's backward (%s%.0d): "
+                                "mark it between ddp_unit_begin(m, %d, DDP_BACKWARD) and ddp_unit_end, where its "
+                                "gradient lives under ZeRO-2 and -3", p->name, p->unit, ddp__model_where(m),
+                                m->open_unit ? "unit " : "no unit is open", m->open_unit, p->unit);
+    if (p->ready)
+        return ddp__model_broke(m, "tensor %s was marked ready twice in one backward%s: its gradient would be "
+                                "averaged before it is complete. Call ddp_param_grad_ready once per tensor, when "
+                                "its gradient is final", p->name, ddp__model_where(m));
+    p->ready = 1;
     for (i = 0; i < p->nhooks; i++) p->hooks[i](p, p->hook_user[i]);
+    return DDP_OK;
 }
 
 /* An empty model on desc->device. DDP_ERR_NO_GPU / DDP_ERR_NOT_BUILT if that device is unusable. */
@@ -2834,6 +2939,7 @@ DDP__PRIVATE ddp_status ddp__model_create(const ddp_model_desc* desc, ddp_model*
     if (!m) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a model failed");
     m->device = dev;
     m->seed = desc ? desc->seed : 0;
+    m->nunits = 1, m->rank = -1;
     if (ddp__stream_create(dev, &m->stream) != DDP_OK) {
         DDP_FREE(m);
         return ddp__last_status();
@@ -2853,46 +2959,122 @@ DDP__PRIVATE ddp_status ddp__model_create(const ddp_model_desc* desc, ddp_model*
     return DDP_OK;
 }
 
-DDP__PRIVATE ddp_status ddp__param_new(ddp_model* m, const char* name, int ndim, int d0, int d1,
-                                       float bound, ddp_param** out) {
-    ddp_param* p = (ddp_param*)ddp__calloc(sizeof *p);
-    float* host;
-    ddp_rng r;
+DDP__DEF ddp_status ddp_model_create(const ddp_model_desc* desc, ddp_model** out) {
+    return ddp__model_create(desc, out);
+}
+
+/* Fill n floats of tensor `index` of m as `init` says, on the host. Each tensor draws from its own
+   stream, so the values depend neither on the device nor on the tensors that follow. The stream's
+   start is a hash of (model seed, tensor index). Not an affine function of the index:
+   splitmix64's state advances by 0x9E37...7C15 per draw, so a start of seed + index * 0x9E37...7C15
+   made tensor i's values tensor 0's shifted by i draws (fc1.bias was fc1.weight's values 1..64). */
+DDP__PRIVATE void ddp__param_init(const ddp_model* m, int index, ddp_init_kind init, float scale, float* host, size_t n) {
+    ddp_rng r = ddp_rng_seed(ddp__mix64(ddp__mix64(m->seed ^ 0x6A09E667F3BCC909ull) ^ (uint64_t)index));
     size_t i;
-    ddp_status s;
-    if (!p) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating parameter %s failed", name);
+    for (i = 0; i < n; i++) {
+        if (init == DDP_INIT_ZEROS || init == DDP_INIT_ONES) {
+            host[i] = init == DDP_INIT_ONES ? 1.f : 0.f;
+        } else if (init == DDP_INIT_UNIFORM) {
+            host[i] = (2.f * ddp_rng_uniform(&r) - 1.f) * scale;
+        } else { /* Box-Muller: two uniform draws make one normal one */
+            double u1 = 1.0 - (double)ddp_rng_uniform(&r), u2 = (double)ddp_rng_uniform(&r);
+            host[i] = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)) * scale;
+        }
+    }
+}
+
+DDP__DEF ddp_status ddp_model_add(ddp_model* m, const ddp_tensor_desc* t, ddp_param** out) {
+    ddp_param* p;
+    float* host;
+    size_t count = 1;
+    int k;
+    ddp_status s = DDP_OK;
+    const char* name = t ? t->name : NULL;
+    if (out) *out = NULL;
+    if (!t || !name || !*name || strlen(name) >= sizeof p->name || strpbrk(name, "\"\\"))
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_model_add: a tensor needs a name of 1 to %d characters "
+                         "without quotes or backslashes (a snapshot stores it in JSON); got %s%s%s",
+                         (int)sizeof p->name - 1, name ? "\"" : "", name ? name : "NULL", name ? "\"" : "");
+    if (m->rank >= 0 || m->post_backward)
+        return ddp__fail(DDP_ERR_STATE, "ddp_model_add(%s): the model is already wrapped, and every rank's "
+                         "reducer is built for the tensors it had: add every tensor before ddp_wrap", name);
+    if (m->nlayers > 0)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_model_add(%s): ddp_model_mlp's models run their own "
+                         "layers; start a model of your own tensors with ddp_model_create", name);
+    if (m->nparams >= DDP_MAX_PARAMS)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_model_add(%s): the model already has DDP_MAX_PARAMS (%d) "
+                         "tensors; define DDP_MAX_PARAMS larger before including ddp.h", name, DDP_MAX_PARAMS);
+    for (k = 0; k < m->nparams; k++)
+        if (!strcmp(m->params[k]->name, name))
+            return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_model_add: the model already has a tensor named %s "
+                             "(tensor %d): names must be unique, a snapshot finds tensors by name", name, k);
+    if (t->ndim < 1 || t->ndim > 4)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_model_add(%s): ndim is %d, must be 1 to 4", name, t->ndim);
+    for (k = 0; k < t->ndim; k++) {
+        if (t->shape[k] < 1 || count > ((size_t)1 << 40) / (size_t)t->shape[k])
+            return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_model_add(%s): shape[%d] is %d: every size must be "
+                             "positive (and the tensor under 2^40 elements)", name, k, t->shape[k]);
+        count *= (size_t)t->shape[k];
+    }
+    if (t->unit < 0 || t->unit >= DDP_MAX_PARAMS)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_model_add(%s): unit %d: units are 0 (the whole model) to "
+                         "%d", name, t->unit, DDP_MAX_PARAMS - 1);
+    if ((int)t->init < DDP_INIT_ZEROS || (int)t->init > DDP_INIT_NORMAL || !(t->scale >= 0.f) || t->scale > 1e30f)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_model_add(%s): init %d with scale %g: init is one of "
+                         "DDP_INIT_ZEROS, _ONES, _UNIFORM, _NORMAL, and scale a finite number >= 0", name,
+                         (int)t->init, t->scale);
+    p = (ddp_param*)ddp__calloc(sizeof *p);
+    if (!p) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating tensor %s failed", name);
     snprintf(p->name, sizeof p->name, "%s", name);
     p->index = m->nparams;
-    p->ndim = ndim;
-    p->shape[0] = d0;
-    p->shape[1] = ndim == 2 ? d1 : 1;
-    p->count = (size_t)d0 * (size_t)p->shape[1];
+    p->ndim = t->ndim;
+    for (k = 0; k < 4; k++) p->shape[k] = k < t->ndim ? t->shape[k] : 1;
+    p->count = count;
     p->device = m->device;
-    host = (float*)ddp__malloc(p->count * sizeof(float));
-    if (!host) {
-        DDP_FREE(p);
-        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating parameter %s failed", name);
+    p->unit = t->unit;
+    p->no_decay = t->no_decay != 0;
+    p->model = m;
+    p->home_data = t->data, p->home_grad = t->grad;
+    if (t->data) {
+        p->data = t->data;
+    } else if ((s = ddp_alloc(m->device, count * sizeof(float), (void**)&p->data)) == DDP_OK) {
+        host = (float*)ddp__malloc(count * sizeof(float));
+        if (!host) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating tensor %s failed", name);
+        if (host) ddp__param_init(m, p->index, t->init, t->scale, host, count);
+        if (host) s = ddp_copy(m->device, p->data, ddp__cpu(), host, count * sizeof(float), NULL);
+        if (host) DDP_FREE(host);
     }
-    /* Each parameter draws from its own stream, on the host: the weights do not depend on the
-       device or on how many layers follow. The stream's start is a hash of (model seed, parameter
-       index). Not an affine function of the index: splitmix64's state advances by 0x9E37...7C15
-       per draw, so a start of seed + index * 0x9E37...7C15 made parameter i's values parameter 0's
-       shifted by i draws (fc1.bias was fc1.weight's values 1..64). */
-    r = ddp_rng_seed(ddp__mix64(ddp__mix64(m->seed ^ 0x6A09E667F3BCC909ull) ^ (uint64_t)p->index));
-    for (i = 0; i < p->count; i++) host[i] = (2.f * ddp_rng_uniform(&r) - 1.f) * bound;
-    s = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->data);
-    if (s == DDP_OK) s = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->grad);
-    if (s == DDP_OK) s = ddp_copy(m->device, p->data, ddp__cpu(), host, p->count * sizeof(float), NULL);
-    DDP_FREE(host);
+    if (s == DDP_OK && t->grad) {
+        p->grad = t->grad;
+    } else if (s == DDP_OK) {
+        s = ddp_alloc(m->device, count * sizeof(float), (void**)&p->grad);
+        if (s == DDP_OK) s = ddp__zero(m->device, p->grad, count * sizeof(float), NULL);
+    }
     if (s != DDP_OK) {
-        ddp_free(m->device, p->data);
-        ddp_free(m->device, p->grad);
+        if (!t->data) ddp_free(m->device, p->data);
+        if (!t->grad) ddp_free(m->device, p->grad);
         DDP_FREE(p);
         return s;
     }
     m->params[m->nparams++] = p;
-    *out = p;
+    if (p->unit >= m->nunits) m->nunits = p->unit + 1;
+    if (out) *out = p;
     return DDP_OK;
+}
+
+/* A tensor of ddp_model_mlp's: [d0, d1] (ndim 2) or [d0], U(-bound, bound), in unit `unit`. */
+DDP__PRIVATE ddp_status ddp__param_new(ddp_model* m, const char* name, int ndim, int d0, int d1, float bound,
+                                       int unit, ddp_param** out) {
+    ddp_tensor_desc t;
+    int nl = m->nlayers;
+    ddp_status s;
+    memset(&t, 0, sizeof t);
+    t.name = name, t.ndim = ndim, t.shape[0] = d0, t.shape[1] = d1;
+    t.init = DDP_INIT_UNIFORM, t.scale = bound, t.unit = unit;
+    m->nlayers = 0; /* ddp_model_add is for models of one's own: the MLP's layers are added after */
+    s = ddp_model_add(m, &t, out);
+    m->nlayers = nl;
+    return s;
 }
 
 /* Append Linear(in, out) with PyTorch's default initialisation, U(-1/sqrt(in), 1/sqrt(in)) for
@@ -2920,13 +3102,14 @@ DDP__PRIVATE ddp_status ddp__model_add_linear(ddp_model* m, int in, int out) {
        1/sqrt(fan_in), for the bias */
     bound = 1.f / sqrtf((float)in);
     snprintf(name, sizeof name, "fc%d.weight", m->nlinear + 1);
-    DDP__TRY(ddp__param_new(m, name, 2, out, in, bound, &L->weight));
+    DDP__TRY(ddp__param_new(m, name, 2, out, in, bound, m->nlinear + 1, &L->weight));
     snprintf(name, sizeof name, "fc%d.bias", m->nlinear + 1);
-    if (ddp__param_new(m, name, 1, out, 1, bound, &L->bias) != DDP_OK) {
+    if (ddp__param_new(m, name, 1, out, 1, bound, m->nlinear + 1, &L->bias) != DDP_OK) {
         ddp_param* w = m->params[--m->nparams]; /* undo the weight: the layer was not added */
         ddp_free(m->device, w->data);
         ddp_free(m->device, w->grad);
         DDP_FREE(w);
+        m->nunits = m->nlinear + 1;
         return ddp__last_status();
     }
     m->nlinear++;
@@ -2971,6 +3154,85 @@ DDP__DEF ddp_status ddp_model_mlp(const ddp_model_desc* desc, const int* sizes, 
     return DDP_OK;
 }
 
+/* ---- the brackets around a unit's forward and backward ------------------------------------------ */
+
+DDP__PRIVATE const char* ddp__phase_name(int phase) { return phase == DDP_FORWARD ? "DDP_FORWARD" : "DDP_BACKWARD"; }
+DDP__PRIVATE const char* ddp__phase_word(int phase) { return phase == DDP_FORWARD ? "forward" : "backward"; }
+
+DDP__DEF ddp_status ddp_unit_begin(ddp_model* m, int unit, ddp_phase phase) {
+    ddp_status s = DDP_OK;
+    int i;
+    if (phase != DDP_FORWARD && phase != DDP_BACKWARD)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_unit_begin: phase %d is neither DDP_FORWARD nor DDP_BACKWARD",
+                         (int)phase);
+    if (unit < 0 || unit >= m->nunits)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_unit_begin(m, %d, %s): this model's units are 0 to %d (the "
+                         "units its tensors were given)", unit, ddp__phase_name(phase), m->nunits - 1);
+    if (unit == 0 && m->phase)
+        return ddp__fail(DDP_ERR_STATE, "ddp_unit_begin(m, 0, %s)%s: the model's %s is still open: end it with "
+                         "ddp_unit_end(m, 0, %s) first", ddp__phase_name(phase), ddp__model_where(m),
+                         ddp__phase_word(m->phase), ddp__phase_name(m->phase));
+    if (unit != 0 && m->phase != (int)phase)
+        return ddp__fail(DDP_ERR_STATE, "ddp_unit_begin(m, %d, %s)%s outside the model's %s: open that first with "
+                         "ddp_unit_begin(m, 0, %s)%s", unit, ddp__phase_name(phase), ddp__model_where(m),
+                         ddp__phase_word(phase), ddp__phase_name(phase),
+                         m->phase ? " (the model's other phase is open now)" : "");
+    if (unit != 0 && m->open_unit)
+        return ddp__fail(DDP_ERR_STATE, "ddp_unit_begin(m, %d, %s)%s while unit %d's %s is open: units other than 0 "
+                         "do not nest, so end unit %d first", unit, ddp__phase_name(phase), ddp__model_where(m),
+                         m->open_unit, ddp__phase_word(phase), m->open_unit);
+    if (unit == 0) {
+        m->phase = (int)phase;
+        if (phase == DDP_BACKWARD) {
+            m->broken = DDP_OK;
+            for (i = 0; i < m->nparams; i++) m->params[i]->ready = 0;
+        }
+    } else {
+        m->open_unit = unit;
+    }
+    if (m->unit_fn) s = m->unit_fn(m, m->unit_user, phase == DDP_FORWARD ? DDP__UNIT_FORWARD : DDP__UNIT_BACKWARD, unit);
+    if (s != DDP_OK) { /* nothing was opened: the caller may fix the cause and begin again */
+        if (unit == 0) m->phase = 0;
+        else m->open_unit = 0;
+    }
+    return s;
+}
+
+DDP__DEF ddp_status ddp_unit_end(ddp_model* m, int unit, ddp_phase phase) {
+    ddp_status s = DDP_OK, t;
+    if (phase != DDP_FORWARD && phase != DDP_BACKWARD)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_unit_end: phase %d is neither DDP_FORWARD nor DDP_BACKWARD",
+                         (int)phase);
+    if (m->phase != (int)phase || (unit != 0 && m->open_unit != unit) || unit < 0) {
+        char open[96];
+        if (!m->phase) snprintf(open, sizeof open, "nothing is open");
+        else if (!m->open_unit) snprintf(open, sizeof open, "the model's %s is open", ddp__phase_word(m->phase));
+        else snprintf(open, sizeof open, "unit %d's %s is open", m->open_unit, ddp__phase_word(m->phase));
+        return ddp__fail(DDP_ERR_STATE, "ddp_unit_end(m, %d, %s)%s without its ddp_unit_begin: %s", unit,
+                         ddp__phase_name(phase), ddp__model_where(m), open);
+    }
+    if (unit == 0 && m->open_unit)
+        return ddp__fail(DDP_ERR_STATE, "ddp_unit_end(m, 0, %s)%s while unit %d's %s is open: end unit %d first",
+                         ddp__phase_name(phase), ddp__model_where(m), m->open_unit, ddp__phase_word(phase),
+                         m->open_unit);
+    if (m->unit_fn)
+        s = m->unit_fn(m, m->unit_user, phase == DDP_FORWARD ? DDP__UNIT_FORWARD_DONE : DDP__UNIT_BACKWARD_DONE, unit);
+    if (unit != 0) {
+        m->open_unit = 0;
+        return s;
+    }
+    m->phase = 0;
+    if (phase != DDP_BACKWARD) return s;
+    /* the end of backward: DDP waits for its all-reduces here, even after a tensor was marked
+       ready wrongly, so that every rank still issues the same collectives */
+    t = m->post_backward ? m->post_backward(m, m->post_backward_user) : DDP_OK;
+    if (s == DDP_OK && m->broken) s = ddp__fail(m->broken, "%s", m->err);
+    return s != DDP_OK ? s : t;
+}
+
+/* After a failure inside ddp_model_forward or _backward: no bracket stays open. */
+DDP__PRIVATE void ddp__model_unbracket(ddp_model* m) { m->phase = 0, m->open_unit = 0; }
+
 DDP__PRIVATE void ddp__model_free_buffers(ddp_model* m) {
     int i;
     for (i = 0; i <= m->nlayers; i++) {
@@ -2993,9 +3255,9 @@ DDP__DEF void ddp_model_destroy(ddp_model* m) {
     if (!m) return;
     ddp_stream_sync(m->stream);
     ddp__model_free_buffers(m);
-    for (i = 0; i < m->nparams; i++) {
-        ddp_free(m->device, m->params[i]->data);
-        ddp_free(m->device, m->params[i]->grad);
+    for (i = 0; i < m->nparams; i++) { /* the caller's arrays stay the caller's */
+        if (!m->params[i]->home_data) ddp_free(m->device, m->params[i]->data);
+        if (!m->params[i]->home_grad) ddp_free(m->device, m->params[i]->grad);
         DDP_FREE(m->params[i]);
     }
 #if DDP__CUDA
@@ -3083,16 +3345,10 @@ DDP__PRIVATE float ddp__gelu_grad(float x) {
     return 0.5f * (1.f + erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * expf(-0.5f * x * x);
 }
 
-DDP__DEF ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch) {
+/* The layers' forward, between the model's brackets (ddp_model_forward). */
+DDP__PRIVATE ddp_status ddp__mlp_forward(ddp_model* m, const float* x, int batch) {
     int i;
     size_t r, c;
-    double t_start;
-    if (m->nlayers == 0) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "forward on a model with no layers");
-    if (batch < 1) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "forward: batch is %d, must be >= 1", batch);
-    t_start = ddp__now();
-    DDP__TRY(ddp__model_reserve(m, batch));
-    m->batch = batch;
-    m->have_output = m->have_loss = 0;
     DDP__TRY(ddp_copy(m->device, m->act[0], ddp__cpu(), x, (size_t)batch * m->layers[0].in * sizeof(float),
                       m->stream));
     for (i = 0; i < m->nlayers; i++) {
@@ -3101,7 +3357,7 @@ DDP__DEF ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch) {
         float* out = m->act[i + 1];
         long long n = (long long)batch * L->out;
         if (L->kind == DDP_LAYER_LINEAR) {
-            DDP__UNIT(m, DDP__UNIT_FORWARD, i);
+            DDP__TRY(ddp_unit_begin(m, L->weight->unit, DDP_FORWARD));
             /* out[B, out] = in[B, in] . W^T, then + b on every row */
             DDP__TRY(ddp__gemm(m, 0, 1, batch, L->out, L->in, 1.f, in, L->in, L->weight->data, L->in, 0.f,
                                out, L->out));
@@ -3114,13 +3370,13 @@ DDP__DEF ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch) {
                 args[2] = (void*)&rows;
                 args[3] = (void*)&cols;
                 DDP__TRY(ddp__launch(m->device, m->stream, DDP__K_bias_add, n, args));
-                DDP__UNIT(m, DDP__UNIT_FORWARD_DONE, i);
+                DDP__TRY(ddp_unit_end(m, L->weight->unit, DDP_FORWARD));
                 continue;
             }
 #endif
             for (r = 0; r < (size_t)batch; r++)
                 for (c = 0; c < (size_t)L->out; c++) out[r * L->out + c] += L->bias->data[c];
-            DDP__UNIT(m, DDP__UNIT_FORWARD_DONE, i);
+            DDP__TRY(ddp_unit_end(m, L->weight->unit, DDP_FORWARD));
         } else {
 #if DDP__CUDA
             if (m->device.type == DDP_DEVICE_CUDA) {
@@ -3136,6 +3392,28 @@ DDP__DEF ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch) {
             for (r = 0; r < (size_t)n; r++)
                 out[r] = L->kind == DDP_LAYER_RELU ? (in[r] > 0.f ? in[r] : 0.f) : ddp__gelu(in[r]);
         }
+    }
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_model_forward(ddp_model* m, const float* x, int batch) {
+    double t_start;
+    ddp_status s;
+    if (m->nlayers == 0)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, m->nparams ? "ddp_model_forward runs ddp_model_mlp's layers: a "
+                         "model of your own tensors runs your forward, between ddp_unit_begin(m, 0, DDP_FORWARD) and "
+                         "ddp_unit_end" : "forward on a model with no layers");
+    if (batch < 1) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "forward: batch is %d, must be >= 1", batch);
+    t_start = ddp__now();
+    DDP__TRY(ddp__model_reserve(m, batch));
+    m->batch = batch;
+    m->have_output = m->have_loss = 0;
+    DDP__TRY(ddp_unit_begin(m, 0, DDP_FORWARD));
+    s = ddp__mlp_forward(m, x, batch);
+    if (s == DDP_OK) s = ddp_unit_end(m, 0, DDP_FORWARD);
+    if (s != DDP_OK) {
+        ddp__model_unbracket(m);
+        return s;
     }
     m->have_output = 1;
     ddp__trace("forward", DDP__TRACE_COMPUTE, t_start, ddp__now());
@@ -3262,15 +3540,32 @@ DDP__PRIVATE ddp_status ddp__bias_grad(ddp_model* m, const float* g, ddp_param* 
     return DDP_OK;
 }
 
+DDP__PRIVATE ddp_status ddp__mlp_backward(ddp_model* m);
 DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
-    int i, B = m->batch;
-    float *g = m->grad_a, *gnext = m->grad_b, *t;
+    ddp_status s;
+    if (m->nlayers == 0 && m->nparams)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_model_backward runs ddp_model_mlp's layers: a model of your "
+                         "own tensors runs your backward, between ddp_unit_begin(m, 0, DDP_BACKWARD) and ddp_unit_end");
     if (m->have_loss == 2)
         return ddp__fail(DDP_ERR_STATE, "backward already ran for this loss, and a second one would add its gradients "
                          "again: compute the loss again (or run forward and the loss on the next batch) before the next "
                          "ddp_model_backward (in PyTorch, a second loss.backward() fails the same way)");
     if (m->have_loss != 1) return ddp__fail(DDP_ERR_STATE, "backward needs forward and a loss first");
     m->have_loss = 2; /* one backward per loss, as autograd frees the graph after backward */
+    DDP__TRY(ddp_unit_begin(m, 0, DDP_BACKWARD));
+    s = ddp__mlp_backward(m);
+    if (s != DDP_OK) {
+        ddp__model_unbracket(m);
+        return s;
+    }
+    if (ddp__trace_on()) ddp__trace(m->trace_name, DDP__TRACE_COMPUTE, m->trace_t, ddp__now());
+    return ddp_unit_end(m, 0, DDP_BACKWARD);
+}
+
+/* The layers' backward, last first, between the model's brackets (ddp_model_backward). */
+DDP__PRIVATE ddp_status ddp__mlp_backward(ddp_model* m) {
+    int i, B = m->batch;
+    float *g = m->grad_a, *gnext = m->grad_b, *t;
     for (i = m->nlayers - 1; i >= 0; i--) {
         const ddp__layer* L = &m->layers[i];
         long long n = (long long)B * L->in;
@@ -3285,7 +3580,7 @@ DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
             m->trace_t = t_layer;
         }
         if (L->kind == DDP_LAYER_LINEAR) {
-            DDP__UNIT(m, DDP__UNIT_BACKWARD, i);
+            DDP__TRY(ddp_unit_begin(m, L->weight->unit, DDP_BACKWARD));
             /* dW[out, in] += g[B, out]^T . x[B, in];  db[out] += column sums of g */
             DDP__TRY(ddp__gemm(m, 1, 0, L->out, L->in, B, 1.f, g, L->out, m->act[i], L->in, 1.f,
                                L->weight->grad, L->in));
@@ -3293,16 +3588,16 @@ DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
             /* Both gradients of this layer are final now: announce them (bias first, so the
                order is exactly the reverse of registration) before computing the input
                gradient, so a hook's communication can overlap the rest of backward. */
-            ddp_param_grad_ready(L->bias);
-            ddp_param_grad_ready(L->weight);
+            DDP__TRY(ddp_param_grad_ready(L->bias));
+            DDP__TRY(ddp_param_grad_ready(L->weight));
             if (i == 0) { /* nobody needs the gradient of the input data */
-                DDP__UNIT(m, DDP__UNIT_BACKWARD_DONE, i);
+                DDP__TRY(ddp_unit_end(m, L->weight->unit, DDP_BACKWARD));
                 break;
             }
             /* dx[B, in] = g[B, out] . W[out, in] */
             DDP__TRY(ddp__gemm(m, 0, 0, B, L->in, L->out, 1.f, g, L->out, L->weight->data, L->in, 0.f,
                                gnext, L->in));
-            DDP__UNIT(m, DDP__UNIT_BACKWARD_DONE, i);
+            DDP__TRY(ddp_unit_end(m, L->weight->unit, DDP_BACKWARD));
         } else {
             const float* keep = L->kind == DDP_LAYER_RELU ? m->act[i + 1] : m->act[i];
 #if DDP__CUDA
@@ -3327,8 +3622,7 @@ DDP__DEF ddp_status ddp_model_backward(ddp_model* m) {
         }
         t = g, g = gnext, gnext = t;
     }
-    if (ddp__trace_on()) ddp__trace(m->trace_name, DDP__TRACE_COMPUTE, m->trace_t, ddp__now());
-    return m->post_backward ? m->post_backward(m, m->post_backward_user) : DDP_OK;
+    return DDP_OK;
 }
 
 DDP__PRIVATE void ddp__model_set_post_backward(ddp_model* m, ddp_post_backward_fn fn, void* user) {
@@ -3496,7 +3790,6 @@ DDP__PRIVATE void ddp__wrapper_log_buckets(const ddp_wrapper* w); /* >>reducer *
 DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w); /* >>signals */
 DDP__PRIVATE ddp_status ddp__optim_follow(struct ddp_optim* o, ddp_pg* pg, int root); /* >>optim */
 /* >>zero: */
-typedef struct ddp__shards ddp__shards;
 DDP__PRIVATE ddp_status ddp__zero_create(ddp_pg* pg, ddp_model* m, int stage, int prefetch, ddp__shards** out);
 DDP__PRIVATE ddp_status ddp__zero_destroy(ddp__shards* z);
 DDP__PRIVATE ddp_status ddp__zero_grad_ready(ddp__shards* z, ddp_param* p, float scale);
@@ -3642,13 +3935,7 @@ static void ddp__reducer_hook(ddp_param* p, void* user) {
         snprintf(w->err, sizeof w->err, "%s", ddp_error_string());
         return;
     }
-    if (w->ready[p->index]) {
-        w->broken = DDP_ERR_STATE;
-        snprintf(w->err, sizeof w->err, "parameter %s was marked ready twice in one backward pass (a hand-written "
-                 "backward calling ddp_param_grad_ready twice?)", p->name);
-        return;
-    }
-    w->ready[p->index] = 1;
+    w->ready[p->index] = 1; /* once per backward: ddp_param_grad_ready refuses a second call */
     if (ddp__zero_stage(w->z) >= 2) { /* ZeRO-2/3: the layer's gradients are reduce-scattered (>>zero) */
         if ((s = ddp__zero_grad_ready(w->z, p, w->scale)) != DDP_OK) {
             w->broken = s;
@@ -3863,6 +4150,7 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
     ddp__model_set_post_backward(m, ddp__reducer_finish, w);
     ddp__pg_set_stream(pg, m->device.type == DDP_DEVICE_CUDA ? m->stream : NULL);
     m->zero = w->z;
+    m->rank = ddp_rank(pg);
     *out = w;
     if (ddp__log_level_enabled() >= DDP_LOG_INFO && ddp_rank(pg) == 0) ddp__wrapper_log_buckets(w);
     return DDP_OK;
@@ -3884,6 +4172,7 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
         }
     }
     if (w->m->post_backward == ddp__reducer_finish) ddp__model_set_post_backward(w->m, NULL, NULL);
+    w->m->rank = -1;
     if (w->z && ddp__zero_destroy(w->z) != DDP_OK) /* zero_stage 3: collective, it gathers the weights back */
         ddp__log(DDP_LOG_WARN, "ddp_wrapper_destroy: giving the model its weights back failed: %s", ddp_error_string());
     ddp_stream_sync(w->m->stream);
@@ -4042,8 +4331,9 @@ typedef struct ddp__pool {
     int nslots;       /* 1 or 2 */
     size_t bytes;     /* held: the slots allocated so far, and the buffers of its own a layer holds */
 } ddp__pool;
-/* Defined in >>buffers: a buffer for group g's n floats; giving it back; freeing the pool. */
-DDP__PRIVATE ddp_status ddp__pool_get(ddp_model* m, ddp__pool* p, int g, size_t n, float** out);
+/* Defined in >>buffers: a buffer for n floats in slot k (-1: one of its own); giving it back;
+   freeing the pool. */
+DDP__PRIVATE ddp_status ddp__pool_get(ddp_model* m, ddp__pool* p, int k, size_t n, float** out);
 DDP__PRIVATE void ddp__pool_put(ddp_model* m, ddp__pool* p, float* buf, size_t n);
 DDP__PRIVATE void ddp__pool_free(ddp_model* m, ddp__pool* p);
 
@@ -4057,7 +4347,10 @@ struct ddp__shards {
     size_t *count, *shard;               /* per group */
     int* group_of;                       /* per parameter */
     size_t *offset, *first, *len;        /* per parameter: where it starts in its group; its owned part */
-    int* group_of_layer;                 /* stages 2-3: a Linear layer's group; -1 for an activation */
+    int* group_of_unit;                  /* stages 2-3: a unit's group; -1 for a unit without tensors */
+    int root;                            /* stages 2-3: unit 0 has tensors, and group 0 is theirs */
+    unsigned char* ended;                /* stage 3, per group: its forward ended, its weights still
+                                            held (dropped when another unit begins) */
     float** ptrs;                        /* per parameter: scratch for ddp__zero_io's base pointers */
     float *send, *recv;                  /* pieces of the weights' all-gather (stages 1-2), and of
                                             ddp_optim_consolidate's */
@@ -4065,11 +4358,12 @@ struct ddp__shards {
     float** gfull;                       /* stages 2-3: per group, its W S gradients during backward */
     ddp_work** gwork;                    /* ... their reduce-scatter in flight */
     int* gpending;                       /* ... parameters whose gradient is not final yet */
-    int inflight[DDP_MAX_LAYERS], nin;   /* groups whose reduce-scatter is in flight, oldest first */
+    int inflight[DDP_MAX_PARAMS], nin;   /* groups whose reduce-scatter is in flight, oldest first */
     float** wshard;                      /* stage 3: per group, this rank's S weights */
     float** wfull;                       /* stage 3: per group, all W S weights while gathered */
     ddp_work** wwork;                    /* ... their all-gather in flight (a prefetch) */
     int full_on;                         /* ddp_full_params(w, 1) in force: nothing is dropped */
+    int full_stale;                      /* ... and an optimizer step has changed the shards since */
     ddp__pool wpool, gpool;
     long reduce_scatters, all_gathers;
     uint64_t bytes_scattered, bytes_gathered;
@@ -4146,7 +4440,15 @@ DDP__PRIVATE ddp_status ddp__zero_gather_weights(ddp__shards* z) {
     return DDP_OK;
 }
 
-/* ---- stage 3: a layer's weights, gathered for use and dropped after ------------------------------ */
+/* The pool slot group g's buffers take: one of its own for unit 0's group, which is held through
+   the whole forward or backward; otherwise by the parity of its place among the other groups (the
+   only slot, when the pool has one). */
+DDP__PRIVATE int ddp__zero_slot(const ddp__shards* z, const ddp__pool* p, int g) {
+    if (z->root && g == 0) return -1;
+    return p->nslots == 2 ? (g - z->root) % 2 : 0;
+}
+
+/* ---- stage 3: a unit's weights, gathered for use and dropped after ------------------------------- */
 
 /* Point the group's parameters at their places in buf (NULL: nowhere). */
 DDP__PRIVATE void ddp__zero_point(ddp__shards* z, int g, float* buf, int grads) {
@@ -4164,7 +4466,8 @@ DDP__PRIVATE void ddp__zero_point(ddp__shards* z, int g, float* buf, int grads) 
 DDP__PRIVATE ddp_status ddp__zero_gather(ddp__shards* z, int g, int wait) {
     if (g < 0 || g >= z->ngroups) return DDP_OK;
     if (!z->wfull[g]) {
-        DDP__TRY(ddp__pool_get(z->m, &z->wpool, g, (size_t)z->W * z->shard[g], &z->wfull[g]));
+        DDP__TRY(ddp__pool_get(z->m, &z->wpool, ddp__zero_slot(z, &z->wpool, g), (size_t)z->W * z->shard[g],
+                               &z->wfull[g]));
         DDP__TRY(ddp_all_gather(z->pg, z->wshard[g], z->wfull[g], z->shard[g], DDP_F32, wait ? NULL : &z->wwork[g]));
         z->all_gathers++, z->bytes_gathered += z->shard[g] * sizeof(float);
         z->param_now += (size_t)z->W * z->shard[g] * sizeof(float);
@@ -4182,7 +4485,8 @@ DDP__PRIVATE ddp_status ddp__zero_gather(ddp__shards* z, int g, int wait) {
 /* Give group g's gathered weights back (unless ddp_full_params holds them). */
 DDP__PRIVATE ddp_status ddp__zero_drop(ddp__shards* z, int g) {
     ddp_status s = DDP_OK;
-    if (z->full_on || !z->wfull[g]) return DDP_OK;
+    if (g < 0 || z->full_on || !z->wfull[g]) return DDP_OK;
+    z->ended[g] = 0;
     if (z->wwork[g]) s = ddp_work_wait(z->wwork[g]), z->wwork[g] = NULL;
     ddp__zero_point(z, g, NULL, 0);
     ddp__pool_put(z->m, &z->wpool, z->wfull[g], (size_t)z->W * z->shard[g]);
@@ -4212,7 +4516,8 @@ DDP__PRIVATE ddp_status ddp__zero_retire(ddp__shards* z) {
 DDP__PRIVATE ddp_status ddp__zero_grads_here(ddp__shards* z, int g) {
     if (!z->gfull[g]) {
         while (z->nin >= 2) DDP__TRY(ddp__zero_retire(z));
-        DDP__TRY(ddp__pool_get(z->m, &z->gpool, g, (size_t)z->W * z->shard[g], &z->gfull[g]));
+        DDP__TRY(ddp__pool_get(z->m, &z->gpool, ddp__zero_slot(z, &z->gpool, g), (size_t)z->W * z->shard[g],
+                               &z->gfull[g]));
         DDP__TRY(ddp__zero(z->m->device, z->gfull[g], (size_t)z->W * z->shard[g] * sizeof(float), z->m->stream));
         ddp__zero_point(z, g, z->gfull[g], 1);
     }
@@ -4246,28 +4551,55 @@ DDP__PRIVATE ddp_status ddp__zero_grads_done(ddp__shards* z) {
     return s;
 }
 
-/* m->unit_fn for stages 2 and 3: around each Linear layer's forward and backward. */
-DDP__PRIVATE ddp_status ddp__zero_unit(ddp_model* m, void* user, int event, int layer) {
+/* Drop every gathered group but `keep` (-1: all); only those whose forward ended when `ended`. */
+DDP__PRIVATE ddp_status ddp__zero_drop_others(ddp__shards* z, int keep, int ended) {
+    int g;
+    for (g = 0; g < z->ngroups; g++)
+        if (g != keep && (!ended || z->ended[g])) DDP__TRY(ddp__zero_drop(z, g));
+    return DDP_OK;
+}
+
+/* The group of the next unit with tensors after `unit`, going up (dir 1, forward's order) or down
+   (dir -1, backward's; unit 0 is never next there, it is held throughout); -1 if none. */
+DDP__PRIVATE int ddp__zero_next(const ddp__shards* z, int unit, int dir) {
+    int u;
+    for (u = unit + dir; u >= 1 && u < z->m->nunits; u += dir)
+        if (z->group_of_unit[u] >= 0) return z->group_of_unit[u];
+    return -1;
+}
+
+/* m->unit_fn for stages 2 and 3, at each bracket of a unit (ddp_unit_begin, ddp_unit_end). Unit 0,
+   the whole model, is gathered when a forward begins and held until the backward ends. Another
+   unit's weights are gathered when its forward begins and stay when it ends, until another unit
+   begins: the last unit's backward, next, finds them still there. */
+DDP__PRIVATE ddp_status ddp__zero_unit(ddp_model* m, void* user, int event, int unit) {
     ddp__shards* z = (ddp__shards*)user;
-    int g = z->group_of_layer[layer];
-    (void)m;
+    int g = z->group_of_unit[unit];
     switch (event) {
     case DDP__UNIT_FORWARD:
         if (z->stage < 3) return DDP_OK;
-        /* a new forward: the last layer, kept from the one before for its backward, can go */
-        if (g == 0 && z->ngroups > 1) DDP__TRY(ddp__zero_drop(z, z->ngroups - 1));
+        if (unit == 0 && z->full_on && z->full_stale)
+            return ddp__fail(DDP_ERR_STATE, "a forward%s while ddp_full_params(w, 1) is in force, after an optimizer "
+                             "step: the gathered weights are the ones from before that step (the step updates each "
+                             "rank's shard), so this forward would train on stale weights. Call ddp_full_params(w, 0) "
+                             "once the weights are read or saved, before training on", ddp__model_where(m));
+        DDP__TRY(ddp__zero_drop_others(z, g, unit != 0)); /* a new forward starts from fresh weights */
         DDP__TRY(ddp__zero_gather(z, g, 1));
-        return z->prefetch ? ddp__zero_gather(z, g + 1, 0) : DDP_OK;
-    case DDP__UNIT_FORWARD_DONE: /* the last layer's weights stay: its backward comes next */
-        return z->stage == 3 && g != z->ngroups - 1 ? ddp__zero_drop(z, g) : DDP_OK;
+        return z->prefetch ? ddp__zero_gather(z, ddp__zero_next(z, unit, 1), 0) : DDP_OK;
+    case DDP__UNIT_FORWARD_DONE:
+        if (z->stage == 3 && unit != 0 && g >= 0) z->ended[g] = 1;
+        return DDP_OK;
     case DDP__UNIT_BACKWARD:
-        if (z->stage == 3) {
+        if (z->stage == 3) { /* unit 0 keeps the last unit, gathered in forward, for its backward next */
+            if (unit != 0) DDP__TRY(ddp__zero_drop_others(z, g, 1));
             DDP__TRY(ddp__zero_gather(z, g, 1));
-            if (z->prefetch) DDP__TRY(ddp__zero_gather(z, g - 1, 0));
+            if (g >= 0) z->ended[g] = 0;
+            if (z->prefetch) DDP__TRY(ddp__zero_gather(z, ddp__zero_next(z, unit ? unit : m->nunits, -1), 0));
         }
-        return ddp__zero_grads_here(z, g);
+        return g >= 0 ? ddp__zero_grads_here(z, g) : DDP_OK;
     case DDP__UNIT_BACKWARD_DONE:
-        return z->stage == 3 ? ddp__zero_drop(z, g) : DDP_OK;
+        if (z->stage < 3) return DDP_OK;
+        return unit == 0 ? ddp__zero_drop_others(z, -1, 0) : ddp__zero_drop(z, g);
     }
     return DDP_OK;
 }
@@ -4293,7 +4625,8 @@ DDP__PRIVATE void ddp__zero_free(ddp__shards* z) {
     if (z->offset) DDP_FREE(z->offset);
     if (z->first) DDP_FREE(z->first);
     if (z->len) DDP_FREE(z->len);
-    if (z->group_of_layer) DDP_FREE(z->group_of_layer);
+    if (z->group_of_unit) DDP_FREE(z->group_of_unit);
+    if (z->ended) DDP_FREE(z->ended);
     if (z->ptrs) DDP_FREE(z->ptrs);
     if (z->gshard) DDP_FREE(z->gshard);
     if (z->gfull) DDP_FREE(z->gfull);
@@ -4325,26 +4658,31 @@ DDP__PRIVATE ddp_status ddp__zero_create(ddp_pg* pg, ddp_model* m, int stage, in
     z->offset = (size_t*)ddp__calloc(np * sizeof(size_t));
     z->first = (size_t*)ddp__calloc(np * sizeof(size_t));
     z->len = (size_t*)ddp__calloc(np * sizeof(size_t));
-    z->group_of_layer = (int*)ddp__calloc(((size_t)m->nlayers + 1) * sizeof(int));
+    z->group_of_unit = (int*)ddp__calloc(((size_t)m->nunits + 1) * sizeof(int));
+    z->ended = (unsigned char*)ddp__calloc(np);
     z->ptrs = (float**)ddp__calloc(np * sizeof(float*));
     if (!z->members || !z->member_start || !z->count || !z->shard || !z->group_of || !z->offset || !z->first ||
-        !z->len || !z->group_of_layer || !z->ptrs) {
+        !z->len || !z->group_of_unit || !z->ended || !z->ptrs) {
         ddp__zero_free(z);
         return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the shards' layout failed");
     }
-    /* the groups: stage 1 the whole model; stages 2-3 a Linear layer each (weight, then bias) */
-    for (i = 0; i < m->nlayers; i++) z->group_of_layer[i] = -1;
+    /* the groups: stage 1 the whole model; stages 2-3 a unit each, its tensors in the order they
+       were added (ddp_model_mlp: a Linear layer's weight, then its bias) */
+    for (i = 0; i < m->nunits; i++) z->group_of_unit[i] = -1;
     if (stage == 1) {
         z->ngroups = 1;
         for (i = 0; i < m->nparams; i++) z->members[k++] = i;
     } else {
-        for (i = 0; i < m->nlayers; i++) {
-            if (m->layers[i].kind != DDP_LAYER_LINEAR) continue;
-            z->group_of_layer[i] = z->ngroups;
-            z->member_start[z->ngroups++] = k;
-            z->members[k++] = m->layers[i].weight->index;
-            z->members[k++] = m->layers[i].bias->index;
+        int u;
+        for (u = 0; u < m->nunits; u++) {
+            int start = k;
+            for (i = 0; i < m->nparams; i++)
+                if (m->params[i]->unit == u) z->members[k++] = i;
+            if (k == start) continue;
+            z->group_of_unit[u] = z->ngroups;
+            z->member_start[z->ngroups++] = start;
         }
+        z->root = z->group_of_unit[0] == 0;
     }
     z->member_start[z->ngroups] = k;
     for (g = 0; g < z->ngroups; g++) {
@@ -4367,12 +4705,13 @@ DDP__PRIVATE ddp_status ddp__zero_create(ddp_pg* pg, ddp_model* m, int stage, in
             z->len[i] = b > a ? b - a : 0;
         }
     }
-    /* the pools' slots: gradients by the parity of the layer; weights likewise with prefetch */
+    /* the pools' slots: gradients by the parity of the unit; weights likewise with prefetch */
     z->gpool.nslots = 2, z->wpool.nslots = prefetch ? 2 : 1;
-    for (g = 0; g < z->ngroups; g++) {
+    for (g = z->root; g < z->ngroups; g++) {
         size_t n = (size_t)z->W * z->shard[g];
-        if (n > z->gpool.floats[g % 2]) z->gpool.floats[g % 2] = n;
-        if (n > z->wpool.floats[prefetch ? g % 2 : 0]) z->wpool.floats[prefetch ? g % 2 : 0] = n;
+        int gk = ddp__zero_slot(z, &z->gpool, g), wk = ddp__zero_slot(z, &z->wpool, g);
+        if (n > z->gpool.floats[gk]) z->gpool.floats[gk] = n;
+        if (n > z->wpool.floats[wk]) z->wpool.floats[wk] = n;
     }
     { /* the weights' all-gather after each step (stages 1-2) and ddp_optim_consolidate, in pieces */
         size_t piece = most < ddp__zero_piece ? most : ddp__zero_piece;
@@ -4411,12 +4750,13 @@ DDP__PRIVATE ddp_status ddp__zero_create(ddp_pg* pg, ddp_model* m, int stage, in
         return s;
     }
     /* From here the model's own arrays are gone: gradients exist only during backward (stages
-       2-3), weights only while gathered (stage 3). */
+       2-3), weights only while gathered (stage 3). Arrays the caller lent (ddp_tensor_desc.data,
+       .grad) are the caller's to keep: they are left alone, and filled again by ddp__zero_destroy. */
     for (i = 0; i < m->nparams && stage >= 2; i++) {
-        ddp_free(m->device, m->params[i]->grad);
+        if (!m->params[i]->home_grad) ddp_free(m->device, m->params[i]->grad);
         m->params[i]->grad = NULL;
         if (stage == 3) {
-            ddp_free(m->device, m->params[i]->data);
+            if (!m->params[i]->home_data) ddp_free(m->device, m->params[i]->data);
             m->params[i]->data = NULL;
         }
     }
@@ -4445,14 +4785,16 @@ DDP__PRIVATE ddp_status ddp__zero_destroy(ddp__shards* z) {
     }
     for (i = 0; i < m->nparams && z->stage >= 2; i++) {
         ddp_param* p = m->params[i];
-        if ((t = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->grad)) == DDP_OK)
-            t = ddp__zero(m->device, p->grad, p->count * sizeof(float), m->stream);
-        if (t == DDP_OK && z->stage == 3) t = ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->data);
+        t = p->home_grad ? (p->grad = p->home_grad, DDP_OK) : ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->grad);
+        if (t == DDP_OK) t = ddp__zero(m->device, p->grad, p->count * sizeof(float), m->stream);
+        if (t == DDP_OK && z->stage == 3)
+            t = p->home_data ? (p->data = p->home_data, DDP_OK)
+                             : ddp_alloc(m->device, p->count * sizeof(float), (void**)&p->data);
         if (t != DDP_OK && s == DDP_OK) s = t;
     }
     for (g = 0; g < z->ngroups && z->stage == 3 && s == DDP_OK; g++) { /* every weight, back in place */
         float* buf;
-        s = ddp__pool_get(m, &z->wpool, g, (size_t)z->W * z->shard[g], &buf);
+        s = ddp__pool_get(m, &z->wpool, ddp__zero_slot(z, &z->wpool, g), (size_t)z->W * z->shard[g], &buf);
         if (s == DDP_OK) s = ddp_all_gather(z->pg, z->wshard[g], buf, z->shard[g], DDP_F32, NULL);
         if (s == DDP_OK) s = ddp__zero_io(z, g, 0, buf, z->count[g], ddp__zero_data_ptrs(z), NULL, 1);
         if (s == DDP_OK) s = ddp_stream_sync(m->stream);
@@ -4484,7 +4826,7 @@ DDP__DEF ddp_status ddp_full_params(ddp_wrapper* w, int on) {
     ddp__shards* z = w->z;
     int g;
     if (!z || z->stage < 3) return DDP_OK;
-    z->full_on = 0;
+    z->full_on = z->full_stale = 0;
     for (g = 0; g < z->ngroups; g++) DDP__TRY(on ? ddp__zero_gather(z, g, 1) : ddp__zero_drop(z, g));
     z->full_on = on;
     return ddp_stream_sync(w->m->stream);
@@ -5045,7 +5387,7 @@ DDP__PRIVATE const ddp__backend_vt* ddp__nccl_vt(void) { return &ddp__nccl_backe
 #endif /* DDP__IMPLEMENT */
 
 /* ============================================================================================== */
-/* >>optim: the optimizer step: SGD, Adam, AdamW                                     (chapter 1)  */
+/* >>optim: the optimizer step: SGD, Adam, AdamW; the learning rate; clipping   (chapters 1, 12)  */
 /* ============================================================================================== */
 #if DDP__DECLARE
 typedef enum ddp_optim_kind {
@@ -5074,6 +5416,17 @@ DDP_API ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, dd
 DDP_API ddp_status ddp_optim_step(ddp_optim* o);
 /* Steps taken so far. */
 DDP_API long ddp_optim_steps(const ddp_optim* o);
+/* The learning rate of the steps that follow: a schedule (warmup, then cosine decay) is the
+   caller's few lines before each step. A snapshot keeps it. DDP_ERR_INVALID_ARGUMENT for a rate
+   below 0 or not finite. */
+DDP_API ddp_status ddp_optim_set_lr(ddp_optim* o, float lr);
+/* Global-norm clipping (torch.nn.utils.clip_grad_norm_): norm is the L2 norm of the whole model's
+   averaged gradients, each element counted once, also when each rank holds only a shard of them
+   (ZeRO; then it is collective). When max_norm / (norm + 1e-6) is below 1, every gradient is
+   multiplied by it. Call it between the synchronised backward and ddp_optim_step; *norm (NULL
+   allowed) gets the norm before clipping, the same on every rank. DDP_ERR_INVALID_ARGUMENT for a
+   max_norm not above 0; the group's errors. */
+DDP_API ddp_status ddp_optim_clip_grad_norm(ddp_optim* o, float max_norm, float* norm);
 /* ZeRO (collective: every rank calls it): gather the sharded state, and at zero_stage 3 the
    weights, onto rank `to`, so that a ddp_snapshot_save there, before the next step, writes the
    file DDP writes (PyTorch's consolidate_state_dict). Only rank `to` holds the copy, until the next
@@ -5091,11 +5444,11 @@ struct ddp_optim {
     ddp_model* m;
     ddp_optim_desc d; /* resolved: every default filled in */
     long steps;
-    float* state1[2 * DDP_MAX_LAYERS]; /* SGD momentum buffer, or Adam's first moment */
-    float* state2[2 * DDP_MAX_LAYERS]; /* Adam's second moment */
+    float* state1[DDP_MAX_PARAMS]; /* SGD momentum buffer, or Adam's first moment */
+    float* state2[DDP_MAX_PARAMS]; /* Adam's second moment */
     /* ZeRO: the state covers numbers [first[i], first[i] + len[i]) of parameter i only, the part
        of it this rank owns; without sharding first is 0 and len the count. */
-    size_t first[2 * DDP_MAX_LAYERS], len[2 * DDP_MAX_LAYERS];
+    size_t first[DDP_MAX_PARAMS], len[DDP_MAX_PARAMS];
     ddp__shards* z;       /* ZeRO (zero_stage 1-3): who owns what (>>zero); NULL: not sharded */
     size_t state_bytes; /* the state held, counted into the model's optim_state_bytes */
     float* full[3];     /* on the rank that consolidated: all of state1, state2 and (zero_stage 3)
@@ -5136,8 +5489,8 @@ DDP__PRIVATE size_t ddp__flat_offset(const ddp_model* m, int i) {
 DDP__DEF ddp_status ddp_optim_consolidate(ddp_optim* o, int to) {
     ddp__shards* z = o->z;
     ddp_model* m = o->m;
-    float* mine[2 * DDP_MAX_LAYERS];
-    float* whole[2 * DDP_MAX_LAYERS];
+    float* mine[DDP_MAX_PARAMS];
+    float* whole[DDP_MAX_PARAMS];
     int which, g, q, i;
     if (!z) return DDP_OK;
     if (to < 0 || to >= z->W)
@@ -5255,7 +5608,7 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
     const ddp_optim_desc* d = &o->d;
     ddp_model* m = o->m;
     int i, first;
-    float step_size = 0.f, bc2_sqrt = 1.f;
+    float step_size = 0.f, bc2_sqrt = 1.f, decay;
     double t_start = ddp__now();
     /* An accumulation loop that turned no_sync off too early (the first micro-batch synchronised,
        the others not) steps on gradients the other ranks never saw: the replicas drift apart. */
@@ -5269,6 +5622,12 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
         return ddp__fail(DDP_ERR_STATE, "ddp_optim_step: the model was wrapped with zero_stage %d after this optimizer "
                          "was created, so its state is not sharded the way the model now is: create the optimizer "
                          "after ddp_wrap", ddp__zero_stage(m->zero));
+    /* ZeRO-3: gathered weights are a copy of the shards this step changes. A copy held by
+       ddp_full_params is kept, and a forward on it refused (>>zero); any other copy goes. */
+    if (o->z && o->z->stage == 3) {
+        if (o->z->full_on) o->z->full_stale = 1;
+        else DDP__TRY(ddp__zero_drop_others(o->z, -1, 0));
+    }
     /* a consolidated copy describes the state before this step: it is stale from here on */
     for (i = 0; i < 3; i++) ddp_free(m->device, o->full[i]), o->full[i] = NULL;
     o->consolidated = 0;
@@ -5289,20 +5648,21 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
         if (n == 0) continue;
         w = o->z ? ddp__zero_w(o->z, i) : p->data;
         g = o->z ? ddp__zero_g(o->z, i) : p->grad;
+        decay = p->no_decay ? 0.f : d->weight_decay; /* its parameter group's */
 #if DDP__CUDA
         if (m->device.type == DDP_DEVICE_CUDA) {
             if (d->kind == DDP_SGD) {
                 void* args[10];
                 args[0] = (void*)&w; args[1] = (void*)&g; args[2] = (void*)&s1; args[3] = (void*)&n;
                 args[4] = (void*)&d->lr; args[5] = (void*)&d->momentum; args[6] = (void*)&d->dampening;
-                args[7] = (void*)&d->weight_decay; args[8] = (void*)&d->nesterov; args[9] = (void*)&first;
+                args[7] = (void*)&decay; args[8] = (void*)&d->nesterov; args[9] = (void*)&first;
                 DDP__TRY(ddp__launch(m->device, m->stream, DDP__K_sgd, n, args));
             } else {
                 void* args[13];
                 int decoupled = d->kind == DDP_ADAMW;
                 args[0] = (void*)&w; args[1] = (void*)&g; args[2] = (void*)&s1; args[3] = (void*)&s2;
                 args[4] = (void*)&n; args[5] = (void*)&d->lr; args[6] = (void*)&d->beta1;
-                args[7] = (void*)&d->beta2; args[8] = (void*)&d->eps; args[9] = (void*)&d->weight_decay;
+                args[7] = (void*)&d->beta2; args[8] = (void*)&d->eps; args[9] = (void*)&decay;
                 args[10] = (void*)&decoupled; args[11] = (void*)&step_size; args[12] = (void*)&bc2_sqrt;
                 DDP__TRY(ddp__launch(m->device, m->stream, DDP__K_adam, n, args));
             }
@@ -5312,7 +5672,7 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
         {
             /* The settings as locals: read through d, the compiler must assume every store to w
                may change them, reload them per element and give up vectorising (3x slower). */
-            const float lr = d->lr, wd = d->weight_decay, mom = d->momentum, damp = d->dampening;
+            const float lr = d->lr, wd = decay, mom = d->momentum, damp = d->dampening;
             const float b1 = d->beta1, b2 = d->beta2, eps = d->eps;
             const int nesterov = d->nesterov, adamw = d->kind == DDP_ADAMW;
             if (d->kind == DDP_SGD && wd == 0.f && mom == 0.f) {
@@ -5346,6 +5706,54 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
 }
 
 DDP__DEF long ddp_optim_steps(const ddp_optim* o) { return o->steps; }
+
+DDP__DEF ddp_status ddp_optim_set_lr(ddp_optim* o, float lr) {
+    if (!(lr >= 0.f) || lr > 1e30f)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_optim_set_lr: %g is not a learning rate (a finite number >= 0)",
+                         lr);
+    o->d.lr = lr;
+    return DDP_OK;
+}
+
+/* ---- clipping by the global norm ----------------------------------------------------------------- */
+
+/* A test's mutation: 1 makes each rank clip by the norm of the gradients it holds, the classic bug
+   under ZeRO, so that the test can show it would catch it. */
+DDP__PRIVATE int ddp__clip_local_only = 0;
+/* Defined in >>sums: the sum of the squares of n floats on m's device; the sum of every rank's x. */
+DDP__PRIVATE ddp_status ddp__sum_squares(ddp_model* m, const float* v, size_t n, double* out);
+DDP__PRIVATE ddp_status ddp__sum_double_over_ranks(ddp_pg* pg, ddp_model* m, double* x);
+
+DDP__DEF ddp_status ddp_optim_clip_grad_norm(ddp_optim* o, float max_norm, float* norm) {
+    ddp_model* m = o->m;
+    ddp__shards* z = o->z;
+    double sq = 0, part, total;
+    float coef;
+    int i;
+    if (norm) *norm = 0.f;
+    if (!(max_norm > 0.f) || max_norm > 1e30f)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_optim_clip_grad_norm: max_norm %g must be a finite number > 0",
+                         max_norm);
+    /* Each rank adds up the squares of the numbers it owns (without ZeRO: all of them), so that
+       across the ranks every number counts exactly once. */
+    for (i = 0; i < m->nparams; i++) {
+        if (!o->len[i]) continue;
+        DDP__TRY(ddp__sum_squares(m, z ? ddp__zero_g(z, i) : m->params[i]->grad, o->len[i], &part));
+        sq += part;
+    }
+    total = sq;
+    if (z && z->W > 1 && !ddp__clip_local_only) DDP__TRY(ddp__sum_double_over_ranks(z->pg, m, &total));
+    if (norm) *norm = (float)sqrt(total);
+    coef = (float)(max_norm / (sqrt(total) + 1e-6));
+    if (coef >= 1.f) return DDP_OK; /* PyTorch multiplies by min(coef, 1): by 1 changes nothing */
+    for (i = 0; i < m->nparams; i++) {
+        /* ZeRO-2 and -3: the shard this rank owns; otherwise every rank holds every averaged gradient */
+        float* g = z && z->stage >= 2 ? (o->len[i] ? ddp__zero_g(z, i) : NULL) : m->params[i]->grad;
+        size_t n = z && z->stage >= 2 ? o->len[i] : m->params[i]->count;
+        if (g && n) DDP__TRY(ddp__scale(m, g, g, n, coef));
+    }
+    return DDP_OK;
+}
 
 DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
     int i;
@@ -5436,11 +5844,13 @@ DDP__PRIVATE ddp_status ddp__read_file(const char* path, size_t limit, char** ou
 typedef struct ddp__bytes { unsigned char* p; size_t n, cap; int oom; } ddp__bytes;
 DDP__PRIVATE void ddp__put(ddp__bytes* b, const void* src, size_t n); /* >>files */
 DDP__PRIVATE void ddp__putf(ddp__bytes* b, const char* fmt, ...) DDP__PRINTF(2, 3); /* >>files */
+/* Which tensors take no weight decay, as a metadata value (>>files). */
+DDP__PRIVATE const char* ddp__no_decay_sig(const ddp_model* m, char* out, size_t n);
 
 /* ---- the tensors a snapshot holds ---------------------------------------------------------------- */
 
 static const char* const ddp__optim_names[] = {"none", "sgd", "adam", "adamw"};
-#define DDP__ST_MAX_TENSORS (3 * 2 * DDP_MAX_LAYERS)
+#define DDP__ST_MAX_TENSORS (3 * DDP_MAX_PARAMS)
 
 /* The i-th tensor of a snapshot of (m, o): parameters first, then each parameter's optimizer
    state. Writes its name, its device pointer, and the parameter it belongs to (whose shape and
@@ -5488,7 +5898,7 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
     float* data;
     const ddp_param* p;
     size_t off = 0, hdr_start, cs_at = 0;
-    int i, okind;
+    int i, k, okind;
     ddp_status st = DDP_OK;
     if (!s || !s->model || !path)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_save: %s is NULL", !path ? "path" : "the model");
@@ -5513,6 +5923,12 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
               s->step);
     ddp__putf(&b, ",\"optimizer\":\"%s\",\"optimizer_steps\":\"%ld\"", ddp__optim_names[okind],
               s->optim ? s->optim->steps : 0L);
+    if (s->optim) { /* its settings, as PyTorch's param_groups, and which tensors take no decay */
+        const ddp_optim_desc* d = &s->optim->d;
+        ddp__putf(&b, ",\"lr\":\"%.9g\",\"betas\":\"%.9g %.9g\",\"eps\":\"%.9g\",\"weight_decay\":\"%.9g\","
+                      "\"momentum\":\"%.9g\",\"no_decay\":\"%s\"", d->lr, d->beta1, d->beta2, d->eps, d->weight_decay,
+                  d->momentum, ddp__no_decay_sig(m, name, sizeof name));
+    }
     if (s->sampler)
         ddp__putf(&b, ",\"sampler_n\":\"%d\",\"sampler_replicas\":\"%d\",\"sampler_seed\":\"%llu\","
                       "\"sampler_shuffle\":\"%d\",\"sampler_drop_last\":\"%d\",\"sampler_epoch\":\"%d\"",
@@ -5531,8 +5947,7 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
     ddp__putf(&b, "0000000000000000\"}");
     for (i = 0; ddp__st_tensor_at(m, s->optim, i, name, sizeof name, &data, &p); i++) {
         ddp__putf(&b, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", name);
-        if (p->ndim == 2) ddp__putf(&b, "%d,%d", p->shape[0], p->shape[1]);
-        else ddp__putf(&b, "%d", p->shape[0]);
+        for (k = 0; k < p->ndim; k++) ddp__putf(&b, "%s%d", k ? "," : "", p->shape[k]);
         ddp__putf(&b, "],\"data_offsets\":[%zu,%zu]}", off, off + p->count * sizeof(float));
         off += p->count * sizeof(float);
     }
@@ -5601,7 +6016,8 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     const ddp_param* p;
     const char* v;
     long long epoch = 0, step = 0, osteps = 0, pos = 0, x = 0, pos_epoch = 0;
-    int pos_epoch_known = 0;
+    int pos_epoch_known = 0, have_settings = 0;
+    double settings[6];
     uint64_t rng = 0;
     int i, k, okind = 0;
     int match[DDP__ST_MAX_TENSORS]; /* match[i]: where the i-th tensor the struct needs is in st->t */
@@ -5639,6 +6055,24 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     DDP__ST_NUM("epoch", INT_MIN, INT_MAX, &epoch);
     DDP__ST_NUM("step", LONG_MIN, LONG_MAX, &step);
     DDP__ST_NUM("optimizer_steps", 0, LONG_MAX, &osteps);
+    if (s->optim && (v = ddp__st_get(st, "no_decay")) != NULL && strcmp(v, ddp__no_decay_sig(m, name, sizeof name)))
+        DDP__ST_BAD("%s was taken with weight decay off for other tensors (%s; this model: %s): the parameter groups "
+                    "differ, so the optimizer would not resume the run that wrote it", path, v, name);
+    if (s->optim && ddp__st_get(st, "lr")) { /* older files have no settings: the optimizer's stay */
+        const char* keys[4] = {"lr", "eps", "weight_decay", "momentum"};
+        for (k = 0; k < 4; k++) {
+            char* end;
+            v = ddp__st_get(st, keys[k]);
+            settings[k] = v ? strtod(v, &end) : -1;
+            if (!v || end == v || *end || !(settings[k] >= 0) || settings[k] > 1e30)
+                DDP__ST_BAD("%s: metadata \"%s\" is not a number >= 0", path, keys[k]);
+        }
+        v = ddp__st_get(st, "betas");
+        if (!v || sscanf(v, "%lf %lf", &settings[4], &settings[5]) != 2 || !(settings[4] >= 0 && settings[4] < 1) ||
+            !(settings[5] >= 0 && settings[5] < 1))
+            DDP__ST_BAD("%s: metadata \"betas\" is not two numbers in [0, 1)", path);
+        have_settings = 1;
+    }
     v = ddp__st_get(st, "optimizer");
     for (okind = 0; v && okind < 4 && strcmp(v, ddp__optim_names[okind]); okind++) {}
     if (!v || okind == 4) DDP__ST_BAD("%s: metadata \"optimizer\" is %s", path, v ? v : "missing");
@@ -5652,15 +6086,17 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
             if (!strcmp(st->t[k].name, name)) { t = &st->t[k]; match[i] = k; break; }
         if (!t) DDP__ST_BAD("%s has no tensor \"%s\": it was written by another model%s", path, name,
                             i >= m->nparams ? " or optimizer" : "");
-        if (t->ndim != p->ndim || t->shape[0] != (uint64_t)p->shape[0] ||
-            (p->ndim == 2 && t->shape[1] != (uint64_t)p->shape[1])) {
-            char fs[64], ms[32];
+        int same = t->ndim == p->ndim;
+        for (k = 0; k < p->ndim && same; k++) same = t->shape[k] == (uint64_t)p->shape[k];
+        if (!same) {
+            char fs[64], ms[64];
             int n = snprintf(fs, sizeof fs, "[");
             for (k = 0; k < t->ndim && n < 40; k++)
                 n += snprintf(fs + n, sizeof fs - (size_t)n, "%s%llu", k ? ", " : "", (unsigned long long)t->shape[k]);
             snprintf(fs + n, sizeof fs - (size_t)n, "]");
-            if (p->ndim == 2) snprintf(ms, sizeof ms, "[%d, %d]", p->shape[0], p->shape[1]);
-            else snprintf(ms, sizeof ms, "[%d]", p->shape[0]);
+            n = snprintf(ms, sizeof ms, "[");
+            for (k = 0; k < p->ndim; k++) n += snprintf(ms + n, sizeof ms - (size_t)n, "%s%d", k ? ", " : "", p->shape[k]);
+            snprintf(ms + n, sizeof ms - (size_t)n, "]");
             DDP__ST_BAD("%s: %s has shape %s, the model's is %s: another model's snapshot", path, name, fs, ms);
         }
         t->used = 1;
@@ -5737,6 +6173,11 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
     }
     if (r != DDP_OK) goto done;
     if (s->optim) s->optim->steps = (long)osteps;
+    if (s->optim && have_settings) {
+        ddp_optim_desc* d = &s->optim->d;
+        d->lr = (float)settings[0], d->eps = (float)settings[1], d->weight_decay = (float)settings[2];
+        d->momentum = (float)settings[3], d->beta1 = (float)settings[4], d->beta2 = (float)settings[5];
+    }
     if (s->sampler) ddp_sampler_set_epoch(s->sampler, (int)x);
     if (s->loader) {
         ddp_loader* l = s->loader;
@@ -6481,10 +6922,9 @@ DDP__PRIVATE void ddp__gemm_cpu(int ta, int tb, int M, int N, int K, float alpha
 /* >>buffers: the two buffers ZeRO's layers take turns in (>>zero)                                */
 /* ============================================================================================== */
 #if DDP__IMPLEMENT
-/* A buffer for group g's n floats. */
-DDP__PRIVATE ddp_status ddp__pool_get(ddp_model* m, ddp__pool* p, int g, size_t n, float** out) {
-    int k = p->nslots == 2 ? g % 2 : 0;
-    if (!p->busy[k] && p->floats[k] >= n) {
+/* A buffer for n floats in slot k (0 or 1), or one of its own when k is -1 or the slot is taken. */
+DDP__PRIVATE ddp_status ddp__pool_get(ddp_model* m, ddp__pool* p, int k, size_t n, float** out) {
+    if (k >= 0 && !p->busy[k] && p->floats[k] >= n) {
         if (!p->slot[k]) {
             DDP__TRY(ddp_alloc(m->device, p->floats[k] * sizeof(float), (void**)&p->slot[k]));
             p->bytes += p->floats[k] * sizeof(float);
@@ -7911,30 +8351,49 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
    0's through the store, and let every rank fail with the same explanation when one differs. */
 DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
     ddp_store* st = ddp_pg_store(w->pg);
-    char sig[4096], other[4096], key[96], verdict[512];
-    size_t n = 0, pos = 0;
-    int i, W = ddp_world_size(w->pg), me = ddp_rank(w->pg);
+    char *sig, *other, key[96], verdict[512];
+    size_t n = 0, pos = 0, cap;
+    int i, k, W = ddp_world_size(w->pg), me = ddp_rank(w->pg);
     int gen = w->pg->wraps++; /* a fresh key space per wrap: every rank wraps in the same order */
     ddp_model* m = w->m;
-    pos += (size_t)snprintf(sig + pos, sizeof sig - pos, "%d parameters:", m->nparams);
-    for (i = 0; i < m->nparams && pos < sizeof sig - 64; i++)
-        pos += (size_t)snprintf(sig + pos, sizeof sig - pos, " %s[%d%s%.0d]", m->params[i]->name, m->params[i]->shape[0],
-                                m->params[i]->ndim == 2 ? "," : "", m->params[i]->ndim == 2 ? m->params[i]->shape[1] : 0);
+    ddp_status s;
+    /* each tensor as name[d0,d1,...]; a model of one's own adds its unit (unit2) and parameter group
+       (no_decay) where not 0 (ddp_model_mlp's follow from its layers) */
+    cap = 64 + (size_t)m->nparams * (sizeof m->params[0]->name + 4 * 12 + 24);
+    sig = (char*)ddp__calloc(2 * cap);
+    if (!sig) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_wrap: no memory to compare the models");
+    other = sig + cap;
+    pos += (size_t)snprintf(sig + pos, cap - pos, "%d parameters:", m->nparams);
+    for (i = 0; i < m->nparams; i++) {
+        const ddp_param* p = m->params[i];
+        pos += (size_t)snprintf(sig + pos, cap - pos, " %s[", p->name);
+        for (k = 0; k < p->ndim; k++) pos += (size_t)snprintf(sig + pos, cap - pos, "%s%d", k ? "," : "", p->shape[k]);
+        pos += (size_t)snprintf(sig + pos, cap - pos, "]");
+        if (p->unit && !m->nlayers) pos += (size_t)snprintf(sig + pos, cap - pos, "unit%d", p->unit);
+        if (p->no_decay) pos += (size_t)snprintf(sig + pos, cap - pos, "%sno_decay", p->unit && !m->nlayers ? "," : "");
+    }
     snprintf(key, sizeof key, "ddp/wrap/%d/sig/0", gen);
-    if (me == 0) DDP__TRY(ddp_store_set(st, key, sig, strlen(sig)));
-    memset(other, 0, sizeof other);
-    DDP__TRY(ddp_store_get(st, key, other, sizeof other - 1, &n));
+    s = me == 0 ? ddp_store_set(st, key, sig, strlen(sig)) : DDP_OK;
+    if (s == DDP_OK) s = ddp_store_get(st, key, other, cap - 1, &n);
+    if (s != DDP_OK) {
+        DDP_FREE(sig);
+        return s;
+    }
     verdict[0] = 0;
     if (strcmp(sig, other) != 0) {
-        /* name the first differing parameter */
-        const char *a = sig, *b = other;
+        /* name the first differing parameter (past the counts, which say less) */
+        const char *a = strchr(sig, ':'), *b = strchr(other, ':');
+        const char* a0 = a = a ? a : sig;
+        if (!b) b = other;
         while (*a && *a == *b) a++, b++;
-        while (a > sig && a[-1] != ' ') a--, b--;
+        if ((*a == ' ' || !*a) && (*b == ' ' || !*b)) a += *a == ' ', b += *b == ' '; /* a tensor more on one side */
+        else while (a > a0 && a[-1] != ' ') a--, b--;                                /* or one that differs */
         /* quote one parameter from each side: up to the next space */
         snprintf(verdict, sizeof verdict, "rank %d has %.*s where rank 0 has %.*s (rank %d: %d parameters, rank 0: "
                  "%d)", me, (int)strcspn(a, " "), a, (int)strcspn(b, " "), *b ? b : "nothing", me, m->nparams,
                  atoi(other));
     }
+    DDP_FREE(sig);
     snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
     DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
     /* Every rank reads every verdict (the first one given, in rank order, is the one all report),
@@ -7970,6 +8429,50 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
 /* >>sums: element-wise sums, four floats at a time                                               */
 /* ============================================================================================== */
 #if DDP__IMPLEMENT
+/* ---- the global norm's sums (ddp_optim_clip_grad_norm, >>optim) ------------------------------- */
+
+/* The sum of the squares of n floats on m's device, in double. */
+DDP__PRIVATE ddp_status ddp__sum_squares(ddp_model* m, const float* v, size_t n, double* out) {
+    float buf[4096];
+    size_t at, k, i;
+    double s = 0;
+    for (at = 0; at < n; at += k) {
+        const float* h = v + at;
+        k = n - at < 4096 ? n - at : 4096;
+        if (m->device.type != DDP_DEVICE_CPU) { /* on a GPU: through the host, a piece at a time */
+            DDP__TRY(ddp_copy(ddp__cpu(), buf, m->device, v + at, k * sizeof(float), m->stream));
+            DDP__TRY(ddp_stream_sync(m->stream));
+            h = buf;
+        }
+        for (i = 0; i < k; i++) s += (double)h[i] * h[i];
+    }
+    *out = s;
+    return DDP_OK;
+}
+
+/* The sum of every rank's x, the same on every rank: each rank's double goes as two floats (its
+   float and what that float misses), gathered, and added in rank order. */
+DDP__PRIVATE ddp_status ddp__sum_double_over_ranks(ddp_pg* pg, ddp_model* m, double* x) {
+    const int W = ddp_world_size(pg);
+    float mine[2], *all, *dev;
+    double s = 0;
+    int q;
+    ddp_status st;
+    mine[0] = (float)*x, mine[1] = (float)(*x - (double)mine[0]);
+    all = (float*)ddp__malloc((size_t)W * 2 * sizeof(float));
+    if (!all) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "no memory for the norm's partial sums");
+    st = ddp_alloc(m->device, (size_t)(W + 1) * 2 * sizeof(float), (void**)&dev);
+    if (st == DDP_OK) st = ddp_copy(m->device, dev, ddp__cpu(), mine, sizeof mine, m->stream);
+    if (st == DDP_OK) st = ddp_all_gather(pg, dev, dev + 2, 2, DDP_F32, NULL);
+    if (st == DDP_OK) st = ddp_copy(ddp__cpu(), all, m->device, dev + 2, (size_t)W * 2 * sizeof(float), m->stream);
+    if (st == DDP_OK) st = ddp_stream_sync(m->stream);
+    for (q = 0; q < W && st == DDP_OK; q++) s += (double)all[2 * q] + (double)all[2 * q + 1];
+    if (st == DDP_OK) *x = s;
+    if (st == DDP_OK || dev) ddp_free(m->device, dev);
+    DDP_FREE(all);
+    return st;
+}
+
 /* ---- element-wise reduction: dst[i] = dst[i] (op) src[i], computed in f32 ---------------------- */
 #if defined(__SSE2__)
 #include <emmintrin.h> /* four floats at a time, and streaming stores (>>shm) */
@@ -9996,6 +10499,22 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
 /* >>files: file formats: CSV rows, the safetensors header, atomic writes                         */
 /* ============================================================================================== */
 #if DDP__IMPLEMENT
+/* Which tensors take no weight decay, short enough for a metadata value: how many, and a hash of
+   their names. */
+DDP__PRIVATE const char* ddp__no_decay_sig(const ddp_model* m, char* out, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    int i, count = 0;
+    for (i = 0; i < m->nparams; i++)
+        if (m->params[i]->no_decay) {
+            const char* c = m->params[i]->name;
+            count++;
+            for (; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+            h = (h ^ 0xff) * 0x100000001b3ull; /* the end of a name */
+        }
+    snprintf(out, n, "%d tensors, %016llx", count, (unsigned long long)h);
+    return out;
+}
+
 /* ---- reading a data file (>>data) ---------------------------------------------------------------- */
 
 /* What a file that is not a regular one is, for "it is not a regular file (...)". */

@@ -36,7 +36,7 @@ if [ $FAULTS = 1 ]; then
 fi
 
 # ---- unit tests ------------------------------------------------------------------------------
-for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_sampler test_snapshot test_desync test_cycles; do
+for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_own_model test_sampler test_snapshot test_desync test_cycles; do
     run_prog "$t" "$BUILD/tests/$t"
 done
 # on one machine the CPU backend moves data through shared memory: the TCP ring's own run
@@ -119,7 +119,8 @@ else
     esac
 fi
 
-# The public API stays small and earns its place: at most 80 DDP_API functions, each one used by an
+# The public API stays small and earns its place: at most 90 DDP_API functions (80 until a model of
+# one's own came: its tensors, unit brackets, clipping and learning rate), each one used by an
 # example, a lab, a tool or a bench program, or taught in TUTORIAL.md (the rest are ddp__ internals,
 # which the tests may call). ddp_check_failed is what DDP_CHECK expands to in every example.
 api=$(sed -n 's/^DDP_API [^(]*[ *]\([a-z_0-9]*\)(.*/\1/p' ddp.h)
@@ -129,18 +130,20 @@ for f in $api; do
     if [ "$f" = ddp_check_failed ] && grep -q 'ddp_check_failed(ddp_check_s_' ddp.h && grep -q 'DDP_CHECK(' examples/*.c; then continue; fi
     grep -qw -- "$f" examples/*.c labs/*.c labs/*/*.c tools/*.c bench/*.c TUTORIAL.md 2>/dev/null || unused="$unused $f"
 done
-if [ "$n_api" -gt 0 ] && [ "$n_api" -le 80 ] && [ -z "$unused" ]; then ok "public_api_used_or_taught ($n_api DDP_API functions)"
-else bad public_api_used_or_taught "$n_api DDP_API functions (at most 80); used by no example, lab, tool or bench program and not in TUTORIAL.md:${unused:- none}"; fi
+if [ "$n_api" -gt 0 ] && [ "$n_api" -le 90 ] && [ -z "$unused" ]; then ok "public_api_used_or_taught ($n_api DDP_API functions)"
+else bad public_api_used_or_taught "$n_api DDP_API functions (at most 90); used by no example, lab, tool or bench program and not in TUTORIAL.md:${unused:- none}"; fi
 
 # The header's map (its top comment) lists the sections in the order their banners stand, and
-# Part II, the machinery, begins at most a little past the middle of the file (Part I is the course).
+# Part II, the machinery, begins at most a little past the middle of the file (Part I is the course;
+# 54%, up from 52% when Part I gained a model of one's own: describing tensors, the unit brackets
+# and their errors, clipping and the learning rate, which chapter 12 reads).
 map_tags=$(sed -n '/^    THE MAP: /,/^    GLOSSARY/p' ddp.h | grep -o '^        >>[a-z]*' | tr -d ' ' | tr '\n' ' ')
 file_tags=$(grep -o '^/\* >>[a-z]*: [a-zA-Z]' ddp.h | sed 's/^\/\* //; s/: [a-zA-Z]$//' | tr '\n' ' ')
 part2_at=$(grep -n '^/\*  PART II: THE MACHINERY' ddp.h | cut -d: -f1)
 n_lines=$(wc -l < ddp.h)
-if [ -n "$map_tags" ] && [ "$map_tags" = "$file_tags" ] && [ -n "$part2_at" ] && [ $((part2_at * 100)) -le $((n_lines * 52)) ]
+if [ -n "$map_tags" ] && [ "$map_tags" = "$file_tags" ] && [ -n "$part2_at" ] && [ $((part2_at * 100)) -le $((n_lines * 54)) ]
 then ok "header_map_matches (${map_tags% }; Part II at line $part2_at of $n_lines)"
-else bad header_map_matches "the map lists: $map_tags" "the banners are: $file_tags" "Part II begins at line ${part2_at:-?} of $n_lines (at most 52%)"; fi
+else bad header_map_matches "the map lists: $map_tags" "the banners are: $file_tags" "Part II begins at line ${part2_at:-?} of $n_lines (at most 54%)"; fi
 
 # The figures redraw from their committed data (into a copy: the test never touches docs/).
 if ! command -v gnuplot >/dev/null 2>&1; then

@@ -409,7 +409,10 @@ static int reducer_rank(int rank, void* arg) {
                 size_t j;
                 for (j = 0; j < p->count; j++) p->grad[j] = gvalue(rank, pass, i, j);
             }
+            /* a backward of the test's own, announcing the gradients in this scenario's order */
+            ddp_unit_begin(m, 0, DDP_BACKWARD);
             for (a = 0; a < sc->narr[pass][rank]; a++) ddp_param_grad_ready(ddp_model_param(m, sc->arrival[pass][rank][a]));
+            ddp_unit_end(m, 0, DDP_BACKWARD);
         }
         s = lab_reducer_finish(ctx.r);
         o->at_finish[pass] = (int)(ddp_pg_collectives(pg) - ctx.c0);

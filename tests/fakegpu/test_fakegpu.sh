@@ -70,6 +70,7 @@ prog "test_gpu (1 GPU)" env FAKEGPU_DEVICES=1 DDP_REQUIRE_GPU=1 "$FG/tests/test_
 prog "test_gpu (4 GPUs)" env FAKEGPU_DEVICES=4 DDP_REQUIRE_GPU=1 "$FG/tests/test_gpu"
 prog "test_gpu_pg (4 GPUs)" env FAKEGPU_DEVICES=4 DDP_REQUIRE_GPU=1 "$FG/tests/test_gpu_pg"
 prog "test_ddp --gpu (4 GPUs, NCCL)" env FAKEGPU_DEVICES=4 "$FG/tests/test_ddp" --gpu
+prog "test_own_model --gpu (4 GPUs, NCCL)" env FAKEGPU_DEVICES=4 "$FG/tests/test_own_model" --gpu
 
 # ---- the chapter-3 program over NCCL ----------------------------------------------------------------
 echo "== chapter 3 on NCCL"

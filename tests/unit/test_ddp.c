@@ -789,14 +789,18 @@ static int unused_rank(int rank, void* arg) {
     wd.find_unused_parameters = find_unused;
     wd.bucket_cap_bytes = wd.first_bucket_bytes = 1;
     if (ddp_wrap(pg, m, &wd, &w) != DDP_OK) return 2;
-    /* a hand-written backward: gradients of 1 everywhere, fc2.weight (index 2) left out */
-    for (i = 5; i >= 0; i--) {
+    /* a hand-written backward: gradients of 1 everywhere, fc2.weight (index 2) left out; each
+       Linear layer is a unit of the MLP, bracketed as ddp_model_backward brackets it */
+    s = ddp_unit_begin(m, 0, DDP_BACKWARD);
+    for (i = 5; i >= 0 && s == DDP_OK; i--) {
         ddp_param* p = ddp_model_param(m, i);
         size_t k;
         for (k = 0; k < p->count; k++) p->grad[k] = 1.f;
-        if (i != 2) ddp_param_grad_ready(p);
+        if (i % 2) s = ddp_unit_begin(m, p->unit, DDP_BACKWARD);
+        if (s == DDP_OK && i != 2) s = ddp_param_grad_ready(p);
+        if (s == DDP_OK && i % 2 == 0) s = ddp_unit_end(m, p->unit, DDP_BACKWARD);
     }
-    s = m->post_backward(m, m->post_backward_user);
+    if (s == DDP_OK) s = ddp_unit_end(m, 0, DDP_BACKWARD);
     if (find_unused) {
         bad += s != DDP_OK;
         bad += ddp_model_param(m, 2)->grad[0] != 0.f;  /* every rank contributed zero */

@@ -17,6 +17,9 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #endif
 #include "test_pg.c"
+/* and test_own_model.c's model of one's own, its ranks and its one-process reference */
+#define DDP_TEST_OWN_NO_MAIN
+#include "test_own_model.c"
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -304,6 +307,33 @@ static int sharding_main(int rank, void* arg) {
     return bad;
 }
 
+/* A model of one's own (test_own_model.c) over MPI: each rank trains its share, AdamW with
+   parameter groups, clipped, at ZeRO stage `arg`; rank 0 compares every rank's weights and norms
+   with one process on the whole batch (at stage 2 under no_sync, 2 micro-batches, where the rows
+   divide). */
+static int own_model_main(int rank, void* arg) {
+    cfg c;
+    double ne = 0, e;
+    int bad;
+    memset(&c, 0, sizeof c);
+    c.zero = *(const int*)arg, c.adamw = 1, c.clip = 0.5f, c.accum = c.zero == 2 && GB % (2 * g_world) == 0 ? 2 : 1;
+    if (rank == 0 && !g_dir[0]) {
+        char tmpl[] = "/tmp/ddp_own_mpi_XXXXXX";
+        if (mkdtemp(tmpl)) snprintf(g_dir, sizeof g_dir, "%s", tmpl);
+    }
+    MPI_Bcast(g_dir, sizeof g_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    bad = train_rank(rank, &c);
+    if (bad) printf("    rank %d: train_rank returned %d\n", rank, bad);
+    MPI_Barrier(MPI_COMM_WORLD); /* every rank's weights are written */
+    if (rank != 0 || bad) return bad;
+    e = compare_ranks(g_world, &c, &ne);
+    if (e > 2e-5 || ne > 2e-5) {
+        printf("    zero_stage %d: weights %.3g, clipped norms %.3g relative from one process\n", c.zero, e, ne);
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char** argv) {
     int provided = 0, timeout_mode = argc > 1 && !strcmp(argv[1], "--timeout");
     suite_arg a;
@@ -337,6 +367,14 @@ int main(int argc, char** argv) {
         mpi_case("mpi_zero2_equals_one_process", sharding_main, &stages[1]);
         mpi_case("mpi_zero3_equals_one_process", sharding_main, &stages[2]);
         if (g_world <= 4) mpi_case("mpi_uneven_inputs_join", sharding_main, &uneven); /* 8 - 2r steps */
+        if (GB % g_world == 0) { /* each rank its share of the 12 rows */
+            static const int own[4] = {0, 1, 2, 3};
+            mpi_case("mpi_own_model_zero0", own_model_main, (void*)&own[0]);
+            mpi_case("mpi_own_model_zero1", own_model_main, (void*)&own[1]);
+            mpi_case("mpi_own_model_zero2", own_model_main, (void*)&own[2]);
+            mpi_case("mpi_own_model_zero3", own_model_main, (void*)&own[3]);
+            if (g_rank == 0) h_remove_tree(g_dir);
+        }
     }
     if (ddp__cuda_device_count() >= g_world) mpi_case("mpi_gpu_buffers_staged", gpu_main, NULL);
     else if (g_rank == 0) printf("skip mpi_gpu_buffers_staged (np %d): %d GPU(s) for %d ranks%s%s\n", g_world,

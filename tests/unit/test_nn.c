@@ -390,8 +390,11 @@ static void test_hand_written_backward(void) {
     t_seed(5);
     t_fill(x, 12, 1.0);
     t_fill(t, 8, 1.0);
-    /* the user's own forward and backward of MSE(x W^T + b, t), written into p->grad */
+    /* the user's own forward and backward of MSE(x W^T + b, t), written into p->grad, inside the
+       brackets of the model's backward (unit 0) and of the Linear layer's unit (1) */
     CHECK_OK(ddp_model_zero_grad(m));
+    CHECK_OK(ddp_unit_begin(m, 0, DDP_BACKWARD));
+    CHECK_OK(ddp_unit_begin(m, 1, DDP_BACKWARD));
     for (r = 0; r < B; r++)
         for (o = 0; o < 2; o++) {
             double z = b->data[o];
@@ -404,7 +407,7 @@ static void test_hand_written_backward(void) {
         b->grad[o] += (float)s;
         hand_b[o] = b->grad[o];
     }
-    ddp_param_grad_ready(b);
+    CHECK_OK(ddp_param_grad_ready(b));
     CHECK(log.n == 1 && log.order[0] == 1);
     CHECK(tags.n == 1 && tags.tags[0] == 'A');
     for (o = 0; o < 2; o++)
@@ -414,7 +417,9 @@ static void test_hand_written_backward(void) {
             w->grad[o * 3 + k] += (float)s;
             hand_w[o * 3 + k] = w->grad[o * 3 + k];
         }
-    ddp_param_grad_ready(w);
+    CHECK_OK(ddp_param_grad_ready(w));
+    CHECK_OK(ddp_unit_end(m, 1, DDP_BACKWARD));
+    CHECK_OK(ddp_unit_end(m, 0, DDP_BACKWARD));
     CHECK(log.n == 2 && log.order[1] == 0);
     CHECK(tags.n == 1); /* the weight has no tag hook */
     CHECK(log.wrong_pointer == 0);
