@@ -60,7 +60,7 @@ else
     PROGS="$BUILD"
     say "mode: a real GPU"
 fi
-for p in tests/test_gpu tests/test_gpu_pg tests/test_ddp examples/ch01_single_gpu examples/ch03_multi_gpu \
+for p in tests/test_gpu tests/test_gpu_pg tests/test_ddp tests/test_own_model examples/ch01_single_gpu examples/ch03_multi_gpu \
          examples/ch08_large_mlp bench/large_mlp_launched; do
     if [ ! -x "$PROGS/$p" ]; then
         say "FAIL: $PROGS/$p is not built: run make gpu-check-build (BUILD=$BUILD) on a machine with the CUDA toolkit"
@@ -116,6 +116,8 @@ grep -q 'backend nccl' "$OUT/chapter3_one_nccl_rank.log" 2>/dev/null ||
 step chapter3_cpu_backend_gpu_buffers_2_ranks 'test accuracy: (0\.9[5-9]|1\.0)' \
     env DDP_BACKEND=cpu "$PROGS/examples/ch03_multi_gpu" --nproc 2 --device cuda --save-every 0
 step equivalence_on_gpu_buffers '^ok   equivalence_all_worlds_and_buckets' "$PROGS/tests/test_ddp" --gpu
+# a model of one's own (its tensors on the GPU, its forward and backward through host copies)
+step own_model_on_gpu_buffers '^ok   own_model_equivalence' "$PROGS/tests/test_own_model" --gpu
 # compute-sanitizer (the toolkit's): out-of-bounds and misaligned accesses, leaks, reads of device
 # memory never written, and barrier misuse, in ddp.h's kernels and CUDA calls. Not on the stand-in,
 # whose "GPU" is the host.

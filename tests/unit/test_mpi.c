@@ -307,8 +307,8 @@ static int sharding_main(int rank, void* arg) {
     return bad;
 }
 
-/* A model of one's own (test_own_model.c) over MPI: each rank trains its share, AdamW with
-   parameter groups, clipped, at ZeRO stage `arg`; rank 0 compares every rank's weights and norms
+/* A model of one's own (test_own_model.c) over MPI: each rank trains its share, clipped, at ZeRO
+   stage `arg` (SGD with momentum at stages 0 and 2, AdamW with parameter groups at 1 and 3); rank 0 compares every rank's weights and norms
    with one process on the whole batch (at stage 2 under no_sync, 2 micro-batches, where the rows
    divide). */
 static int own_model_main(int rank, void* arg) {
@@ -316,7 +316,8 @@ static int own_model_main(int rank, void* arg) {
     double ne = 0, e;
     int bad;
     memset(&c, 0, sizeof c);
-    c.zero = *(const int*)arg, c.adamw = 1, c.clip = 0.5f, c.accum = c.zero == 2 && GB % (2 * g_world) == 0 ? 2 : 1;
+    c.zero = *(const int*)arg, c.adamw = c.zero % 2, c.clip = 0.5f;
+    c.accum = c.zero == 2 && GB % (2 * g_world) == 0 ? 2 : 1;
     if (rank == 0 && !g_dir[0]) {
         char tmpl[] = "/tmp/ddp_own_mpi_XXXXXX";
         if (mkdtemp(tmpl)) snprintf(g_dir, sizeof g_dir, "%s", tmpl);

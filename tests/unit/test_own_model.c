@@ -25,6 +25,7 @@ typedef struct net {
     ddp_model* m;
     ddp_param *shift, *obias, *w1, *b1, *g, *beta, *w2;
     int B;
+    int skip_shift; /* a backward that never marks `shift` ready (find_unused_parameters) */
     /* kept from forward for backward */
     double h0[GB * F], nhat[GB * H], inv[GB], n[GB * H], r[GB * H], dl[GB * C];
 } net;
@@ -204,8 +205,10 @@ static ddp_status net_backward(net* t) {
         for (j = 0; j < F; j++)
             for (i = 0; i < H; i++) gshift[j] += da[r * H + i] * w1[i * F + j];
     TRY(ddp_unit_end(m, 1, DDP_BACKWARD));
-    add_grad(m, t->shift, gshift);
-    TRY(ddp_param_grad_ready(t->shift)); /* unit 0's other tensor: final only at the very end */
+    if (!t->skip_shift) {
+        add_grad(m, t->shift, gshift);
+        TRY(ddp_param_grad_ready(t->shift)); /* unit 0's other tensor: final only at the very end */
+    }
     return ddp_unit_end(m, 0, DDP_BACKWARD); /* DDP waits for its all-reduces here */
 }
 
@@ -221,6 +224,8 @@ typedef struct cfg {
     const char* save; /* where rank 0 writes one after step `to` (consolidated first) */
     int uneven;     /* Join: rank r trains g_uneven[r] steps of GB / W rows, then joins */
     int adopt;      /* the tensors are slices of one flat buffer of the test's (CPU only) */
+    ddp_dtype compress; /* the buckets all-reduced in 16 bits */
+    int unused;     /* `shift` gets no gradient: find_unused_parameters */
 } cfg;
 static const int g_uneven[3] = {STEPS, STEPS - 4, STEPS - 9};
 
@@ -328,6 +333,8 @@ static int train_rank(int rank, void* arg) {
     wd.zero_stage = c->zero, wd.prefetch = c->prefetch, wd.gradient_as_bucket_view = c->view;
     wd.bucket_cap_bytes = wd.first_bucket_bytes = c->cap;
     wd.uneven_inputs = c->uneven;
+    wd.compress = c->compress, wd.find_unused_parameters = c->unused;
+    t.skip_shift = c->unused;
     if (ddp_wrap(pg, t.m, &wd, &w) != DDP_OK) return printf("    rank %d: ddp_wrap: %s\n", rank, ddp_error_string()), 12;
     if (!(o = make_optim(t.m, c))) return 13;
     if (c->load) {
@@ -365,6 +372,14 @@ static int train_rank(int rank, void* arg) {
             return printf("    rank %d: consolidating and saving: %s\n", rank, ddp_error_string()), 23;
     }
     if (c->zero == 3 && check_zero3_memory(rank, W, c, w)) return 21;
+    if (c->compress) { /* every step, every number went as 2 bytes */
+        ddp_wrap_stats st;
+        ddp_wrapper_stats(w, &st);
+        if (st.bytes_reduced != (uint64_t)STEPS * ddp_model_num_elements(t.m) * 2)
+            return printf("    rank %d: %llu bytes all-reduced in 16 bits, expected %llu\n", rank,
+                          (unsigned long long)st.bytes_reduced,
+                          (unsigned long long)STEPS * ddp_model_num_elements(t.m) * 2), 25;
+    }
     if (ddp_full_params(w, 1) != DDP_OK) return 18;
     snprintf(path, sizeof path, "%s/w%d.bin", g_dir, rank);
     save_floats(path, weights, all_weights(&t, weights));
@@ -393,6 +408,7 @@ static size_t reference(const cfg* c, float* weights, float* norms) {
     double loss;
     size_t n;
     if (net_build(&t, cpu, 100)) return 0;
+    t.skip_shift = c->unused;
     o = make_optim(t.m, c);
     for (step = 0; step < STEPS; step++) {
         global_batch(step, x, y);
@@ -523,6 +539,78 @@ static void adopted_flat_buffer(void) {
     }
     printf("    adopted slices of one buffer: worst relative difference %.3g over %d runs\n", worst, runs);
 }
+
+/* bf16 and f16 buckets, and a tensor that never gets a gradient (find_unused_parameters: it counts
+   as zero, at every stage). Compression: every rank the same weights, near one process's but not
+   equal to them (the gradients were rounded), every number sent as 2 bytes (train_rank). */
+static void compression_and_unused_tensors(void) {
+    double worst = 0, ne, e, tol = g_gpu ? 1e-4 : 2e-5;
+    int runs = 0, stage, k;
+    for (k = 0; k < 2; k++) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.compress = k ? DDP_F16 : DDP_BF16, c.adamw = 1, c.clip = 0.5f, c.cap = 1;
+        e = equivalence(2, &c, &ne);
+        if (e < 0) continue;
+        CHECKF(e > 1e-7 && e < 2e-2, "%s buckets: the weights are %.3g relative from one process in f32 (expected "
+               "between 1e-7 and 2e-2)", k ? "f16" : "bf16", e);
+        printf("    %s buckets, 2 ranks: %.3g relative from one process in f32\n", k ? "f16" : "bf16", e);
+    }
+    for (stage = 0; stage <= 3; stage += 3) {
+        cfg c;
+        memset(&c, 0, sizeof c);
+        c.unused = 1, c.zero = stage, c.clip = 0.5f;
+        run_case(2, c, tol, &worst, &runs);
+    }
+    printf("    a tensor without a gradient, find_unused_parameters: worst %.3g over %d runs\n", worst, runs);
+}
+
+/* Overlap, by order: with a bucket per tensor, each bucket's all-reduce is issued from the tensor's
+   ddp_param_grad_ready, while the backward written here goes on; none waits for its end. */
+static uint64_t g_seen[8];
+static int g_nseen;
+static void count_hook(ddp_param* p, void* user) {
+    (void)p;
+    if (g_nseen < 8) g_seen[g_nseen++] = ddp_pg_collectives((ddp_pg*)user);
+}
+static int overlap_rank(int rank, void* arg) {
+    ddp_desc d;
+    ddp_pg* pg;
+    net t;
+    ddp_wrapper* w;
+    ddp_wrap_desc wd;
+    float x[GB * F];
+    int y[GB], i, bad = 0;
+    double loss;
+    uint64_t before, after;
+    (void)arg;
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CPU;
+    if (ddp_init(&d, &pg) != DDP_OK || net_build(&t, ddp_pg_device(pg), 1)) return 1;
+    memset(&wd, 0, sizeof wd);
+    wd.bucket_cap_bytes = wd.first_bucket_bytes = 1;
+    if (ddp_wrap(pg, t.m, &wd, &w) != DDP_OK) return 2;
+    for (i = 0; i < ddp_model_num_params(t.m); i++) ddp_param_add_hook(ddp_model_param(t.m, i), count_hook, pg);
+    global_batch(0, x, y);
+    if (net_forward(&t, x + rank * 6 * F, y + rank * 6, 6, &loss) != DDP_OK) return 3;
+    before = ddp_pg_collectives(pg);
+    if (net_backward(&t) != DDP_OK) return 4;
+    after = ddp_pg_collectives(pg);
+    /* the hooks run after the reducer's: the k-th tensor's bucket is the k-th collective */
+    for (i = 0; i < g_nseen; i++) bad += g_seen[i] != before + (uint64_t)i + 1;
+    bad += g_nseen != 7 || after != before + 7;
+    if (bad) {
+        printf("    rank %d: %llu collectives before backward, %llu after; after each tensor's mark:", rank,
+               (unsigned long long)before, (unsigned long long)after);
+        for (i = 0; i < g_nseen; i++) printf(" %llu", (unsigned long long)g_seen[i]);
+        printf("\n");
+    }
+    ddp_wrapper_destroy(w);
+    ddp_model_destroy(t.m);
+    ddp_destroy(pg);
+    return bad;
+}
+static void buckets_go_during_your_backward(void) { CHECK_OK(ddp_spawn(2, overlap_rank, NULL)); }
 
 /* The classic bug: each rank clips by the norm of its own shard. It must be caught. */
 static void clipping_on_the_local_shard_is_caught(void) {
@@ -919,9 +1007,11 @@ int main(int argc, char** argv) {
     RUN(own_model_no_sync);
     RUN(clipping_with_join);
     RUN(own_model_snapshot_resumes);
+    RUN(compression_and_unused_tensors);
     if (!g_gpu) { /* what does not depend on the device: once, on the CPU */
         RUN(clipping_on_the_local_shard_is_caught);
         RUN(adopted_flat_buffer);
+        RUN(buckets_go_during_your_backward);
         RUN(snapshot_keeps_the_optimizer_settings);
         RUN(mlp_described_tensor_by_tensor_is_bit_identical);
         RUN(misuse_is_refused_by_name);
