@@ -136,11 +136,11 @@ static void net_free(net* n) {
    cross-entropy against y (written to *loss) and its gradient for backward. *correct (may be NULL)
    counts the rows whose largest logit is their label. */
 static void net_forward(net* n, const float* x, const int* y, int rows, float* loss, int* correct) {
-    const int I = n->in, H = n->hidden, C = n->classes;
+    const int IN = n->in, H = n->hidden, C = n->classes;
     double total = 0;
     int r, i, j;
     n->n = rows;
-    memcpy(n->x, x, (size_t)rows * I * sizeof(float));
+    memcpy(n->x, x, (size_t)rows * IN * sizeof(float));
     if (correct) *correct = 0;
     DDP_CHECK(ddp_unit_begin(n->m, 0, DDP_FORWARD));
     DDP_CHECK(ddp_unit_begin(n->m, 1, DDP_FORWARD)); /* ZeRO-3 gathers fc1 and ln here */
@@ -149,7 +149,7 @@ static void net_forward(net* n, const float* x, const int* y, int rows, float* l
         double mean = 0, var = 0;
         for (i = 0; i < H; i++) {
             float s = n->b1->data[i];
-            for (j = 0; j < I; j++) s += x[(size_t)r * I + j] * n->w1->data[(size_t)i * I + j];
+            for (j = 0; j < IN; j++) s += x[(size_t)r * IN + j] * n->w1->data[(size_t)i * IN + j];
             a[i] = s, mean += s;
         }
         mean /= H;
@@ -187,7 +187,7 @@ static void net_forward(net* n, const float* x, const int* y, int rows, float* l
 /* Backward: add each tensor's gradient into p->grad and announce it the moment it is final, last
    layer first. */
 static void net_backward(net* n) {
-    const int I = n->in, H = n->hidden, C = n->classes, B = n->n;
+    const int IN = n->in, H = n->hidden, C = n->classes, B = n->n;
     float* dh = (float*)calloc((size_t)B * H, sizeof(float));
     int r, i, j;
     if (!dh) exit(1);
@@ -222,7 +222,7 @@ static void net_backward(net* n) {
         for (i = 0; i < H; i++) { /* through the normalisation, then into fc1 */
             float da = n->inv_std[r] * (float)(d[i] - m1 - xh[i] * m2);
             n->b1->grad[i] += da;
-            for (j = 0; j < I; j++) n->w1->grad[(size_t)i * I + j] += da * n->x[(size_t)r * I + j];
+            for (j = 0; j < IN; j++) n->w1->grad[(size_t)i * IN + j] += da * n->x[(size_t)r * IN + j];
         }
     }
     DDP_CHECK(ddp_param_grad_ready(n->ln_b));

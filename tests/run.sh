@@ -145,6 +145,20 @@ if [ -n "$map_tags" ] && [ "$map_tags" = "$file_tags" ] && [ -n "$part2_at" ] &&
 then ok "header_map_matches (${map_tags% }; Part II at line $part2_at of $n_lines)"
 else bad header_map_matches "the map lists: $map_tags" "the banners are: $file_tags" "Part II begins at line ${part2_at:-?} of $n_lines (at most 54%)"; fi
 
+# make figures' cheapest measurements, parsed from the programs' real output into a scratch folder:
+# a change in what the programs print that its parsers no longer read fails here (the others run
+# the same programs at full size: `make figures`, about 4 minutes).
+case $BUILD in
+    */sanitize|*/tsan) skp figures_measure_quick "the parsers read the same lines in the plain build" ;;
+    *)
+    if ! command -v python3 >/dev/null 2>&1; then skp figures_measure_quick "python3 is not installed (apt-get install python3)"
+    elif out=$(FIG_DATA="$TMP/figdata" with_timeout 120 python3 docs/figures/measure.py "$BUILD" ring loss 2>&1) &&
+         [ "$(grep -c '^[0-9]' "$TMP/figdata/ring_steps.dat" 2>/dev/null)" = 48 ] &&
+         [ "$(grep -c '^[0-9]' "$TMP/figdata/loss.dat" 2>/dev/null)" -gt 0 ]; then
+        ok "figures_measure_quick (ring: the 48 sends and receives of 4 ranks parsed; the loss curves)"
+    else bad figures_measure_quick "docs/figures/measure.py ring loss:" "$(tail -n 6 <<<"$out")"; fi ;;
+esac
+
 # The figures redraw from their committed data (into a copy: the test never touches docs/).
 if ! command -v gnuplot >/dev/null 2>&1; then
     skp figures_render "gnuplot is not installed (apt-get install gnuplot-nox)"

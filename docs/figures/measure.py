@@ -6,13 +6,15 @@
 BUILD is the build folder (make's $(BUILD), default build); without names, every measurement
 runs. Each one starts the project's own programs, parses what they print or write, and writes
 docs/figures/data/<name>.dat with a header saying which command produced it, where and when.
-`make figures` runs this, then gnuplot; `make figures-render` only runs gnuplot.
+`make figures` runs this, then gnuplot; `make figures-render` only runs gnuplot. With FIG_DATA=DIR
+the data files go to DIR instead (make test measures `ring` and `loss` that way, so that a change in
+what the programs print, which these parsers read, fails a test rather than this command).
 """
 import datetime, json, os, platform, re, shutil, statistics, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))   # the repository: the examples find examples/data from here
-DATA = os.path.join(HERE, "data")
+DATA = os.environ.get("FIG_DATA") or os.path.join(HERE, "data")
 REPEATS = 3                                      # timed runs per point; the figures show the fastest
 # Why the fastest of the runs, not their median: other programs on the machine can only slow a run
 # down, never speed it up, so the fastest run is the one they disturbed least. On a quiet machine
@@ -123,11 +125,15 @@ def ring():
     cmd = [BUILD + "/ddprun", "--standalone", "--nproc-per-node", "4", BUILD + "/allreduce_perf",
            "-b", "16", "-e", "16", "-n", "1", "-w", "0", "-c", "0"]
     out, shown = run(cmd, {"DDP_DEBUG": "DETAIL"})
-    pat = re.compile(r"\[rank (\d+)/(\d+)\] all_reduce #(\d+) step (\d+)/(\d+) \(([a-z-]+)\): "
+    # A rank labels its lines "[rank 2/4] ..." when started by hand, and ddprun relays them as
+    # "[rank 2]: ..." (without the library's label); the world size then follows from the 2(N-1) steps.
+    pat = re.compile(r"\[rank (\d+)(?:/(\d+))?\]:? all_reduce #(\d+) step (\d+)/(\d+) \(([a-z-]+)\): "
                      r"(send|received) segment (\d+) \[(\d+), (\d+)\) (?:to|from) rank (\d+)(?: and (.*))?")
     ops = {}
     for m in pat.finditer(out):
-        ops.setdefault(int(m.group(3)), []).append(m.groups())
+        g = list(m.groups())
+        g[1] = g[1] or str(int(g[4]) // 2 + 1)
+        ops.setdefault(int(m.group(3)), []).append(tuple(g))
     # The job also runs tiny all-reduces of its own (one element: only segment 0 moves). The 16-byte
     # one is the first in which every rank sends at every one of the 2(N-1) steps.
     ev = next((e for _, e in sorted(ops.items())
