@@ -56,6 +56,10 @@ endif
 
 # ---- CBLAS: OpenBLAS through pkg-config, else any libopenblas/libcblas that links ------------
 CBLAS ?= auto
+# Set here, never taken from the environment: `make test-portable` exports the host's OpenBLAS flags,
+# which a CBLAS=0 cross build (aarch64, musl) started from it must not inherit.
+BLAS_CFLAGS :=
+BLAS_LIBS   :=
 ifneq ($(CBLAS),0)
   ifeq ($(shell pkg-config --exists openblas 2>/dev/null && echo yes),yes)
     BLAS_CFLAGS := -DDDP_CBLAS $(shell pkg-config --cflags openblas)
