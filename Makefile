@@ -145,10 +145,11 @@ export CC HAVE_CUDA CUDA_CFLAGS CUDA_LIBS BLAS_CFLAGS BLAS_LIBS HAVE_MPI MPI_CFL
 EXAMPLES := $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch04_multi_node
 EXAMPLES += $(BUILD)/examples/ch06_fault_tolerance $(BUILD)/examples/ch08_large_mlp $(BUILD)/examples/ch09_hang
 EXAMPLES += $(BUILD)/examples/ch07_accumulate $(BUILD)/examples/ch11_sharding $(BUILD)/examples/ch12_own_model
+EXAMPLES += $(BUILD)/examples/ch12_gpt
 EXAMPLES += $(BUILD)/examples/ch02_sampler_demo $(BUILD)/examples/ch02_ring_bytes
 TOOLS    := $(BUILD)/ddprun $(BUILD)/allreduce_perf
 TESTS    := $(BUILD)/tests/test_basics $(BUILD)/tests/test_nn $(BUILD)/tests/test_data $(BUILD)/tests/test_gpu \
-            $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_own_model $(BUILD)/tests/test_sampler \
+            $(BUILD)/tests/test_store $(BUILD)/tests/test_env $(BUILD)/tests/test_pg $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_own_model $(BUILD)/tests/test_gpt $(BUILD)/tests/test_sampler \
             $(BUILD)/tests/test_snapshot $(BUILD)/tests/snapshot_dump
 
 TESTS    += $(BUILD)/tests/snapshot_writer $(BUILD)/tests/test_desync $(BUILD)/tests/test_cycles
@@ -218,6 +219,8 @@ $(BUILD)/ddprun: tools/ddprun.c $(DECLS) $(OBJ)/ddp_internals.o
 $(BUILD)/examples/%: examples/%.c $(DECLS) $(OBJ)/ddp.o
 	@mkdir -p $(@D)
 	$(call PROG,$(OBJ)/ddp.o,$(DDP_LIBS))
+# chapter 12's GPT: the model in a header of its own, which its program and its test include
+$(BUILD)/examples/ch12_gpt $(BUILD)/tests/test_gpt: examples/gpt.h
 
 # The test programs' sources lie in tests/unit, tests/multiproc (the helpers its scripts drive, and
 # confusions/) and tests/crosscheck (the dump programs the Python cross-checks read); every binary
@@ -372,7 +375,7 @@ fuzz: $(BUILD)/fuzz/fuzz_snapshot $(BUILD)/fuzz/fuzz_store
 # backend with GPU buffers; every row says why it is skipped on a machine without a GPU.
 .PHONY: bench bench-gpu
 bench: $(BUILD)/ddprun $(BUILD)/allreduce_perf $(BUILD)/examples/ch08_large_mlp $(BUILD)/examples/ch01_single_gpu \
-       $(BUILD)/examples/ch03_multi_gpu
+       $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch12_gpt
 	@python3 bench/run.py $(BUILD)
 
 $(BUILD)/bench/large_mlp_launched: bench/large_mlp_launched.c examples/ch08_large_mlp.c $(DECLS) $(OBJ)/ddp.o

@@ -2789,6 +2789,11 @@ DDP_API ddp_status ddp_model_backward(ddp_model* m);
    backward's. The analogue of an autograd engine callback: the DDP wrapper waits for its
    all-reduces here. NULL removes it. */
 typedef ddp_status (*ddp_post_backward_fn)(ddp_model* m, void* user);
+/* C[M,N] = alpha op(A) op(B) + beta C, row-major, op(X) = X or (ta, tb = 1) its transpose, on the
+   model's device: cuBLAS on a GPU, a CBLAS or ddp.h's blocked loop on the CPU. The Linear layers'
+   product, for a forward and backward of your own. */
+DDP_API ddp_status ddp_gemm(ddp_model* m, int ta, int tb, int M, int N, int K, float alpha, const float* A,
+                            int lda, const float* B, int ldb, float beta, float* C, int ldc);
 /* Set every p->grad to zero (call once per step, before backward, as optimizer.zero_grad()). */
 DDP_API ddp_status ddp_model_zero_grad(ddp_model* m);
 /* Accuracy (fraction of argmax == label) and mean cross-entropy over n samples, in batches.
@@ -3315,10 +3320,8 @@ DDP__PRIVATE ddp_status ddp__model_reserve(ddp_model* m, int batch) {
     return DDP_OK;
 }
 
-/* C[M,N] = alpha op(A) op(B) + beta C on the model's device (row-major, as the CPU loop). */
-DDP__PRIVATE ddp_status ddp__gemm(ddp_model* m, int ta, int tb, int M, int N, int K, float alpha,
-                                  const float* A, int lda, const float* B, int ldb, float beta,
-                                  float* C, int ldc) {
+DDP__DEF ddp_status ddp_gemm(ddp_model* m, int ta, int tb, int M, int N, int K, float alpha, const float* A,
+                            int lda, const float* B, int ldb, float beta, float* C, int ldc) {
 #if DDP__CUDA
     if (m->device.type == DDP_DEVICE_CUDA) {
         /* cuBLAS is column-major. A row-major matrix read column-major is its transpose, so
@@ -3359,7 +3362,7 @@ DDP__PRIVATE ddp_status ddp__mlp_forward(ddp_model* m, const float* x, int batch
         if (L->kind == DDP_LAYER_LINEAR) {
             DDP__TRY(ddp_unit_begin(m, L->weight->unit, DDP_FORWARD));
             /* out[B, out] = in[B, in] . W^T, then + b on every row */
-            DDP__TRY(ddp__gemm(m, 0, 1, batch, L->out, L->in, 1.f, in, L->in, L->weight->data, L->in, 0.f,
+            DDP__TRY(ddp_gemm(m, 0, 1, batch, L->out, L->in, 1.f, in, L->in, L->weight->data, L->in, 0.f,
                                out, L->out));
 #if DDP__CUDA
             if (m->device.type == DDP_DEVICE_CUDA) {
@@ -3582,7 +3585,7 @@ DDP__PRIVATE ddp_status ddp__mlp_backward(ddp_model* m) {
         if (L->kind == DDP_LAYER_LINEAR) {
             DDP__TRY(ddp_unit_begin(m, L->weight->unit, DDP_BACKWARD));
             /* dW[out, in] += g[B, out]^T . x[B, in];  db[out] += column sums of g */
-            DDP__TRY(ddp__gemm(m, 1, 0, L->out, L->in, B, 1.f, g, L->out, m->act[i], L->in, 1.f,
+            DDP__TRY(ddp_gemm(m, 1, 0, L->out, L->in, B, 1.f, g, L->out, m->act[i], L->in, 1.f,
                                L->weight->grad, L->in));
             DDP__TRY(ddp__bias_grad(m, g, L->bias, B, L->out));
             /* Both gradients of this layer are final now: announce them (bias first, so the
@@ -3595,7 +3598,7 @@ DDP__PRIVATE ddp_status ddp__mlp_backward(ddp_model* m) {
                 break;
             }
             /* dx[B, in] = g[B, out] . W[out, in] */
-            DDP__TRY(ddp__gemm(m, 0, 0, B, L->in, L->out, 1.f, g, L->out, L->weight->data, L->in, 0.f,
+            DDP__TRY(ddp_gemm(m, 0, 0, B, L->in, L->out, 1.f, g, L->out, L->weight->data, L->in, 0.f,
                                gnext, L->in));
             DDP__TRY(ddp_unit_end(m, L->weight->unit, DDP_BACKWARD));
         } else {

@@ -45,6 +45,11 @@ WHAT EACH SECTION MEASURES
      data loading and evaluation cancel out; what remains is the mean time of a training-loop
      step (loader, forward, backward with the all-reduce, optimizer). PyTorch's script times its
      own loop the same way (loop time / steps).
+  6. chapter 12's GPT (examples/ch12_gpt.c; its PyTorch twin, module for module, bench/gpt_torch.py),
+     nanoGPT's laptop setting (0.8M parameters, context 64), batch 12 per rank, AdamW, clipping,
+     one BLAS thread per rank: one process and DDP on 2 ranks (gloo for PyTorch). ddp.h's figure
+     is the median of its progress lines' ms/step (each the mean of 2 steps, the first 4 steps
+     left out), PyTorch's the median step of its loop; "added" = DDP step - one process's step.
 
 METHOD. The launches of one round go round-robin over every setup of a section, so that a change
 in the machine's load hits peers alike; a cell is the MEDIAN of its launches (rounds), a launch's
@@ -54,7 +59,7 @@ state of the host, for seconds at a time (Open MPI's 1 MiB took 138 us in some l
 in others; ddp.h's 256 MiB over shared memory 38 ms or 220 ms), so every cell
 gets an odd number of launches and a median that one odd launch cannot move. The
 sections, in the order each round runs them: all-reduce 4 KiB-1 MiB (30 iterations per size),
-the large model (sections 2, 3 and 4 share its launches), wine, all-reduce 16-256 MiB (3
+the large model (sections 2, 3 and 4 share its launches), wine, the GPT, all-reduce 16-256 MiB (3
 iterations). Round 1 of every section runs first, then round 2 of every section, and so on,
 except that the later rounds of the 16-256 MiB all-reduce, the longest by far on a busy machine,
 come after all the others. Before a later round starts, its section's round-1 duration (plus
@@ -222,6 +227,7 @@ class Run:
         self.step = {}                 # large-model setup -> [result dicts, one per launch]
         self.buckets = {}              # large-model setup -> its bucket map as the example printed it
         self.wine = {}                 # wine setup -> [ms per step, one per launch]
+        self.gpt = {}                  # GPT setup -> [ms per step, one per launch]
         self.ddp_blas = "?"            # ddp.h's BLAS, as the large example reports it
 
     def elapsed(self):
@@ -354,7 +360,9 @@ def probe(build):
     inst.ddprun, inst.arperf = b("ddprun"), b("allreduce_perf")
     inst.large = b("examples", "ch08_large_mlp")
     inst.ex1, inst.ex2 = b("examples", "ch01_single_gpu"), b("examples", "ch03_multi_gpu")
-    missing = [p for p in (inst.ddprun, inst.arperf, inst.large, inst.ex1, inst.ex2) if not os.access(p, os.X_OK)]
+    inst.gpt = b("examples", "ch12_gpt")
+    missing = [p for p in (inst.ddprun, inst.arperf, inst.large, inst.ex1, inst.ex2, inst.gpt)
+               if not os.access(p, os.X_OK)]
     if missing:
         sys.exit("bench/run.py: not built: %s (run `make BUILD=%s bench`, which builds them)" % (" ".join(missing), build))
     inst.cores = os.cpu_count() or 1
@@ -627,6 +635,37 @@ def wine_round(run, rnd):
             continue
         run.wine.setdefault(key, []).append(ms)
         run.wine.setdefault(key + "_spe", [spe])
+
+
+GPT_STEPS = 6 if QUICK else 20   # timed steps per GPT launch (after 4 untimed ones)
+
+
+def gpt_c_ms(out):
+    """ch12_gpt's step time: the median of its progress lines' 'N ms/step' (each the mean of 2 steps,
+    --log-every 2) after the first two lines (4 steps: the first allocations and the first buckets)."""
+    ms = [float(m) for m in re.findall(r" ([0-9.]+) ms/step", out or "")][2:]
+    return med(ms)
+
+
+def gpt_round(run, rnd):
+    inst = run.installed
+    one = {"OPENBLAS_NUM_THREADS": "1"}
+    c = ["--steps", str(GPT_STEPS + 4), "--log-every", "2", "--warmup", "1", "--batch-size", "12",
+         "--eval-batches", "0", "--sample", "0"]
+    py = [PY, os.path.join(ROOT, "bench", "gpt_torch.py"), "step", "--threads", "1", "--batch-size", "12",
+          "--steps", str(GPT_STEPS + 2)]
+    setups = [("c1", [inst.gpt] + c, one), ("p1", py + ["--world", "1"], None),
+              ("c2", [inst.gpt, "--nproc", "2"] + c, one), ("p2", py + ["--world", "2"], None)]
+    for key, cmd, extra in setups:
+        if extra is None and inst.torch_why:
+            run.skipped("gpt_" + key, inst.torch_why)
+            continue
+        out, _, why = run.launch("gpt_%s_r%d" % (key, rnd), cmd, extra if extra is not None else torch_env(inst, 1))
+        ms = gpt_c_ms(out) if extra is not None else fnum(result_fields(out) or {}, "step_ms")
+        if ms is None:
+            run.skipped("gpt_" + key, why or "no step time in the output")
+            continue
+        run.gpt.setdefault(key, []).append(ms)
 
 
 # ---- the report -------------------------------------------------------------------------------
@@ -924,6 +963,31 @@ def report_wine(run, rep):
     rep.target("wine: ddp.h DDP step (2 ranks x 32) <= 2x one process's", ratio(c2, c1), 2.0, False)
 
 
+def report_gpt(run, rep):
+    p, g = rep.p, run.gpt
+    p("6. CHAPTER 12'S GPT, nanoGPT's laptop setting (4 layers, 4 heads, 128 wide, context 64, 0.8M parameters),")
+    p("   batch 12 per rank, AdamW, clipping, one BLAS thread per rank: median ms per step (ddp.h: "
+      "examples/ch12_gpt; PyTorch eager: bench/gpt_torch.py, the same model; DDP over gloo). %d launch(es)."
+      % run.done.get("gpt", 0))
+    p("%-32s %10s %10s %8s" % ("setup", "ddp.h", "PyTorch", "ratio"))
+    c1, c2, p1, p2 = (med(g.get(k, [])) for k in ("c1", "c2", "p1", "p2"))
+    ca = c2 - c1 if c1 is not None and c2 is not None else None
+    pa = p2 - p1 if p1 is not None and p2 is not None else None
+    p("%-32s %10s %10s %8s" % ("1 process", fmt(c1, 1, 10), fmt(p1, 1, 10), fmt(ratio(c1, p1), 2, 8)))
+    p("%-32s %10s %10s %8s" % ("DDP 2 ranks", fmt(c2, 1, 10), fmt(p2, 1, 10), fmt(ratio(c2, p2), 2, 8)))
+    p("%-32s %10s %10s %8s" % ("added by DDP (2 ranks - 1)", fmt(ca, 1, 10), fmt(pa, 1, 10), fmt(ratio(ca, pa), 2, 8)))
+    for k in ("c1", "c2", "p1", "p2"):
+        if med(g.get(k, [])) is None:
+            p("   %s %s: skipped: %s" % ("ddp.h" if k[0] == "c" else "PyTorch", "1 process" if k[1] == "1" else "DDP",
+                                        run.skip.get("gpt_" + k, "no launch finished")))
+    for k, label in (("c1", "ddp.h 1 process"), ("c2", "ddp.h DDP 2 ranks"), ("p1", "PyTorch 1 process"),
+                     ("p2", "PyTorch DDP 2 ranks")):
+        rep.csv_row("gpt_step", label, 1 if k[1] == "1" else 2, "", "step", med(g.get(k, [])), "ms", g.get(k, []))
+    rep.target("GPT, one process, 1 thread: ddp.h's step <= 1.0x PyTorch eager's", ratio(c1, p1), 1.0, False)
+    rep.target("GPT, 2 ranks: the time DDP adds to a step <= 0.5x what PyTorch DDP (gloo) adds", ratio(ca, pa), 0.5,
+               False)
+
+
 def others_share(start, end):
     """CPU share other programs took while we measured (they make timings noisy)."""
     try:
@@ -997,13 +1061,14 @@ def main_cpu(build):
     ar = [("all-reduce %s" % group_name(g), (lambda r, g=g: ar_round(run, r, g)),
            AR_SMALL_ROUNDS if g[0] == "small" else AR_ROUNDS) for g in AR_GROUPS]
     sections = ar[:1] + [("large model", lambda r: large_round(run, r), STEP_ROUNDS),
-                         ("wine", lambda r: wine_round(run, r), STEP_ROUNDS)] + ar[1:]
+                         ("wine", lambda r: wine_round(run, r), STEP_ROUNDS),
+                         ("gpt", lambda r: gpt_round(run, r), STEP_ROUNDS)] + ar[1:]
     run_rounds(run, sections, deferred=set(name for name, _, _ in ar[1:]))
     after = cpu_clock(), loadavg()
 
     rep = Report()
     report_header(run, rep, sections, tl, before, after)
-    for section in (report_allreduce, report_large, report_sweep, report_one_process, report_wine):
+    for section in (report_allreduce, report_large, report_sweep, report_one_process, report_wine, report_gpt):
         rep.p()
         section(run, rep)
     rep.p()

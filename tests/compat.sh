@@ -12,6 +12,9 @@
 #                                   does), 137 when it then needed SIGKILL K seconds later. CMD is
 #                                   a program, as for timeout, not a shell function
 #   read_lines NAME                 the lines of standard input into the array NAME (mapfile -t)
+#   RECORD_RANK_PID, rank_pid PREFIX R
+#                                   which process is rank R of a ddprun job (no /proc/PID/environ
+#                                   on macOS): below
 
 # ---- the clock ---------------------------------------------------------------------------------
 COMPAT_FINE_CLOCK=1
@@ -138,4 +141,18 @@ kill_matching() {
     local p
     for p in $(procs_matching "$1"); do kill -9 "$p" 2>/dev/null; done
     return 0
+}
+
+# ---- which process is rank R ----------------------------------------------------------------------
+# ddprun ... sh -c "$RECORD_RANK_PID" PREFIX PROGRAM ARGS...: each rank writes its pid to PREFIX.RANK
+# and then becomes the program, so that a case can signal one rank. rank_pid PREFIX R prints the
+# pid rank R wrote, once it is there (at most 10 s), and fails otherwise.
+RECORD_RANK_PID='echo $$ > "$0.$RANK"; exec "$@"'
+rank_pid() {
+    local i
+    for i in $(seq 200); do
+        if [ -s "$1.$2" ]; then cat "$1.$2"; return 0; fi
+        sleep 0.05
+    done
+    return 1
 }

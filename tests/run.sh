@@ -36,7 +36,7 @@ if [ $FAULTS = 1 ]; then
 fi
 
 # ---- unit tests ------------------------------------------------------------------------------
-for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_own_model test_sampler test_snapshot test_desync test_cycles; do
+for t in test_basics test_nn test_data test_gpu test_gpu_pg test_store test_env test_pg test_ddp test_own_model test_gpt test_sampler test_snapshot test_desync test_cycles; do
     run_prog "$t" "$BUILD/tests/$t"
 done
 # on one machine the CPU backend moves data through shared memory: the TCP ring's own run
@@ -52,6 +52,7 @@ run_prog test_bad_input bash tests/multiproc/test_bad_input.sh "$BUILD"
 run_prog test_confusions bash tests/multiproc/test_confusions.sh "$BUILD"
 run_prog test_restart bash tests/multiproc/test_restart.sh "$BUILD" 5
 run_prog test_transport bash tests/multiproc/test_transport.sh "$BUILD"
+run_prog test_gpt bash tests/multiproc/test_gpt.sh "$BUILD"
 
 # ---- a snapshot read in Python: struct + json + numpy, the checksum rule, every tensor exact ----
 echo "== snapshot in numpy"
@@ -128,7 +129,7 @@ n_api=$(wc -w <<<"$api" | tr -d ' ')
 unused=""
 for f in $api; do
     if [ "$f" = ddp_check_failed ] && grep -q 'ddp_check_failed(ddp_check_s_' ddp.h && grep -q 'DDP_CHECK(' examples/*.c; then continue; fi
-    grep -qw -- "$f" examples/*.c labs/*.c labs/*/*.c tools/*.c bench/*.c TUTORIAL.md 2>/dev/null || unused="$unused $f"
+    grep -qw -- "$f" examples/*.c examples/*.h labs/*.c labs/*/*.c tools/*.c bench/*.c TUTORIAL.md 2>/dev/null || unused="$unused $f"
 done
 if [ "$n_api" -gt 0 ] && [ "$n_api" -le 90 ] && [ -z "$unused" ]; then ok "public_api_used_or_taught ($n_api DDP_API functions)"
 else bad public_api_used_or_taught "$n_api DDP_API functions (at most 90); used by no example, lab, tool or bench program and not in TUTORIAL.md:${unused:- none}"; fi

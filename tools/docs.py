@@ -208,6 +208,8 @@ def run(build, files, chapters=None, no_root=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDP_")}  # a student's shell
     have_numpy = subprocess.call(["python3", "-c", "import numpy"], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL) == 0 if shutil.which("python3") else False
+    have_torch = subprocess.call(["python3", "-c", "import torch"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL) == 0 if shutil.which("python3") else False
     can_netns = bool(shutil.which("sudo") and shutil.which("ip")) and subprocess.call(
         ["sudo", "-n", "ip", "netns", "list"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
     failed = 0
@@ -236,6 +238,9 @@ def run(build, files, chapters=None, no_root=None):
                     print("skip %s: %s is not %s" % (name, need[0], "built (make found no CUDA toolkit)"
                                                      if need[0].startswith("build/fakegpu/") else
                                                      "installed (apt-get install %s)" % PACKAGE.get(need[0], need[0])))
+                    continue
+                if "gpt_torch.py" in text and not have_torch:
+                    print("skip %s: python3 with torch is not installed (apt-get install python3-torch)" % name)
                     continue
                 if "numpy" in text and not have_numpy:
                     print("skip %s: python3 with numpy is not installed (apt-get install python3-numpy)" % name)

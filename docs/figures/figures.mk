@@ -1,14 +1,14 @@
 # The tutorial's figures, drawn by gnuplot from this project's own measurements.
 # The main Makefile includes this file (-include docs/figures/figures.mk).
 #   make figures          runs the programs under $(BUILD) (docs/figures/measure.py: 3.5 minutes on a quiet
-#                         2-core machine, more while other programs run), writes docs/figures/data/*.dat,
-#                         then renders every PNG
+#                         2-core machine, more while other programs run, and about 3 more for chapter 12's
+#                         2,000-step GPT), writes docs/figures/data/*.dat, then renders every PNG
 #   make figures-render   renders the PNGs from the committed data only (a few seconds)
 # Each NAME.gp in docs/figures draws NAME.png; gnuplot runs in that folder, so the scripts name
 # their data as data/... and a student can also run `cd docs/figures && gnuplot NAME.gp`.
 
 FIG_DIR   := docs/figures
-FIG_NAMES := ring_steps bucket_timeline loss_1_vs_4_ranks bucket_sweep scaling allreduce_busbw zero_memory
+FIG_NAMES := ring_steps bucket_timeline loss_1_vs_4_ranks bucket_sweep scaling allreduce_busbw zero_memory gpt_loss
 
 # Checked when make reads this file, so a missing gnuplot stops make before it builds or measures.
 ifneq ($(filter figures figures-render,$(MAKECMDGOALS)),)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure the data behind docs/figures/*.png (python3 standard library only).
 
-    python3 docs/figures/measure.py [BUILD] [ring|timeline|loss|sweep|scaling|busbw|zero ...]
+    python3 docs/figures/measure.py [BUILD] [ring|timeline|loss|sweep|scaling|busbw|zero|gpt ...]
 
 BUILD is the build folder (make's $(BUILD), default build); without names, every measurement
 runs. Each one starts the project's own programs, parses what they print or write, and writes
@@ -393,8 +393,35 @@ def zero():
           + "\n\n\n".join(blocks) + "\n")
 
 
+# ---- 8. chapter 12's GPT: nanoGPT's laptop setting on 2 ranks, 2,000 steps ------------------------
+def gpt():
+    cmd = [BUILD + "/examples/ch12_gpt", "--nproc", "2", "--batch-size", "6", "--log-every", "50", "--eval-all", "1",
+           "--sample", "300"]
+    t0 = time.time()
+    out, shown = run(cmd)
+    minutes = (time.time() - t0) / 60
+    steps = re.findall(r"^step +(\d+)/\d+ +loss ([0-9.]+) ", out, re.M)
+    evals = re.findall(r"^step (\d+): train loss ([0-9.]+), val loss ([0-9.]+)$", out, re.M)
+    whole = re.search(r"^val loss on the whole held-out text \((\d+) batches\): ([0-9.]+)$", out, re.M)
+    if len(steps) < 2 or len(evals) < 2 or not whole:
+        sys.exit("measure.py: no progress or evaluation lines in the output of:\n  %s\n%s" % (shown, out[-3000:]))
+    rows = ["# step training_loss (the mean over the last 50 steps, averaged over the ranks)"]
+    rows += ["%s %s" % s for s in steps]
+    rows += ["", "", "# step train_loss val_loss (20 batches of 6 training or held-out windows, all ranks together)"]
+    rows += ["%s %s %s" % e for e in evals]
+    write("gpt_loss.dat", header(
+        "examples/ch12_gpt: nanoGPT's laptop setting (4 layers, 4 heads, 128 wide, context 64, 0.8M parameters) "
+        "on 2 ranks of 6 sequences (global batch 12), AdamW, warmup then cosine, clipping at 1.0", [shown],
+        ["%.1f minutes in all on this machine (the evaluations included)" % minutes,
+         "at the end, the loss on the whole held-out text (%s batches): %s" % whole.groups(),
+         "gnuplot index 0: the progress lines, index 1: the evaluations"])
+          + "\n".join(rows) + "\n")
+    sample = out[out.find("---- "):] if "---- " in out else ""
+    write("gpt_sample.txt", "# the text rank 0 wrote at the end of: %s\n%s" % (shown, sample))
+
+
 ALL = {"ring": ring, "timeline": timeline, "loss": loss, "sweep": sweep, "scaling": scaling, "busbw": busbw,
-       "zero": zero}
+       "zero": zero, "gpt": gpt}
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -96,7 +96,7 @@ done
 # WORLD_SIZE larger than the processes started: a hand-written launch loop that starts 2 of 3.
 free_port P_WORLD
 for r in 0 1; do
-    run_async world_rank$r 20 RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P_WORLD DDP_TIMEOUT=2 -- "$C" eval
+    run_async world_rank$r 30 RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P_WORLD DDP_TIMEOUT=6 -- "$C" eval
 done
 
 # ---- 1: the master's address ---------------------------------------------------------------------
@@ -205,9 +205,11 @@ check_end confusion07_collective_on_rank0_only_at_exit
 # ---- 8: uneven inputs: rank 1's shard has one batch more ---------------------------------------------
 # (a) after the loop each rank all-reduces its loss for the log: rank 0's 1-float all-reduce meets
 # rank 1's fifth gradient bucket. (b) rank 0 goes straight to ddp_destroy while rank 1 still trains.
-run_fg uneven_log 40 DDP_TIMEOUT=20 -- "$DDPRUN" --standalone --nproc-per-node 2 "$C" uneven
+# DDP_TIMEOUT=60 and a bound of 30 s: the desync is named at once, not at a deadline (a sanitizer
+# build on a busy machine took 15 s)
+run_fg uneven_log 90 DDP_TIMEOUT=60 -- "$DDPRUN" --standalone --nproc-per-node 2 "$C" uneven
 check_begin uneven_log
-need_rc nonzero; need_time 0 10
+need_rc nonzero; need_time 0 30
 UNEVEN0="DDP_ERR_DESYNC: desync: this rank (0) calls all_reduce #9 (1 x f32, sum), but rank 1 calls all_reduce #9 (1091 x f32, sum). Every rank must call the same collectives in the same order with the same sizes: look for a collective inside an if on the rank"
 UNEVEN1="DDP_ERR_DESYNC: desync: this rank (1) calls all_reduce #9 (1091 x f32, sum), but rank 0 calls all_reduce #9 (1 x f32, sum). Every rank must call the same collectives in the same order with the same sizes: look for a collective inside an if on the rank"
 # both ranks see it at once; ddprun may stop one before it prints
@@ -409,10 +411,10 @@ finish_async world_rank1
 RC1=$RC
 finish_async world_rank0
 check_begin world_rank0
-need_rc nonzero; need_time 1.5 15
-need_line err "[rank 0/3]   DDP_ERR_TIMEOUT: rank 2 never joined within 2 s (this rank expects WORLD_SIZE=3): start all 3 processes, or fix WORLD_SIZE"
+need_rc nonzero; need_time 5.5 20
+need_line err "[rank 0/3]   DDP_ERR_TIMEOUT: rank 2 never joined within 6 s (this rank expects WORLD_SIZE=3): start all 3 processes, or fix WORLD_SIZE"
 [ "$RC1" -ne 0 ] && [ "$RC1" -ne 124 ] && [ "$RC1" -ne 137 ] || WHY+=("rank 1 ended with status $RC1, want non-zero, not a timeout")
-grep -qE "\[rank 1/3\]   (DDP_ERR_TIMEOUT: rank 2 never joined within 2 s|DDP_ERR_STORE_LOST: the rendezvous store at 127\.0\.0\.1:$P_WORLD closed the connection)" \
+grep -qE "\[rank 1/3\]   (DDP_ERR_TIMEOUT: rank 2 never joined within 6 s|DDP_ERR_STORE_LOST: the rendezvous store at 127\.0\.0\.1:$P_WORLD closed the connection)" \
     "$TMP/world_rank1.err" || WHY+=("rank 1's stderr says neither that rank 2 never joined nor that the store closed: $(tail -n 2 "$TMP/world_rank1.err")")
 check_end confusion_world_size_larger_than_started
 

@@ -40,19 +40,6 @@ for f in "$EX" "$DDPRUN" "$WRITER"; do
     if [ ! -x "$f" ]; then bad restart_tests_built "$f is missing (run make first)"; exit 1; fi
 done
 
-# Each rank writes its pid to PREFIX.RANK before it becomes the program (RECORD_RANK_PID, run by
-# sh -c under ddprun), so that a case can signal one rank (no /proc/PID/environ on macOS).
-RECORD_RANK_PID='echo $$ > "$0.$RANK"; exec "$@"'
-# rank_pid PREFIX R: the pid rank R wrote, once it is there (at most 10 s).
-rank_pid() {
-    local i
-    for i in $(seq 200); do
-        if [ -s "$1.$2" ]; then cat "$1.$2"; return 0; fi
-        sleep 0.05
-    done
-    return 1
-}
-
 # ---- 1. kill -9 and resume: bit-identical to an uninterrupted run ------------------------------
 # A slow simulated network (1 us per byte) stretches the 200 steps over about 2 s, so the kill
 # lands mid-training; it changes timing only, not the numbers.

@@ -79,6 +79,21 @@ static void h_failf(const char* file, int line, const char* fmt, ...) {
         return;                                                                                    \
     } while (0)
 
+/* n floats to a file, and back: how a rank hands its numbers to the test's parent process. The
+   load returns how many it read (0: no file). */
+static inline void h_save_floats(const char* path, const float* v, size_t n) {
+    FILE* f = fopen(path, "wb");
+    if (f) fwrite(v, 4, n, f), fclose(f);
+}
+static inline size_t h_load_floats(const char* path, float* out, size_t cap) {
+    FILE* f = fopen(path, "rb");
+    size_t n;
+    if (!f) return 0;
+    n = fread(out, 4, cap, f);
+    fclose(f);
+    return n;
+}
+
 /* Remove a temporary folder and everything in it (tests make theirs with mkdtemp). */
 static inline void h_remove_tree(const char* dir) {
     DIR* d = opendir(dir);

@@ -70,14 +70,6 @@ static void save_params(ddp_model* m, const char* path) {
     }
     fclose(f);
 }
-static size_t load_params(const char* path, float* out, size_t cap) {
-    FILE* f = fopen(path, "rb");
-    size_t n;
-    if (!f) return 0;
-    n = fread(out, 4, cap, f);
-    fclose(f);
-    return n;
-}
 
 /* One configuration of the run. */
 typedef struct cfg {
@@ -315,7 +307,7 @@ static double equivalence(int W, const cfg* c, double tol) {
         FILE* f;
         double gs = 0;
         snprintf(path, sizeof path, "%s/w%d.bin", g_dir, r);
-        CHECKF(load_params(path, r == 0 ? first : got, 2048) == n, "rank %d saved no weights", r);
+        CHECKF(h_load_floats(path, r == 0 ? first : got, 2048) == n, "rank %d saved no weights", r);
         if (r > 0) CHECKF(memcmp(first, got, n * 4) == 0, "rank %d's weights differ from rank 0's", r);
         snprintf(path, sizeof path, "%s/g%d.txt", g_dir, r);
         f = fopen(path, "r");
@@ -593,7 +585,7 @@ static void join_uneven_inputs(void) {
         CHECK_OK(ddp_spawn(JOIN_W, join_rank, (void*)&cfgs[i]));
         for (r = 0; r < JOIN_W; r++) {
             snprintf(path, sizeof path, "%s/w%d.bin", g_dir, r);
-            CHECKF(load_params(path, got, 2048) == n, "rank %d saved no weights", r);
+            CHECKF(h_load_floats(path, got, 2048) == n, "rank %d saved no weights", r);
             for (k = 0; k < n; k++) {
                 double e = (double)got[k] - ref[k], e2 = (double)other[k] - ref[k];
                 num += e * e, den += (double)ref[k] * ref[k], dnum += e2 * e2;

@@ -252,10 +252,6 @@ static ddp_optim* make_optim(ddp_model* m, const cfg* c) {
     if (ddp_optim_create(m, &od, &o) != DDP_OK) return NULL;
     return o;
 }
-static void save_floats(const char* path, const float* v, size_t n) {
-    FILE* f = fopen(path, "wb");
-    if (f) fwrite(v, 4, n, f), fclose(f);
-}
 static size_t all_weights(net* t, float* out) {
     size_t n = 0;
     int i;
@@ -382,10 +378,10 @@ static int train_rank(int rank, void* arg) {
     }
     if (ddp_full_params(w, 1) != DDP_OK) return 18;
     snprintf(path, sizeof path, "%s/w%d.bin", g_dir, rank);
-    save_floats(path, weights, all_weights(&t, weights));
+    h_save_floats(path, weights, all_weights(&t, weights));
     if (ddp_full_params(w, 0) != DDP_OK) return 19;
     snprintf(path, sizeof path, "%s/n%d.bin", g_dir, rank);
-    save_floats(path, norms, STEPS);
+    h_save_floats(path, norms, STEPS);
     ddp_wrapper_destroy(w); /* under ZeRO-3 collective: every weight back in the model's arrays */
     if (c->adopt) { /* which are the flat buffer: the trained weights are there, the gradients too */
         size_t n = all_weights(&t, weights);
@@ -435,14 +431,6 @@ static size_t reference(const cfg* c, float* weights, float* norms) {
     return n;
 }
 
-static size_t load_floats(const char* path, float* out, size_t cap) {
-    FILE* f = fopen(path, "rb");
-    size_t n;
-    if (!f) return 0;
-    n = fread(out, 4, cap, f);
-    fclose(f);
-    return n;
-}
 
 /* Run W ranks with c; the relative L2 distance of the weights from one process's (and of the
    norms from its norms), every rank's weights bit-identical to rank 0's. -1 when not run. */
@@ -456,10 +444,10 @@ static double compare_ranks(int W, const cfg* c, double* norm_err) {
     n = reference(c, ref, refn);
     for (r = 0; r < W; r++) {
         snprintf(path, sizeof path, "%s/w%d.bin", g_dir, r);
-        if (load_floats(path, r ? got : first, 512) != n) return 1e9;
+        if (h_load_floats(path, r ? got : first, 512) != n) return 1e9;
         if (r && memcmp(first, got, n * 4)) return printf("    rank %d's weights differ from rank 0's\n", r), 1e9;
         snprintf(path, sizeof path, "%s/n%d.bin", g_dir, r);
-        if (load_floats(path, nrm, STEPS) != STEPS) return 1e9;
+        if (h_load_floats(path, nrm, STEPS) != STEPS) return 1e9;
         for (k = 0; k < STEPS; k++) /* the steps this rank took (Join: until it ran out) */
             if (!c->uneven || (int)k < g_uneven[r])
                 nn += (nrm[k] - refn[k]) * (double)(nrm[k] - refn[k]), nd += (double)refn[k] * refn[k];
@@ -665,7 +653,7 @@ static void own_model_snapshot_resumes(void) {
         CHECK_OK(ddp_spawn(runs[k][0], train_rank, &a));
         CHECK_OK(ddp_spawn(runs[k][2], train_rank, &b));
         snprintf(path, sizeof path, "%s/w0.bin", g_dir);
-        CHECK(load_floats(path, got, 512) == n);
+        CHECK(h_load_floats(path, got, 512) == n);
         snprintf(path, sizeof path, "%s/own.safetensors", g_dir);
         {
             double num = 0, den = 1e-30;
