@@ -65,7 +65,7 @@ typedef struct gpt {
     float *lnf, *lnf_mean, *lnf_rstd;
     float* probs; /* [BT,V]: the softmax of the logits (backward turns it into their gradient) */
     float *dx, *dbuf, *dbig; /* backward's scratch: [BT,C], [BT,C], [BT,4C] */
-    float* drow;             /* [T]: one attention row's gradient */
+    float* dscores;          /* [T,T]: one head's gradient of its attention scores */
     float loss_scale;        /* what the last forward's loss is multiplied by in backward */
 } gpt;
 
@@ -149,79 +149,82 @@ static void gpt_linear_backward(ddp_model* m, float* din, float* dw, float* db, 
         for (o = 0; o < OC; o++) db[o] += dout[(size_t)n * OC + o];
 }
 
-/* Causal self-attention on qkv [B,T,3C] (q, k, v side by side, each split into NH heads of HS):
-   position t attends to positions 0..t with weights softmax(q_t . k_u / sqrt(HS)). */
-static void gpt_attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-    const int HS = C / NH;
+/* Causal self-attention on qkv [B,T,3C] (q, k, v side by side, each split into NH heads of HS).
+   For each sequence and head: scores S = Q K^T / sqrt(HS), the future masked (position t sees
+   positions 0..t), P = softmax of each row, out = P V. Q, K and V are column blocks of qkv, so
+   their rows lie 3C apart: the two products go through ddp_gemm with that leading dimension.
+   att keeps every head's P [B,NH,T,T] for backward. */
+static void gpt_attention_forward(ddp_model* m, float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    const int HS = C / NH, C3 = 3 * C;
     const float scale = 1.f / sqrtf((float)HS);
-    int b, h, t, u, i;
+    int b, h, t, u;
     for (b = 0; b < B; b++)
-        for (h = 0; h < NH; h++)
+        for (h = 0; h < NH; h++) {
+            const float* q = qkv + (size_t)b * T * C3 + h * HS; /* q + C: this head's keys, q + 2C: values */
+            float* p = att + ((size_t)b * NH + h) * T * T;
+            DDP_CHECK(ddp_gemm(m, 0, 1, T, T, HS, scale, q, C3, q + C, C3, 0.f, p, T));
             for (t = 0; t < T; t++) {
-                const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * HS;
-                float* p = att + (((size_t)b * NH + h) * T + t) * T;
-                float* o = out + ((size_t)b * T + t) * C + h * HS;
-                float mx = -INFINITY, sum = 0;
-                for (u = 0; u <= t; u++) {
-                    const float* k = qkv + ((size_t)b * T + u) * 3 * C + C + h * HS;
-                    float s = 0;
-                    for (i = 0; i < HS; i++) s += q[i] * k[i];
-                    p[u] = s * scale;
-                    if (p[u] > mx) mx = p[u];
-                }
-                for (u = 0; u <= t; u++) sum += p[u] = expf(p[u] - mx);
-                for (u = 0; u <= t; u++) p[u] /= sum;
-                for (u = t + 1; u < T; u++) p[u] = 0; /* the future: masked */
-                for (i = 0; i < HS; i++) o[i] = 0;
-                for (u = 0; u <= t; u++) {
-                    const float* v = qkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * HS;
-                    for (i = 0; i < HS; i++) o[i] += p[u] * v[i];
-                }
+                float* row = p + (size_t)t * T;
+                float mx = row[0], sum = 0;
+                for (u = 1; u <= t; u++) mx = row[u] > mx ? row[u] : mx;
+                for (u = 0; u <= t; u++) sum += row[u] = expf(row[u] - mx);
+                for (u = 0; u <= t; u++) row[u] /= sum;
+                for (u = t + 1; u < T; u++) row[u] = 0; /* the future: masked */
             }
+            DDP_CHECK(ddp_gemm(m, 0, 0, T, HS, T, 1.f, p, T, q + 2 * C, C3, 0.f, out + (size_t)b * T * C + h * HS, C));
+        }
 }
 
-/* dqkv (overwritten) from dout, through the softmax: ds_u = p_u (dp_u - sum_w p_w dp_w). */
-static void gpt_attention_backward(float* dqkv, float* drow, const float* dout, const float* qkv, const float* att,
-                                   int B, int T, int C, int NH) {
-    const int HS = C / NH;
+/* dqkv (overwritten) from dout: dP = dOut V^T; through the softmax, dS = P (dP - rowsum(P dP));
+   then dQ = dS K / sqrt(HS), dK = dS^T Q / sqrt(HS), dV = P^T dOut. ds: one head's [T,T] scratch. */
+static void gpt_attention_backward(ddp_model* m, float* dqkv, float* ds, const float* dout, const float* qkv,
+                                   const float* att, int B, int T, int C, int NH) {
+    const int HS = C / NH, C3 = 3 * C;
     const float scale = 1.f / sqrtf((float)HS);
-    int b, h, t, u, i;
-    memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(float));
+    int b, h, t, u;
     for (b = 0; b < B; b++)
-        for (h = 0; h < NH; h++)
+        for (h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + h * HS, *p = att + ((size_t)b * NH + h) * T * T;
+            const float* dy = dout + (size_t)b * T * C + h * HS;
+            float* dq = dqkv + (size_t)b * T * C3 + h * HS;
+            DDP_CHECK(ddp_gemm(m, 0, 1, T, T, HS, 1.f, dy, C, q + 2 * C, C3, 0.f, ds, T)); /* dP */
             for (t = 0; t < T; t++) {
-                const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * HS;
-                float* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * HS;
-                const float* p = att + (((size_t)b * NH + h) * T + t) * T;
-                const float* d = dout + ((size_t)b * T + t) * C + h * HS;
-                float dot = 0;
-                for (u = 0; u <= t; u++) { /* through the weighted sum of v */
-                    const float* v = qkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * HS;
-                    float* dv = dqkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * HS;
-                    float s = 0;
-                    for (i = 0; i < HS; i++) s += d[i] * v[i], dv[i] += p[u] * d[i];
-                    drow[u] = s, dot += p[u] * s;
-                }
-                for (u = 0; u <= t; u++) { /* through the softmax and the scaled dot products */
-                    const float* k = qkv + ((size_t)b * T + u) * 3 * C + C + h * HS;
-                    float* dk = dqkv + ((size_t)b * T + u) * 3 * C + C + h * HS;
-                    float ds = p[u] * (drow[u] - dot) * scale;
-                    for (i = 0; i < HS; i++) dq[i] += ds * k[i], dk[i] += ds * q[i];
-                }
+                const float* pr = p + (size_t)t * T;
+                float* d = ds + (size_t)t * T, dot = 0;
+                for (u = 0; u <= t; u++) dot += pr[u] * d[u];
+                for (u = 0; u < T; u++) d[u] = u <= t ? pr[u] * (d[u] - dot) * scale : 0.f;
             }
+            DDP_CHECK(ddp_gemm(m, 0, 0, T, HS, T, 1.f, ds, T, q + C, C3, 0.f, dq, C3));             /* dQ */
+            DDP_CHECK(ddp_gemm(m, 1, 0, T, HS, T, 1.f, ds, T, q, C3, 0.f, dq + C, C3));             /* dK */
+            DDP_CHECK(ddp_gemm(m, 1, 0, T, HS, T, 1.f, p, T, dy, C, 0.f, dq + 2 * C, C3));          /* dV */
+        }
 }
 
-/* GELU, the exact form (nn.GELU's default, which nanoGPT uses). */
+/* GELU, the exact form (nn.GELU's default, which nanoGPT uses): x Phi(x), Phi the normal
+   distribution's cdf, 0.5 (1 + erf(x / sqrt 2)). erf here is Abramowitz and Stegun's formula
+   7.1.26, within 1.5e-7 of the true value (float's own rounding near 1 is 6e-8), because its one
+   exponential, exp(-x^2/2), is also what the backward's density needs: one expf per element each
+   way, where erff and expf would be two. */
+static float gpt__erf_half(float x, float* e) { /* erf(x / sqrt 2), and *e = exp(-x^2 / 2) */
+    float z = fabsf(x) * 0.70710678f, t = 1.f / (1.f + 0.3275911f * z), y;
+    *e = expf(-0.5f * x * x);
+    y = 1.f - t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f)))) *
+                  *e;
+    return x < 0 ? -y : y;
+}
+
 static void gpt_gelu_forward(float* out, const float* in, size_t n) {
     size_t i;
-    for (i = 0; i < n; i++) out[i] = 0.5f * in[i] * (1.f + erff(in[i] * 0.70710678f));
+    float e;
+    for (i = 0; i < n; i++) out[i] = 0.5f * in[i] * (1.f + gpt__erf_half(in[i], &e));
 }
 
+/* din = dout (Phi(x) + x phi(x)), phi the normal density; din may be dout. */
 static void gpt_gelu_backward(float* din, const float* in, const float* dout, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) {
-        float x = in[i], cdf = 0.5f * (1.f + erff(x * 0.70710678f)), pdf = 0.39894228f * expf(-0.5f * x * x);
-        din[i] = dout[i] * (cdf + x * pdf);
+        float e, cdf = 0.5f * (1.f + gpt__erf_half(in[i], &e));
+        din[i] = dout[i] * (cdf + in[i] * 0.39894228f * e);
     }
 }
 
@@ -334,7 +337,7 @@ static void gpt_create(gpt* g, const gpt_config* cfg, int max_bt, uint64_t seed)
     g->probs = GPT__FLOATS((size_t)max_bt * V);
     g->dx = GPT__FLOATS((size_t)max_bt * C), g->dbuf = GPT__FLOATS((size_t)max_bt * C);
     g->dbig = GPT__FLOATS((size_t)max_bt * 4 * C);
-    g->drow = GPT__FLOATS(T);
+    g->dscores = GPT__FLOATS((size_t)T * T);
 }
 
 static void gpt_free(gpt* g) {
@@ -347,7 +350,7 @@ static void gpt_free(gpt* g) {
     }
     free(g->a), free(g->h), free(g->tokens), free(g->targets), free(g->x0);
     free(g->lnf), free(g->lnf_mean), free(g->lnf_rstd), free(g->probs), free(g->dx), free(g->dbuf), free(g->dbig);
-    free(g->drow);
+    free(g->dscores);
 }
 
 /* ---- forward and backward ------------------------------------------------------------------------ */
@@ -376,7 +379,7 @@ static float gpt_forward(gpt* g, const int* tokens, const int* targets, int B, i
         DDP_CHECK(ddp_unit_begin(g->m, l + 1, DDP_FORWARD)); /* ZeRO-3 gathers block l here */
         gpt_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, k->ln1_w->data, k->ln1_b->data, BT, C);
         gpt_linear_forward(g->m, a->qkv, a->ln1, k->attn_w->data, k->attn_b->data, BT, C, 3 * C);
-        gpt_attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+        gpt_attention_forward(g->m, a->atty, a->att, a->qkv, B, T, C, NH);
         gpt_linear_forward(g->m, a->res1, a->atty, k->attn_proj_w->data, k->attn_proj_b->data, BT, C, C);
         gpt_residual_forward(a->res1, a->res1, x, (size_t)BT * C);
         gpt_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res1, k->ln2_w->data, k->ln2_b->data, BT, C);
@@ -434,7 +437,7 @@ static void gpt_backward(gpt* g, float scale) {
                             k->attn_proj_w->data, BT, C, C);
         DDP_CHECK(ddp_param_grad_ready(k->attn_proj_b));
         DDP_CHECK(ddp_param_grad_ready(k->attn_proj_w));
-        gpt_attention_backward(g->dbig, g->drow, dtmp, a->qkv, a->att, B, T, C, NH); /* dqkv: [BT,3C] */
+        gpt_attention_backward(g->m, g->dbig, g->dscores, dtmp, a->qkv, a->att, B, T, C, NH); /* dqkv: [BT,3C] */
         gpt_linear_backward(g->m, dtmp, k->attn_w->grad, k->attn_b->grad, g->dbig, a->ln1, k->attn_w->data, BT, C,
                             3 * C);
         DDP_CHECK(ddp_param_grad_ready(k->attn_b));
