@@ -13,10 +13,11 @@ skp()  { echo "skip $1: $2"; skip=$((skip + 1)); [ -z "${SKIP_REASONS:-}" ] || e
 # Run one test program and count the lines it prints; a crash without a FAIL line is a failure.
 run_prog() {
     local name=$1; shift
-    local out rc p f s
+    local out rc p f s t0=$SECONDS
     echo "== $name"
     out=$("$@" 2>&1); rc=$?
     printf '%s\n' "$out"
+    echo "   ($name: $((SECONDS - t0)) s)"   # where a suite's minutes go (CI keeps a budget)
     p=$(grep -c '^ok ' <<<"$out"); f=$(grep -c '^FAIL ' <<<"$out"); s=$(grep -c '^skip ' <<<"$out")
     pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
     [ -z "${SKIP_REASONS:-}" ] || grep '^skip ' <<<"$out" | sed 's/^skip [^:]*: //' >>"$SKIP_REASONS"
