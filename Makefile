@@ -130,7 +130,8 @@ FAKE_PROGS :=
 ifeq ($(HAVE_CUDA),1)
   FAKE_LIBS  := -L$(FAKE_DIR) -Wl,-rpath,$(abspath $(FAKE_DIR)) -lfakegpu
   FAKE_PROGS := $(FAKE_DIR)/tests/fakegpu/selftest $(FAKE_DIR)/tests/test_gpu $(FAKE_DIR)/tests/test_gpu_pg \
-                $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/tests/test_own_model $(FAKE_DIR)/examples/ch01_single_gpu $(FAKE_DIR)/examples/ch03_multi_gpu \
+                $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/tests/test_own_model $(FAKE_DIR)/tests/test_gpt \
+                $(FAKE_DIR)/examples/ch12_gpt $(FAKE_DIR)/examples/ch01_single_gpu $(FAKE_DIR)/examples/ch03_multi_gpu \
                 $(FAKE_DIR)/examples/ch04_multi_node $(FAKE_DIR)/examples/ch06_fault_tolerance $(FAKE_DIR)/examples/ch08_large_mlp \
                 $(FAKE_DIR)/bench/large_mlp_launched $(FAKE_DIR)/tests/confusions/confusions $(FAKE_DIR)/allreduce_perf
   ifeq ($(HAVE_MPI),1)
@@ -220,7 +221,7 @@ $(BUILD)/examples/%: examples/%.c $(DECLS) $(OBJ)/ddp.o
 	@mkdir -p $(@D)
 	$(call PROG,$(OBJ)/ddp.o,$(DDP_LIBS))
 # chapter 12's GPT: the model in a header of its own, which its program and its test include
-$(BUILD)/examples/ch12_gpt $(BUILD)/tests/test_gpt: examples/gpt.h
+$(BUILD)/examples/ch12_gpt $(BUILD)/tests/test_gpt $(FAKE_DIR)/examples/ch12_gpt $(FAKE_DIR)/tests/test_gpt: examples/gpt.h
 
 # The test programs' sources lie in tests/unit, tests/multiproc (the helpers its scripts drive, and
 # confusions/) and tests/crosscheck (the dump programs the Python cross-checks read); every binary
@@ -393,6 +394,7 @@ bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/ch08_large_mlp $(BUILD)/bench/large
 # make gpu-check-standin runs the same flow on the GPU stand-in, so that the first real run can
 # only fail on the GPU itself.
 GPU_CHECK_PROGS := $(BUILD)/tests/test_gpu $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_own_model \
+                   $(BUILD)/tests/test_gpt $(BUILD)/examples/ch12_gpt \
                    $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch08_large_mlp \
                    $(BUILD)/bench/large_mlp_launched $(BUILD)/ddprun
 .PHONY: gpu-check gpu-check-build gpu-check-standin

@@ -494,6 +494,7 @@ DDP_API void ddp_permutation(int n, uint64_t seed, int* out);
 #define DDP_MAX_DATA_FILE ((size_t)1 << 30)
 #endif
 #define DDP__MAX_GPUS 64
+#define DDP__MAX_USER_KERNELS 64 /* kernels of your own, per model (ddp_launch) */
 
 #if defined(DDP_MPI)
 #define DDP__MPI 1 /* the mpi backend is built in (>>mpi) */
@@ -2794,6 +2795,15 @@ typedef ddp_status (*ddp_post_backward_fn)(ddp_model* m, void* user);
    product, for a forward and backward of your own. */
 DDP_API ddp_status ddp_gemm(ddp_model* m, int ta, int tb, int M, int N, int K, float alpha, const float* A,
                             int lda, const float* B, int ldb, float beta, float* C, int ldc);
+/* Your own GPU kernels, for the other operations of such a forward and backward: CUDA C source
+   of extern "C" __global__ functions, compiled by NVRTC for the model's GPU (a later call
+   replaces it). DDP_ERR_INVALID_ARGUMENT for a model on the CPU (there, write the loop in C);
+   DDP_ERR_NVRTC with the compiler's log. */
+DDP_API ddp_status ddp_kernels_compile(ddp_model* m, const char* source);
+/* Run the kernel called `name` on n threads, in order on the model's stream: blocks of 256, so
+   the kernel returns where blockIdx.x * blockDim.x + threadIdx.x >= n. args holds the address of
+   each argument (cudaLaunchKernel's convention). DDP_ERR_STATE before ddp_kernels_compile. */
+DDP_API ddp_status ddp_launch(ddp_model* m, const char* name, long long n, void** args);
 /* Set every p->grad to zero (call once per step, before backward, as optimizer.zero_grad()). */
 DDP_API ddp_status ddp_model_zero_grad(ddp_model* m);
 /* Accuracy (fraction of argmax == label) and mean cross-entropy over n samples, in batches.
@@ -2872,6 +2882,9 @@ struct ddp_model {
     ddp_stream* stream;
 #if DDP__CUDA
     cublasHandle_t blas;
+    cudaLibrary_t user_lib; /* ddp_kernels_compile's kernels (NULL: none yet) */
+    struct { char name[64]; cudaKernel_t k; } user_k[DDP__MAX_USER_KERNELS]; /* those looked up */
+    int nuser_k;
 #endif
 };
 
@@ -3267,6 +3280,7 @@ DDP__DEF void ddp_model_destroy(ddp_model* m) {
     }
 #if DDP__CUDA
     if (m->device.type == DDP_DEVICE_CUDA) cublasDestroy(m->blas);
+    if (m->user_lib) cudaLibraryUnload(m->user_lib);
 #endif
     ddp__stream_destroy(m->stream);
     DDP_FREE(m);
@@ -6658,9 +6672,25 @@ DDP__PRIVATE const char* ddp__kernel_name(int i) {
 }
 
 #if DDP__CUDA
-/* Compile the kernel source for one architecture: "compute_XY" gives PTX, "sm_XY" the GPU's own
-   binary code (CUBIN) when cubin is 1. *img is host memory from DDP_MALLOC. */
-DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, int cubin, char** img, size_t* nbytes) {
+/* ddp.h's kernel source in one piece, from DDP_MALLOC (NULL when out of memory). */
+DDP__PRIVATE char* ddp__kernel_source_joined(void) {
+    size_t i, total = 1, pos = 0, n = sizeof ddp__kernel_source / sizeof ddp__kernel_source[0];
+    char* src;
+    for (i = 0; i < n; i++) total += strlen(ddp__kernel_source[i]);
+    if (!(src = (char*)ddp__malloc(total))) return NULL;
+    for (i = 0; i < n; i++) {
+        memcpy(src + pos, ddp__kernel_source[i], strlen(ddp__kernel_source[i]));
+        pos += strlen(ddp__kernel_source[i]);
+    }
+    src[pos] = 0;
+    return src;
+}
+
+/* Compile kernel source `src` (named `file` in the compiler's messages) for one architecture:
+   "compute_XY" gives PTX, "sm_XY" the GPU's own binary code (CUBIN) when cubin is 1. *img is host
+   memory from DDP_MALLOC. */
+DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* src, const char* file, const char* arch, int cubin, char** img,
+                                           size_t* nbytes) {
     nvrtcProgram prog;
     char opt_arch[64];
     const char* opts[2];
@@ -6670,22 +6700,9 @@ DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, int cubin, char** i
     snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
     opts[0] = opt_arch;
     opts[1] = "--std=c++17";
-    {
-        size_t i, total = 1, pos = 0, n = sizeof ddp__kernel_source / sizeof ddp__kernel_source[0];
-        char* src;
-        for (i = 0; i < n; i++) total += strlen(ddp__kernel_source[i]);
-        src = (char*)ddp__malloc(total);
-        if (!src) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the kernel source failed");
-        for (i = 0; i < n; i++) {
-            memcpy(src + pos, ddp__kernel_source[i], strlen(ddp__kernel_source[i]));
-            pos += strlen(ddp__kernel_source[i]);
-        }
-        src[pos] = 0;
-        r = nvrtcCreateProgram(&prog, src, "ddp_kernels.cu", 0, NULL, NULL);
-        DDP_FREE(src);
-        if (r != NVRTC_SUCCESS)
-            return ddp__fail(DDP_ERR_NVRTC, "nvrtcCreateProgram failed: %s", nvrtcGetErrorString(r));
-    }
+    r = nvrtcCreateProgram(&prog, src, file, 0, NULL, NULL);
+    if (r != NVRTC_SUCCESS)
+        return ddp__fail(DDP_ERR_NVRTC, "nvrtcCreateProgram(%s) failed: %s", file, nvrtcGetErrorString(r));
     r = nvrtcCompileProgram(prog, 2, opts);
     if (r != NVRTC_SUCCESS) {
         size_t logsize = 0;
@@ -6697,8 +6714,8 @@ DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, int cubin, char** i
             if (full) DDP_FREE(full);
         }
         nvrtcDestroyProgram(&prog);
-        return ddp__fail(DDP_ERR_NVRTC, "nvrtcCompileProgram(%s) failed: %s; compiler log: %s",
-                         arch, nvrtcGetErrorString(r), log);
+        return ddp__fail(DDP_ERR_NVRTC, "nvrtcCompileProgram(%s, %s) failed: %s; compiler log: %s",
+                         file, arch, nvrtcGetErrorString(r), log);
     }
     r = cubin ? nvrtcGetCUBINSize(prog, nbytes) : nvrtcGetPTXSize(prog, nbytes);
     if (r == NVRTC_SUCCESS && *nbytes == 0) r = NVRTC_ERROR_INVALID_INPUT; /* no CUBIN for a compute_XY */
@@ -6726,7 +6743,12 @@ DDP__PRIVATE ddp_status ddp__nvrtc_compile(const char* arch, int cubin, char** i
    DDP_ERR_NVRTC with the compiler log on failure; DDP_ERR_NOT_BUILT in a CPU-only build. */
 DDP__PRIVATE ddp_status ddp__kernels_compile_ptx(const char* arch, char** ptx, size_t* nbytes) {
 #if DDP__CUDA
-    return ddp__nvrtc_compile(arch ? arch : "compute_80", 0, ptx, nbytes);
+    char* src = ddp__kernel_source_joined();
+    ddp_status st;
+    if (!src) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the kernel source failed");
+    st = ddp__nvrtc_compile(src, "ddp_kernels.cu", arch ? arch : "compute_80", 0, ptx, nbytes);
+    DDP_FREE(src);
+    return st;
 #else
     (void)arch;
     *ptx = NULL;
@@ -6744,10 +6766,12 @@ static struct {
     cudaKernel_t k[DDP__MAX_GPUS][DDP__K_COUNT];
 } ddp__kern = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, {{0}}};
 
-DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
+/* Compile `src` for GPU `dev` and load it into *lib; *arch (32 bytes) says for what. */
+DDP__PRIVATE ddp_status ddp__library_load(int dev, const char* src, const char* file, cudaLibrary_t* lib,
+                                          char* arch) {
     int major = 0, minor = 0, narch = 0, best = 0, i, want, nv_major = 0, nv_minor = 0, drv = 0;
     int archs[128];
-    char arch[32], *img = NULL;
+    char* img = NULL;
     size_t nbytes = 0;
     cudaError_t e = cudaErrorInvalidValue;
     DDP__CU(cudaSetDevice(dev));
@@ -6766,17 +6790,17 @@ DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
        needs no compile by the driver, so a driver older than this NVRTC still runs it. Else PTX for
        the newest architecture both know, which the driver compiles for the exact chip. */
     if (best / 10 == major) {
-        snprintf(arch, sizeof arch, "sm_%d", best);
-        if (ddp__nvrtc_compile(arch, 1, &img, &nbytes) == DDP_OK) {
-            e = cudaLibraryLoadData(&ddp__kern.lib[dev], img, NULL, NULL, 0, NULL, NULL, 0);
+        snprintf(arch, 32, "sm_%d", best);
+        if (ddp__nvrtc_compile(src, file, arch, 1, &img, &nbytes) == DDP_OK) {
+            e = cudaLibraryLoadData(lib, img, NULL, NULL, 0, NULL, NULL, 0);
             DDP_FREE(img);
             if (e != cudaSuccess) (void)cudaGetLastError();
         }
     }
     if (e != cudaSuccess) {
-        snprintf(arch, sizeof arch, "compute_%d", best);
-        DDP__TRY(ddp__nvrtc_compile(arch, 0, &img, &nbytes));
-        e = cudaLibraryLoadData(&ddp__kern.lib[dev], img, NULL, NULL, 0, NULL, NULL, 0);
+        snprintf(arch, 32, "compute_%d", best);
+        DDP__TRY(ddp__nvrtc_compile(src, file, arch, 0, &img, &nbytes));
+        e = cudaLibraryLoadData(lib, img, NULL, NULL, 0, NULL, NULL, 0);
         DDP_FREE(img);
         if (e == cudaErrorUnsupportedPtxVersion) {
             (void)cudaGetLastError();
@@ -6790,6 +6814,17 @@ DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
         }
         if (e != cudaSuccess) return ddp__fail_cuda(e, "cudaLibraryLoadData(kernels PTX)", __LINE__);
     }
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__kernels_load_locked(int dev) {
+    char arch[32], *src = ddp__kernel_source_joined();
+    ddp_status st;
+    int i;
+    if (!src) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the kernel source failed");
+    st = ddp__library_load(dev, src, "ddp_kernels.cu", &ddp__kern.lib[dev], arch);
+    DDP_FREE(src);
+    DDP__TRY(st);
     for (i = 0; i < DDP__K_COUNT; i++)
         DDP__CU(cudaLibraryGetKernel(&ddp__kern.k[dev][i], ddp__kern.lib[dev], ddp__kernel_names[i]));
     ddp__kern.loaded[dev] = 1;
@@ -6807,20 +6842,22 @@ DDP__PRIVATE ddp_status ddp__kernels_ready(int dev) {
     return s;
 }
 
-/* Launch kernel `k` over n elements (a grid-stride loop covers any n) on stream `s`. */
-DDP__PRIVATE ddp_status ddp__launch(ddp_device d, ddp_stream* s, int k, long long n, void** args) {
+/* Launch kernel k (named `name` in messages) in blocks of 256 threads on stream s: at most
+   max_blocks blocks (ddp.h's kernels loop over the grid, so any launch size covers any n; a
+   kernel of one thread per element needs n / 256 blocks, rounded up). */
+DDP__PRIVATE ddp_status ddp__launch_on(ddp_stream* s, cudaKernel_t k, const char* name, long long n,
+                                       long long max_blocks, void** args) {
     long long blocks = (n + 255) / 256;
     dim3 grid, block;
     cudaError_t e;
-    DDP__TRY(ddp__kernels_ready(d.index));
     if (blocks < 1) blocks = 1;
-    if (blocks > 65535) blocks = 65535;
+    if (blocks > max_blocks) blocks = max_blocks;
     grid.x = (unsigned)blocks, grid.y = grid.z = 1;
     block.x = 256, block.y = block.z = 1;
-    e = cudaLaunchKernel((const void*)ddp__kern.k[d.index][k], grid, block, args, 0, s ? s->s : 0);
+    e = cudaLaunchKernel((const void*)k, grid, block, args, 0, s ? s->s : 0);
     if (e != cudaSuccess) {
         char what[96];
-        snprintf(what, sizeof what, "cudaLaunchKernel(%s)", ddp__kernel_names[k]);
+        snprintf(what, sizeof what, "cudaLaunchKernel(%s)", name);
         return ddp__fail_cuda(e, what, __LINE__);
     }
     /* DETAIL mode waits for each kernel so an error points at the kernel that caused it. */
@@ -6828,13 +6865,80 @@ DDP__PRIVATE ddp_status ddp__launch(ddp_device d, ddp_stream* s, int k, long lon
         e = cudaStreamSynchronize(s ? s->s : 0);
         if (e != cudaSuccess) {
             char what[96];
-            snprintf(what, sizeof what, "%s (synchronised under DDP_DEBUG=DETAIL)", ddp__kernel_names[k]);
+            snprintf(what, sizeof what, "%s (synchronised under DDP_DEBUG=DETAIL)", name);
             return ddp__fail_cuda(e, what, __LINE__);
         }
     }
     return DDP_OK;
 }
+
+/* Launch ddp.h's kernel `k` over n elements on stream `s`. */
+DDP__PRIVATE ddp_status ddp__launch(ddp_device d, ddp_stream* s, int k, long long n, void** args) {
+    DDP__TRY(ddp__kernels_ready(d.index));
+    return ddp__launch_on(s, ddp__kern.k[d.index][k], ddp__kernel_names[k], n, 65535, args);
+}
 #endif
+
+/* ---- your own kernels (ddp_kernels_compile, ddp_launch): the same compiler and loader ---------- */
+
+DDP__PRIVATE ddp_status ddp__kernels_need_gpu(const ddp_model* m, const char* fn) {
+    if (m->device.type == DDP_DEVICE_CUDA) return DDP_OK;
+    return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: the model is on the CPU, and kernels run on a GPU; on the CPU "
+                     "write the operation as a C loop (examples/gpt.h has both)", fn);
+}
+
+DDP__DEF ddp_status ddp_kernels_compile(ddp_model* m, const char* source) {
+    if (!m || !source) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_kernels_compile: model or source is NULL");
+    DDP__TRY(ddp__kernels_need_gpu(m, "ddp_kernels_compile"));
+#if DDP__CUDA
+    {
+        cudaLibrary_t lib;
+        char arch[32];
+        DDP__TRY(ddp__library_load(m->device.index, source, "your_kernels.cu", &lib, arch));
+        if (m->user_lib) { /* the old kernels may still be queued */
+            DDP__TRY(ddp_stream_sync(m->stream));
+            cudaLibraryUnload(m->user_lib);
+        }
+        m->user_lib = lib, m->nuser_k = 0;
+        ddp__log(DDP_LOG_INFO, "compiled your kernels for cuda:%d (%s)", m->device.index, arch);
+    }
+#endif
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_launch(ddp_model* m, const char* name, long long n, void** args) {
+    if (!m || !name || n < 0) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_launch: NULL model or name, or n < 0");
+    DDP__TRY(ddp__kernels_need_gpu(m, "ddp_launch"));
+#if DDP__CUDA
+    {
+        int i;
+        if (!m->user_lib)
+            return ddp__fail(DDP_ERR_STATE, "ddp_launch(%s): this model has no kernels yet: call "
+                             "ddp_kernels_compile(m, source) first", name);
+        if (n == 0) return DDP_OK;
+        for (i = 0; i < m->nuser_k && strcmp(m->user_k[i].name, name) != 0; i++) {}
+        if (i == m->nuser_k) { /* first use of this name: look it up once */
+            cudaError_t e;
+            if (i == DDP__MAX_USER_KERNELS || strlen(name) >= sizeof m->user_k[i].name)
+                return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_launch(%s): at most %d kernels of at most 63 "
+                                 "characters' names", name, DDP__MAX_USER_KERNELS);
+            e = cudaLibraryGetKernel(&m->user_k[i].k, m->user_lib, name);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_launch: no kernel called \"%s\" in the source given "
+                                 "to ddp_kernels_compile (%s); is it declared extern \"C\" __global__?", name,
+                                 cudaGetErrorName(e));
+            }
+            snprintf(m->user_k[i].name, sizeof m->user_k[i].name, "%s", name);
+            m->nuser_k++;
+        }
+        return ddp__launch_on(m->stream, m->user_k[i].k, name, n, 2147483647LL, args);
+    }
+#else
+    (void)args;
+    return DDP_OK;
+#endif
+}
 
 /* Convert `count` elements between dtypes on device `d` (both buffers there), in order on `s`.
    DDP_ERR_INVALID_ARGUMENT for an unknown dtype; DDP_ERR_CUDA on a GPU failure. */

@@ -15,6 +15,7 @@ keys and shapes. Two uses:
       to a line 'result step_ms=...'. `make bench` puts it beside ch12_gpt.
 
 Options: --layers --heads --width --ctx --batch-size --eval-batches --world --data --steps --threads
+         --device cpu|cuda (step: PyTorch eager on one GPU)
 """
 import argparse
 import json
@@ -147,6 +148,7 @@ def main():
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (step: one process on one GPU)")
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "examples", "data",
                                                    "tinyshakespeare.txt"))
     a = ap.parse_args()
@@ -179,7 +181,8 @@ def train_steps(rank, a, ids, ntrain, vocab, port):
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    model = GPT(vocab, a.ctx, a.layers, a.heads, a.width)
+    dev = torch.device(a.device)
+    model = GPT(vocab, a.ctx, a.layers, a.heads, a.width).to(dev)
     net = model
     if port is not None:
         import torch.distributed as dist
@@ -193,14 +196,18 @@ def train_steps(rank, a, ids, ntrain, vocab, port):
     times = []
     for step in range(a.steps):
         starts = torch.randint(0, ntrain - a.ctx - 1, (a.batch_size,), generator=g)
-        x = torch.stack([ids[s:s + a.ctx] for s in starts])
-        y = torch.stack([ids[s + 1:s + a.ctx + 1] for s in starts])
+        x = torch.stack([ids[s:s + a.ctx] for s in starts]).to(dev)
+        y = torch.stack([ids[s + 1:s + a.ctx + 1] for s in starts]).to(dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = net(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()  # the step's kernels done, not only queued
         times.append(time.perf_counter() - t0)
     times = sorted(times[2:]) or times
     if rank == 0:

@@ -1127,6 +1127,7 @@ def probe_gpu(build):
     inst.large, inst.launched = os.path.join(progs, "examples", "ch08_large_mlp"), os.path.join(progs, "bench",
                                                                                                 "large_mlp_launched")
     inst.ex1 = os.path.join(progs, "examples", "ch01_single_gpu")
+    inst.gpt = os.path.join(progs, "examples", "ch12_gpt")
     inst.ddprun = b("ddprun")
     inst.stand_in = {"FAKEGPU_DEVICES": "1", "FAKEGPU_CACHE": b("fakegpu", "kernels")} if FAKEGPU else {}
     inst.gpu_name, inst.gpu_why = gpu_name()
@@ -1191,6 +1192,42 @@ def gpu_round(run, rnd):
             run.wine.setdefault("wt1", []).append(fnum(r, "step_ms"))
         else:
             run.skipped("wt1", why)
+    gpt_gpu_round(run, rnd)
+
+
+# nanoGPT's GPU setting (6 layers, 6 heads, 384 wide, context 256, batch 64: 10.7M parameters); on
+# the stand-in, whose kernels run on the CPU one thread at a time, a tiny one (the code path only)
+GPT_GPU = (["--layers", "2", "--heads", "2", "--width", "32", "--ctx", "32", "--batch-size", "4"] if FAKEGPU else
+           ["--layers", "6", "--heads", "6", "--width", "384", "--ctx", "256", "--batch-size", "64"])
+
+
+def gpt_flops_per_token(args, vocab=65):
+    """Training FLOPs per token, as nanoGPT's estimate_mfu counts them: 6 per parameter (forward and
+    backward's two products) plus attention's 12 L T C (scores and the weighted sum, both ways)."""
+    v = dict(zip(args[0::2], args[1::2]))
+    L, C, T = int(v["--layers"]), int(v["--width"]), int(v["--ctx"])
+    params = vocab * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+    return 6 * params + 12 * L * T * C
+
+
+def gpt_gpu_round(run, rnd):
+    """One process on the GPU, the GPT: ch12_gpt --device cuda against PyTorch eager (bench/gpt_torch.py
+    step --device cuda), the same model, batch and optimizer."""
+    inst = run.installed
+    c = [inst.gpt, "--device", "cuda", "--steps", str(GPT_STEPS + 4), "--log-every", "2", "--warmup", "1",
+         "--eval-batches", "0", "--sample", "0"] + GPT_GPU
+    py = [inst.py or PY, os.path.join(ROOT, "bench", "gpt_torch.py"), "step", "--device", "cuda",
+          "--steps", str(GPT_STEPS + 2)] + GPT_GPU
+    for key, cmd, why, extra in (("gptg", c, inst.ddp_why, dict(inst.stand_in)), ("gptt", py, inst.torch_why, {})):
+        if why:
+            run.skipped(key, why)
+            continue
+        out, _, w = run.launch("gpu_%s_r%d" % (key, rnd), cmd, extra)
+        ms = gpt_c_ms(out) if key == "gptg" else fnum(result_fields(out) or {}, "step_ms")
+        if ms is None:
+            run.skipped(key, w or "no step time in the output")
+        else:
+            run.gpt.setdefault(key, []).append(ms)
 
 
 def report_gpu(run, rep):
@@ -1223,9 +1260,34 @@ def report_gpu(run, rep):
     p("%-48s %9s %10s" % ("PyTorch, tutorial model, 1 process, GPU", fmt(wt, 3, 9), "") + skip_suffix(run, "wt1", wt))
     rep.csv_row("gpu", "wine, ddp.h, 1 process, GPU", 1, "", "step", wg, "ms", run.wine.get("wg1", []))
     rep.csv_row("gpu", "wine, PyTorch, 1 process, GPU", 1, "", "step", wt, "ms", run.wine.get("wt1", []))
+    v = dict(zip(GPT_GPU[0::2], GPT_GPU[1::2]))
+    tokens = int(v["--batch-size"]) * int(v["--ctx"])
+    gg, gt = med(run.gpt.get("gptg", [])), med(run.gpt.get("gptt", []))
+    peak = gpu_fp32_peak(inst.gpu_name or "")
+    p("the GPT (chapter 12), %s layers, %s heads, %s wide, context %s, batch %s, AdamW, one process on the GPU"
+      % tuple(v[k] for k in ("--layers", "--heads", "--width", "--ctx", "--batch-size")))
+    p("%-48s %9s %10s %10s %7s" % ("setup", "ms/step", "vs PyTorch", "tokens/s", "MFU"))
+    for key, label, ms in (("gptg", "ddp.h, GPT, 1 process, GPU", gg), ("gptt", "PyTorch eager, GPT, 1 process, GPU", gt)):
+        tps = tokens / (ms / 1e3) if ms else None
+        mfu = tps * gpt_flops_per_token(GPT_GPU) / peak if tps and peak else None
+        p("%-48s %9s %10s %10s %7s" % (label, fmt(ms, 2, 9), fmt(ratio(gg, gt), 2, 10) if key == "gptg" else "",
+                                       fmt(tps, 0, 10), "%.1f%%" % (100 * mfu) if mfu else "-") + skip_suffix(run, key, ms))
+        rep.csv_row("gpu", label, 1, "", "step", ms, "ms", run.gpt.get(key, []))
+    p("   MFU: model FLOPs (nanoGPT's count: 6 per parameter per token, plus attention) per second over the GPU's")
+    p("   float32 peak without tensor cores (%s)" % ("%.1f TFLOPS" % (peak / 1e12) if peak else "not known for this GPU"))
     rep.target("GPU: the large model's step <= 1.1x PyTorch's", ratio(step("g1"), step("t1")), 1.1, False)
+    rep.target("GPU: the GPT's step <= 1.0x PyTorch eager's", ratio(gg, gt), 1.0, False)
     rep.target("GPU: the tutorial model's step <= 0.5x PyTorch's", ratio(wg, wt), 0.5, False)
     rep.list_targets("TARGETS (ratios measured in this run%s)" % ("; meaningless on the stand-in" if FAKEGPU else ""))
+
+
+def gpu_fp32_peak(name):
+    """The float32 peak (FLOP/s, no tensor cores) of a few data-centre GPUs, from NVIDIA's data
+    sheets (SXM parts); None for another GPU."""
+    for key, tflops in (("H200", 67.0), ("H100", 67.0), ("A100", 19.5), ("L40S", 91.6), ("V100", 15.7)):
+        if key in name:
+            return tflops * 1e12
+    return None
 
 
 def main_gpu(build):

@@ -27,7 +27,8 @@
             end only)  --eval-batches N (0: no evaluation)  --eval-all 1 (at the end, also the loss
             on the whole held-out text, all its windows side by side)  --save-every N (0: no snapshots, none
             resumed)  --snapshot FILE  --data FILE  --sample N  --temperature X  --seed N
-            --sample-seed N */
+            --sample-seed N  --device cpu|cuda|cuda:N|auto (cuda: each rank on its own GPU, over NCCL;
+            the model's operations run as the kernels in gpt.h) */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "gpt.h"
@@ -49,7 +50,7 @@ static void usage(const char* prog) {
             "          [--layers L] [--heads H] [--width C] [--ctx T] [--lr X] [--min-lr X] [--warmup N]\n"
             "          [--weight-decay X] [--beta2 X] [--clip X] [--log-every N] [--eval-every N] [--eval-batches N]\n"
             "          [--eval-all 0|1] [--save-every N] [--snapshot FILE] [--data FILE] [--sample N]\n"
-            "          [--temperature X] [--seed N] [--sample-seed N] [--device cpu]\n", prog);
+            "          [--temperature X] [--seed N] [--sample-seed N] [--device cpu|cuda|cuda:N|auto]\n", prog);
     exit(2);
 }
 
@@ -93,11 +94,6 @@ static options parse_args(int argc, char** argv) {
         else if (!strcmp(a, "--sample-seed")) o.sample_seed = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--device")) o.device = v;
         else fprintf(stderr, "unknown option %s\n", a), usage(argv[0]);
-    }
-    if (strcmp(o.device, "cpu") != 0) {
-        fprintf(stderr, "--device %s: this program's GPT runs on the CPU for now (--device cpu); its GPU kernels are "
-                        "not written yet\n", o.device);
-        exit(2);
     }
     if (o.steps < 0 || o.batch_size < 1 || o.accum < 1 || o.nproc < 0 || o.zero_stage < 0 || o.zero_stage > 3 ||
         o.cfg.layers < 1 || o.cfg.heads < 1 || o.cfg.width < 1 || o.cfg.ctx < 2 || o.cfg.width % o.cfg.heads ||
@@ -186,6 +182,17 @@ static void batch_at(batches* b, const text* t, long micro, int B, int T, int* x
     }
 }
 
+/* An all-reduce of n <= 2 numbers of the host's: a collective's buffer is on the rank's device (a
+   GPU's memory under NCCL), so they go there and back, as torch.tensor(x, device=...) does. */
+static void all_reduce_host(ddp_pg* pg, float* x, int n, ddp_reduce_op op) {
+    static float* buf; /* on this rank's device, made at the first call */
+    const ddp_device host = {DDP_DEVICE_CPU, 0}, dev = ddp_pg_device(pg);
+    if (!buf) DDP_CHECK(ddp_alloc(dev, 2 * sizeof(float), (void**)&buf));
+    DDP_CHECK(ddp_copy(dev, buf, host, x, (size_t)n * sizeof(float), NULL));
+    DDP_CHECK(ddp_all_reduce(pg, buf, (size_t)n, DDP_F32, op, NULL));
+    DDP_CHECK(ddp_copy(host, x, dev, buf, (size_t)n * sizeof(float), NULL));
+}
+
 /* The mean loss over about `nb` batches spread evenly over [from, to) of the text, the batches dealt
    out to the ranks (batch e to rank e mod world) and the sums added over all ranks: every rank
    returns the same number. Every rank runs as many forwards as the others (nb is rounded up to a
@@ -207,7 +214,7 @@ static float estimate_loss(gpt* g, ddp_pg* pg, const text* t, long from, long to
         }
         sums[0] += gpt_forward(g, x, y, B, T), sums[1] += 1;
     }
-    DDP_CHECK(ddp_all_reduce(pg, sums, 2, DDP_F32, DDP_SUM, NULL));
+    all_reduce_host(pg, sums, 2, DDP_SUM);
     return sums[0] / sums[1];
 }
 
@@ -225,7 +232,7 @@ static void sample_text(gpt* g, const text* t, int n, float temperature, unsigne
         const float* p;
         double z = 0, u, acc = 0;
         gpt_forward(g, ctx + from, NULL, 1, rows);
-        p = g->probs + (size_t)(rows - 1) * V; /* the last position's next-character probabilities */
+        p = gpt_probs(g, rows - 1); /* the last position's next-character probabilities */
         for (v = 0; v < V; v++) z += pow(p[v], 1.0 / temperature); /* softmax(logits / temperature) */
         u = ddp_rng_uniform(&r) * z;
         for (v = 0; v < V - 1; v++)
@@ -248,7 +255,7 @@ static double now_s(void) {
 static int train(int rank, void* arg) {
     const options* opt = (const options*)arg;
     const int B = opt->batch_size, T = opt->cfg.ctx, K = opt->accum;
-    ddp_desc desc = {.device = {.type = DDP_DEVICE_CPU}};
+    ddp_desc desc = {0};
     ddp_wrap_desc wd = {0};
     ddp_optim_desc od = {.kind = DDP_ADAMW, .beta1 = 0.9f};
     ddp_sampler_desc sd = {0};
@@ -266,10 +273,11 @@ static int train(int rank, void* arg) {
     float norm = 0, loss_sum = 0;
 
     text_load(&txt, opt->data);
+    DDP_CHECK(ddp_device_parse(opt->device, &desc.device)); /* cuda: this rank's GPU (its local rank) */
     DDP_CHECK(ddp_init(&desc, &pg));
     rank = ddp_rank(pg), world = ddp_world_size(pg);
     cfg.vocab = txt.vocab;
-    gpt_create(&g, &cfg, B * T, opt->seed);
+    gpt_create(&g, &cfg, ddp_pg_device(pg), B * T, opt->seed); /* kernels compiled here on a GPU */
     wd.zero_stage = opt->zero_stage;
     DDP_CHECK(ddp_wrap(pg, g.m, &wd, &ddp)); /* rank 0's weights everywhere; hooks on every tensor */
     od.lr = opt->lr, od.weight_decay = opt->weight_decay, od.beta2 = opt->beta2;
@@ -322,7 +330,7 @@ static int train(int rank, void* arg) {
             int done = (int)(step % opt->log_every) + 1;
             float sum = loss_sum / done;
             double dt = now_s() - t0;
-            DDP_CHECK(ddp_all_reduce(pg, &sum, 1, DDP_F32, DDP_AVG, NULL));
+            all_reduce_host(pg, &sum, 1, DDP_AVG);
             if (rank == 0)
                 printf("step %5ld/%ld  loss %.4f  lr %.2e  norm %.3f  %.1f ms/step  %.0f tokens/s\n", step + 1,
                        opt->steps, sum, lr_at(opt, step), norm, dt / done * 1e3, tokens_per_step * done / dt);

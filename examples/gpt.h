@@ -16,9 +16,12 @@
      - backward calls ddp_param_grad_ready(p) the moment p's gradient is final: a block's tensors
        as its backward leaves them, wte last of all (the output layer and the embedding both add
        into its gradient).
-   The matrix products go through ddp_gemm (OpenBLAS or ddp.h's loop on the CPU); the other
-   operations are the plain C loops below, one function per operation, forward and backward side
-   by side. This file holds the model only: examples/ch12_gpt.c trains it.
+   The matrix products go through ddp_gemm (cuBLAS on a GPU; OpenBLAS or ddp.h's loop on the CPU).
+   Each other operation is written twice, side by side: a plain C loop for the CPU, and the same
+   loop as a CUDA kernel (in a string, compiled at run time by ddp_kernels_compile and run by
+   ddp_launch) for a GPU, one thread per element or per row, every sum taken in the C loop's order.
+   On a GPU every activation lives there too; only the tokens go up and the losses come back.
+   This file holds the model only: examples/ch12_gpt.c trains it.
 
    Shapes: B sequences of T characters, C = width, NH heads of HS = C / NH, V characters, L blocks;
    activations are row-major [B*T, ...]. */
@@ -54,25 +57,51 @@ typedef struct gpt_acts {
 typedef struct gpt {
     gpt_config cfg;
     ddp_model* m;
+    ddp_device dev; /* where the model and its activations live */
+    int gpu;        /* 1: the operations run as the kernels below, on the model's stream */
     ddp_param *wte, *wpe, *lnf_w, *lnf_b;
     gpt_block* h;
     /* activations for up to max_bt = B*T positions */
     int max_bt, B, T;
-    int* tokens; /* [BT] the last forward's input, and its targets (or none) */
+    int* tokens; /* [BT] the last forward's input, and its targets (or none), on the device */
     int* targets;
+    float* losses;      /* [BT] each position's loss (on the GPU; the host adds them up) */
+    float* host_losses; /* [BT] */
+    float* host_probs;  /* [V] one row of probabilities, copied to the host (gpt_probs) */
     float* x0;   /* [BT,C] the embeddings */
     gpt_acts* a; /* [L] */
     float *lnf, *lnf_mean, *lnf_rstd;
     float* probs; /* [BT,V]: the softmax of the logits (backward turns it into their gradient) */
     float *dx, *dbuf, *dbig; /* backward's scratch: [BT,C], [BT,C], [BT,4C] */
-    float* dscores;          /* [T,T]: one head's gradient of its attention scores */
+    float* dscores;          /* [B,NH,T,T]: the gradient of the attention scores */
     float loss_scale;        /* what the last forward's loss is multiplied by in backward */
 } gpt;
 
 /* ---- the operations, forward and backward ------------------------------------------------------ */
 
-static void gpt_encoder_forward(float* out, const int* tok, const float* wte, const float* wpe, int B, int T, int C) {
-    int b, t, i;
+/* Each operation below is a C function that runs its loop on the CPU or, for a model on a GPU,
+   launches the kernel of the same name: `n` threads, each one element or one row of the loop. The
+   kernels' source sits beside each function, in strings that gpt_create hands to ddp.h. Every
+   kernel begins with GPT_THREAD: its thread's number, and a return for the threads past the end
+   (the last block of 256 threads is only partly used). */
+#define GPT_LAUNCH(g, name, n, ...)                                                  \
+    do {                                                                             \
+        void* gpt_args_[] = {__VA_ARGS__};                                           \
+        DDP_CHECK(ddp_launch((g)->m, name, (long long)(n), gpt_args_));              \
+    } while (0)
+
+static const char gpt_cu_prelude[] =
+    "#define GPT_THREAD(i, n) long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;"
+    " if (i >= (long long)(n)) return\n";
+
+/* x = wte[token] + wpe[position]: one thread per number of the output */
+static void gpt_encoder_forward(gpt* g, float* out, const int* tok, const float* wte, const float* wpe, int B, int T,
+                                int C) {
+    int b, t, i, BT = B * T;
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_encoder_forward", (long long)BT * C, &out, &tok, &wte, &wpe, &BT, &T, &C);
+        return;
+    }
     for (b = 0; b < B; b++)
         for (t = 0; t < T; t++) {
             float* o = out + ((size_t)b * T + t) * C;
@@ -80,9 +109,23 @@ static void gpt_encoder_forward(float* out, const int* tok, const float* wte, co
             for (i = 0; i < C; i++) o[i] = e[i] + p[i];
         }
 }
+static const char gpt_cu_encoder_forward[] =
+    "extern \"C\" __global__ void gpt_encoder_forward(float* out, const int* tok, const float* wte,"
+    " const float* wpe, int BT, int T, int C) {\n"
+    "  GPT_THREAD(i, (long long)BT * C);\n"
+    "  long long n = i / C, c = i % C; /* position n of the batch, channel c */\n"
+    "  out[i] = wte[tok[n] * (long long)C + c] + wpe[(n % T) * C + c]; }\n";
 
-static void gpt_encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tok, int B, int T, int C) {
-    int b, t, i;
+/* Adds into the rows of dwte and dwpe that the positions used. On the GPU one thread owns one
+   number of dwte or dwpe and adds the positions in order: no two threads write the same number
+   (no atomics), and the sums are the CPU's. */
+static void gpt_encoder_backward(gpt* g, float* dwte, float* dwpe, const float* dout, const int* tok, int B, int T,
+                                 int C) {
+    int b, t, i, BT = B * T, V = g->cfg.vocab;
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_encoder_backward", (long long)(V + T) * C, &dwte, &dwpe, &dout, &tok, &BT, &T, &V, &C);
+        return;
+    }
     for (b = 0; b < B; b++)
         for (t = 0; t < T; t++) {
             const float* d = dout + ((size_t)b * T + t) * C;
@@ -90,11 +133,28 @@ static void gpt_encoder_backward(float* dwte, float* dwpe, const float* dout, co
             for (i = 0; i < C; i++) e[i] += d[i], p[i] += d[i];
         }
 }
+static const char gpt_cu_encoder_backward[] =
+    "extern \"C\" __global__ void gpt_encoder_backward(float* dwte, float* dwpe, const float* dout,"
+    " const int* tok, int BT, int T, int V, int C) {\n"
+    "  GPT_THREAD(i, (long long)(V + T) * C);\n"
+    "  long long r = i / C, c = i % C;\n"
+    "  if (r < V) { /* row r of wte: every position whose token is r */\n"
+    "    float s = dwte[i];\n"
+    "    for (long long n = 0; n < BT; n++) if (tok[n] == r) s += dout[n * C + c];\n"
+    "    dwte[i] = s;\n"
+    "  } else { /* row r - V of wpe: that position in every sequence */\n"
+    "    r -= V; float s = dwpe[r * C + c];\n"
+    "    for (long long n = r; n < BT; n += T) s += dout[n * C + c];\n"
+    "    dwpe[r * C + c] = s; } }\n";
 
-/* LayerNorm over the last dimension (PyTorch's: biased variance, eps 1e-5). */
-static void gpt_layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* w,
+/* LayerNorm over the last dimension (PyTorch's: biased variance, eps 1e-5); one thread per row. */
+static void gpt_layernorm_forward(gpt* g, float* out, float* mean, float* rstd, const float* in, const float* w,
                                   const float* bias, int N, int C) {
     int n, i;
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_layernorm_forward", N, &out, &mean, &rstd, &in, &w, &bias, &N, &C);
+        return;
+    }
     for (n = 0; n < N; n++) {
         const float* x = in + (size_t)n * C;
         float* o = out + (size_t)n * C;
@@ -107,11 +167,29 @@ static void gpt_layernorm_forward(float* out, float* mean, float* rstd, const fl
         mean[n] = mu, rstd[n] = s;
     }
 }
+static const char gpt_cu_layernorm_forward[] =
+    "extern \"C\" __global__ void gpt_layernorm_forward(float* out, float* mean, float* rstd, const float* in,"
+    " const float* w, const float* bias, int N, int C) {\n"
+    "  GPT_THREAD(n, N);\n"
+    "  const float* x = in + n * C; float* o = out + n * C;\n"
+    "  float mu = 0.f, var = 0.f;\n"
+    "  for (int i = 0; i < C; i++) mu += x[i];\n"
+    "  mu /= C;\n"
+    "  for (int i = 0; i < C; i++) var += (x[i] - mu) * (x[i] - mu);\n"
+    "  float s = 1.f / sqrtf(var / C + 1e-5f);\n"
+    "  for (int i = 0; i < C; i++) o[i] = (x[i] - mu) * s * w[i] + bias[i];\n"
+    "  mean[n] = mu; rstd[n] = s; }\n";
 
-/* Adds into din, dw and db. */
-static void gpt_layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
+/* Adds into din, dw and db. On the GPU in two kernels: din one thread per row, dw and db one
+   thread per channel, adding the rows in order. */
+static void gpt_layernorm_backward(gpt* g, float* din, float* dw, float* db, const float* dout, const float* in,
                                    const float* w, const float* mean, const float* rstd, int N, int C) {
     int n, i;
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_layernorm_backward_input", N, &din, &dout, &in, &w, &mean, &rstd, &N, &C);
+        GPT_LAUNCH(g, "gpt_layernorm_backward_params", C, &dw, &db, &dout, &in, &mean, &rstd, &N, &C);
+        return;
+    }
     for (n = 0; n < N; n++) {
         const float *x = in + (size_t)n * C, *d = dout + (size_t)n * C;
         float* di = din + (size_t)n * C;
@@ -129,74 +207,161 @@ static void gpt_layernorm_backward(float* din, float* dw, float* db, const float
         }
     }
 }
+static const char gpt_cu_layernorm_backward[] =
+    "extern \"C\" __global__ void gpt_layernorm_backward_input(float* din, const float* dout, const float* in,"
+    " const float* w, const float* mean, const float* rstd, int N, int C) {\n"
+    "  GPT_THREAD(n, N);\n"
+    "  const float *x = in + n * C, *d = dout + n * C; float* di = din + n * C;\n"
+    "  float dmean = 0.f, dnorm_norm = 0.f;\n"
+    "  for (int i = 0; i < C; i++) { float norm = (x[i] - mean[n]) * rstd[n], dnorm = d[i] * w[i];\n"
+    "    dmean += dnorm; dnorm_norm += dnorm * norm; }\n"
+    "  dmean /= C; dnorm_norm /= C;\n"
+    "  for (int i = 0; i < C; i++) { float norm = (x[i] - mean[n]) * rstd[n], dnorm = d[i] * w[i];\n"
+    "    di[i] += (dnorm - dmean - norm * dnorm_norm) * rstd[n]; } }\n"
+    "extern \"C\" __global__ void gpt_layernorm_backward_params(float* dw, float* db, const float* dout,"
+    " const float* in, const float* mean, const float* rstd, int N, int C) {\n"
+    "  GPT_THREAD(i, C);\n"
+    "  float sw = dw[i], sb = db[i];\n"
+    "  for (long long n = 0; n < N; n++) { float d = dout[n * C + i];\n"
+    "    sb += d; sw += d * ((in[n * C + i] - mean[n]) * rstd[n]); }\n"
+    "  dw[i] = sw; db[i] = sb; }\n";
 
-/* out[N,OC] = in[N,IC] w[OC,IC]^T + bias (nn.Linear). */
-static void gpt_linear_forward(ddp_model* m, float* out, const float* in, const float* w, const float* bias, int N,
-                               int IC, int OC) {
+/* out[N,OC] = in[N,IC] w[OC,IC]^T + bias (nn.Linear): the product through ddp_gemm, then the
+   bias on every row (one thread per number). */
+static void gpt_linear_forward(gpt* g, float* out, const float* in, const float* w, const float* bias, int N, int IC,
+                               int OC) {
     int n, o;
-    DDP_CHECK(ddp_gemm(m, 0, 1, N, OC, IC, 1.f, in, IC, w, IC, 0.f, out, OC));
+    DDP_CHECK(ddp_gemm(g->m, 0, 1, N, OC, IC, 1.f, in, IC, w, IC, 0.f, out, OC));
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_bias_forward", (long long)N * OC, &out, &bias, &N, &OC);
+        return;
+    }
     for (n = 0; n < N; n++)
         for (o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
 }
 
-/* din = dout w (overwritten: each input feeds this layer alone), dw += dout^T in, db += column sums. */
-static void gpt_linear_backward(ddp_model* m, float* din, float* dw, float* db, const float* dout, const float* in,
+/* din = dout w (overwritten: each input feeds this layer alone), dw += dout^T in, db += column sums
+   (one thread per column on the GPU). */
+static void gpt_linear_backward(gpt* g, float* din, float* dw, float* db, const float* dout, const float* in,
                                 const float* w, int N, int IC, int OC) {
     int n, o;
-    DDP_CHECK(ddp_gemm(m, 0, 0, N, IC, OC, 1.f, dout, OC, w, IC, 0.f, din, IC));
-    DDP_CHECK(ddp_gemm(m, 1, 0, OC, IC, N, 1.f, dout, OC, in, IC, 1.f, dw, IC));
+    DDP_CHECK(ddp_gemm(g->m, 0, 0, N, IC, OC, 1.f, dout, OC, w, IC, 0.f, din, IC));
+    DDP_CHECK(ddp_gemm(g->m, 1, 0, OC, IC, N, 1.f, dout, OC, in, IC, 1.f, dw, IC));
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_bias_backward", OC, &db, &dout, &N, &OC);
+        return;
+    }
     for (n = 0; n < N; n++)
         for (o = 0; o < OC; o++) db[o] += dout[(size_t)n * OC + o];
 }
+static const char gpt_cu_linear[] =
+    "extern \"C\" __global__ void gpt_bias_forward(float* out, const float* bias, int N, int OC) {\n"
+    "  GPT_THREAD(i, (long long)N * OC);\n"
+    "  out[i] += bias[i % OC]; }\n"
+    "extern \"C\" __global__ void gpt_bias_backward(float* db, const float* dout, int N, int OC) {\n"
+    "  GPT_THREAD(o, OC);\n"
+    "  float s = db[o];\n"
+    "  for (long long n = 0; n < N; n++) s += dout[n * OC + o];\n"
+    "  db[o] = s; }\n";
+
+/* The masked softmax of causal attention, on rows of T scores: row r belongs to position
+   t = r mod T, which sees positions 0..t; the future gets probability 0. One thread per row. */
+static void gpt_causal_softmax_forward(gpt* g, float* att, int rows, int T) {
+    int r, t, u;
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_causal_softmax_forward", rows, &att, &rows, &T);
+        return;
+    }
+    for (r = 0; r < rows; r++) {
+        float* row = att + (size_t)r * T;
+        float mx = row[0], sum = 0;
+        t = r % T;
+        for (u = 1; u <= t; u++) mx = row[u] > mx ? row[u] : mx;
+        for (u = 0; u <= t; u++) sum += row[u] = expf(row[u] - mx);
+        for (u = 0; u <= t; u++) row[u] /= sum;
+        for (u = t + 1; u < T; u++) row[u] = 0; /* the future: masked */
+    }
+}
+
+/* Through the softmax: dS = P (dP - rowsum(P dP)), times `scale` (the scores' 1/sqrt(HS)), in place
+   of dP. One thread per row. */
+static void gpt_causal_softmax_backward(gpt* g, float* ds, const float* att, int rows, int T, float scale) {
+    int r, t, u;
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_causal_softmax_backward", rows, &ds, &att, &rows, &T, &scale);
+        return;
+    }
+    for (r = 0; r < rows; r++) {
+        const float* pr = att + (size_t)r * T;
+        float *d = ds + (size_t)r * T, dot = 0;
+        t = r % T;
+        for (u = 0; u <= t; u++) dot += pr[u] * d[u];
+        for (u = 0; u < T; u++) d[u] = u <= t ? pr[u] * (d[u] - dot) * scale : 0.f;
+    }
+}
+static const char gpt_cu_causal_softmax[] =
+    "extern \"C\" __global__ void gpt_causal_softmax_forward(float* att, int rows, int T) {\n"
+    "  GPT_THREAD(r, rows);\n"
+    "  float* row = att + r * T; int t = (int)(r % T);\n"
+    "  float mx = row[0], sum = 0.f;\n"
+    "  for (int u = 1; u <= t; u++) mx = row[u] > mx ? row[u] : mx;\n"
+    "  for (int u = 0; u <= t; u++) sum += row[u] = expf(row[u] - mx);\n"
+    "  for (int u = 0; u <= t; u++) row[u] /= sum;\n"
+    "  for (int u = t + 1; u < T; u++) row[u] = 0.f; }\n"
+    "extern \"C\" __global__ void gpt_causal_softmax_backward(float* ds, const float* att, int rows, int T,"
+    " float scale) {\n"
+    "  GPT_THREAD(r, rows);\n"
+    "  const float* pr = att + r * T; float* d = ds + r * T; int t = (int)(r % T);\n"
+    "  float dot = 0.f;\n"
+    "  for (int u = 0; u <= t; u++) dot += pr[u] * d[u];\n"
+    "  for (int u = 0; u < T; u++) d[u] = u <= t ? pr[u] * (d[u] - dot) * scale : 0.f; }\n";
 
 /* Causal self-attention on qkv [B,T,3C] (q, k, v side by side, each split into NH heads of HS).
-   For each sequence and head: scores S = Q K^T / sqrt(HS), the future masked (position t sees
-   positions 0..t), P = softmax of each row, out = P V. Q, K and V are column blocks of qkv, so
-   their rows lie 3C apart: the two products go through ddp_gemm with that leading dimension.
-   att keeps every head's P [B,NH,T,T] for backward. */
-static void gpt_attention_forward(ddp_model* m, float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+   For each sequence and head: scores S = Q K^T / sqrt(HS), P = the masked softmax of each row,
+   out = P V. Q, K and V are column blocks of qkv, so their rows lie 3C apart: the products go
+   through ddp_gemm with that leading dimension, one sequence and head at a time. att keeps every
+   head's P [B,NH,T,T] for backward. */
+static void gpt_attention_forward(gpt* g, float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
     const int HS = C / NH, C3 = 3 * C;
     const float scale = 1.f / sqrtf((float)HS);
-    int b, h, t, u;
+    int b, h;
     for (b = 0; b < B; b++)
         for (h = 0; h < NH; h++) {
             const float* q = qkv + (size_t)b * T * C3 + h * HS; /* q + C: this head's keys, q + 2C: values */
-            float* p = att + ((size_t)b * NH + h) * T * T;
-            DDP_CHECK(ddp_gemm(m, 0, 1, T, T, HS, scale, q, C3, q + C, C3, 0.f, p, T));
-            for (t = 0; t < T; t++) {
-                float* row = p + (size_t)t * T;
-                float mx = row[0], sum = 0;
-                for (u = 1; u <= t; u++) mx = row[u] > mx ? row[u] : mx;
-                for (u = 0; u <= t; u++) sum += row[u] = expf(row[u] - mx);
-                for (u = 0; u <= t; u++) row[u] /= sum;
-                for (u = t + 1; u < T; u++) row[u] = 0; /* the future: masked */
-            }
-            DDP_CHECK(ddp_gemm(m, 0, 0, T, HS, T, 1.f, p, T, q + 2 * C, C3, 0.f, out + (size_t)b * T * C + h * HS, C));
+            DDP_CHECK(ddp_gemm(g->m, 0, 1, T, T, HS, scale, q, C3, q + C, C3, 0.f, att + ((size_t)b * NH + h) * T * T,
+                               T));
+        }
+    gpt_causal_softmax_forward(g, att, B * NH * T, T);
+    for (b = 0; b < B; b++)
+        for (h = 0; h < NH; h++) {
+            const float* v = qkv + (size_t)b * T * C3 + 2 * C + h * HS;
+            DDP_CHECK(ddp_gemm(g->m, 0, 0, T, HS, T, 1.f, att + ((size_t)b * NH + h) * T * T, T, v, C3, 0.f,
+                               out + (size_t)b * T * C + h * HS, C));
         }
 }
 
-/* dqkv (overwritten) from dout: dP = dOut V^T; through the softmax, dS = P (dP - rowsum(P dP));
-   then dQ = dS K / sqrt(HS), dK = dS^T Q / sqrt(HS), dV = P^T dOut. ds: one head's [T,T] scratch. */
-static void gpt_attention_backward(ddp_model* m, float* dqkv, float* ds, const float* dout, const float* qkv,
+/* dqkv (overwritten) from dout: dP = dOut V^T; through the softmax to dS; then dQ = dS K,
+   dK = dS^T Q (dS already carries the 1/sqrt(HS)), dV = P^T dOut. ds: [B,NH,T,T] scratch. */
+static void gpt_attention_backward(gpt* g, float* dqkv, float* ds, const float* dout, const float* qkv,
                                    const float* att, int B, int T, int C, int NH) {
     const int HS = C / NH, C3 = 3 * C;
     const float scale = 1.f / sqrtf((float)HS);
-    int b, h, t, u;
+    int b, h;
+    for (b = 0; b < B; b++)
+        for (h = 0; h < NH; h++) {
+            const float* v = qkv + (size_t)b * T * C3 + 2 * C + h * HS;
+            DDP_CHECK(ddp_gemm(g->m, 0, 1, T, T, HS, 1.f, dout + (size_t)b * T * C + h * HS, C, v, C3, 0.f,
+                               ds + ((size_t)b * NH + h) * T * T, T)); /* dP */
+        }
+    gpt_causal_softmax_backward(g, ds, att, B * NH * T, T, scale);
     for (b = 0; b < B; b++)
         for (h = 0; h < NH; h++) {
             const float *q = qkv + (size_t)b * T * C3 + h * HS, *p = att + ((size_t)b * NH + h) * T * T;
-            const float* dy = dout + (size_t)b * T * C + h * HS;
+            const float *dy = dout + (size_t)b * T * C + h * HS, *d = ds + ((size_t)b * NH + h) * T * T;
             float* dq = dqkv + (size_t)b * T * C3 + h * HS;
-            DDP_CHECK(ddp_gemm(m, 0, 1, T, T, HS, 1.f, dy, C, q + 2 * C, C3, 0.f, ds, T)); /* dP */
-            for (t = 0; t < T; t++) {
-                const float* pr = p + (size_t)t * T;
-                float* d = ds + (size_t)t * T, dot = 0;
-                for (u = 0; u <= t; u++) dot += pr[u] * d[u];
-                for (u = 0; u < T; u++) d[u] = u <= t ? pr[u] * (d[u] - dot) * scale : 0.f;
-            }
-            DDP_CHECK(ddp_gemm(m, 0, 0, T, HS, T, 1.f, ds, T, q + C, C3, 0.f, dq, C3));             /* dQ */
-            DDP_CHECK(ddp_gemm(m, 1, 0, T, HS, T, 1.f, ds, T, q, C3, 0.f, dq + C, C3));             /* dK */
-            DDP_CHECK(ddp_gemm(m, 1, 0, T, HS, T, 1.f, p, T, dy, C, 0.f, dq + 2 * C, C3));          /* dV */
+            DDP_CHECK(ddp_gemm(g->m, 0, 0, T, HS, T, 1.f, d, T, q + C, C3, 0.f, dq, C3));    /* dQ */
+            DDP_CHECK(ddp_gemm(g->m, 1, 0, T, HS, T, 1.f, d, T, q, C3, 0.f, dq + C, C3));    /* dK */
+            DDP_CHECK(ddp_gemm(g->m, 1, 0, T, HS, T, 1.f, p, T, dy, C, 0.f, dq + 2 * C, C3)); /* dV */
         }
 }
 
@@ -204,7 +369,7 @@ static void gpt_attention_backward(ddp_model* m, float* dqkv, float* ds, const f
    distribution's cdf, 0.5 (1 + erf(x / sqrt 2)). erf here is Abramowitz and Stegun's formula
    7.1.26, within 1.5e-7 of the true value (float's own rounding near 1 is 6e-8), because its one
    exponential, exp(-x^2/2), is also what the backward's density needs: one expf per element each
-   way, where erff and expf would be two. */
+   way, where erff and expf would be two. The kernels use the same formula. */
 static float gpt__erf_half(float x, float* e) { /* erf(x / sqrt 2), and *e = exp(-x^2 / 2) */
     float z = fabsf(x) * 0.70710678f, t = 1.f / (1.f + 0.3275911f * z), y;
     *e = expf(-0.5f * x * x);
@@ -213,31 +378,85 @@ static float gpt__erf_half(float x, float* e) { /* erf(x / sqrt 2), and *e = exp
     return x < 0 ? -y : y;
 }
 
-static void gpt_gelu_forward(float* out, const float* in, size_t n) {
-    size_t i;
+static void gpt_gelu_forward(gpt* g, float* out, const float* in, long long n) {
+    long long i;
     float e;
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_gelu_forward", n, &out, &in, &n);
+        return;
+    }
     for (i = 0; i < n; i++) out[i] = 0.5f * in[i] * (1.f + gpt__erf_half(in[i], &e));
 }
 
 /* din = dout (Phi(x) + x phi(x)), phi the normal density; din may be dout. */
-static void gpt_gelu_backward(float* din, const float* in, const float* dout, size_t n) {
-    size_t i;
+static void gpt_gelu_backward(gpt* g, float* din, const float* in, const float* dout, long long n) {
+    long long i;
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_gelu_backward", n, &din, &in, &dout, &n);
+        return;
+    }
     for (i = 0; i < n; i++) {
         float e, cdf = 0.5f * (1.f + gpt__erf_half(in[i], &e));
         din[i] = dout[i] * (cdf + in[i] * 0.39894228f * e);
     }
 }
+static const char gpt_cu_gelu[] =
+    "__device__ float gpt_erf_half(float x, float* e) {\n"
+    "  float z = fabsf(x) * 0.70710678f, t = 1.f / (1.f + 0.3275911f * z);\n"
+    "  *e = expf(-0.5f * x * x);\n"
+    "  float y = 1.f - t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f"
+    " + t * 1.061405429f)))) * *e;\n"
+    "  return x < 0 ? -y : y; }\n"
+    "extern \"C\" __global__ void gpt_gelu_forward(float* out, const float* in, long long n) {\n"
+    "  GPT_THREAD(i, n);\n"
+    "  float e; out[i] = 0.5f * in[i] * (1.f + gpt_erf_half(in[i], &e)); }\n"
+    "extern \"C\" __global__ void gpt_gelu_backward(float* din, const float* in, const float* dout, long long n) {\n"
+    "  GPT_THREAD(i, n);\n"
+    "  float e, cdf = 0.5f * (1.f + gpt_erf_half(in[i], &e));\n"
+    "  din[i] = dout[i] * (cdf + in[i] * 0.39894228f * e); }\n";
 
-static void gpt_residual_forward(float* out, const float* a, const float* b, size_t n) {
-    size_t i;
+/* out = a + b (the residual stream), and a run of zeros. */
+static void gpt_residual_forward(gpt* g, float* out, const float* a, const float* b, long long n) {
+    long long i;
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_residual_forward", n, &out, &a, &b, &n);
+        return;
+    }
     for (i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-/* Softmax of each row of logits [N,V] in place; returns the summed -log p[target] (targets may be
-   NULL: probabilities only, for sampling). */
-static double gpt_softmax_xent_forward(float* probs, const int* targets, int N, int V) {
+static void gpt_zero(gpt* g, float* x, long long n) {
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_zero", n, &x, &n);
+        return;
+    }
+    memset(x, 0, (size_t)n * sizeof(float));
+}
+static const char gpt_cu_elementwise[] =
+    "extern \"C\" __global__ void gpt_residual_forward(float* out, const float* a, const float* b, long long n) {\n"
+    "  GPT_THREAD(i, n);\n"
+    "  out[i] = a[i] + b[i]; }\n"
+    "extern \"C\" __global__ void gpt_zero(float* x, long long n) {\n"
+    "  GPT_THREAD(i, n);\n"
+    "  x[i] = 0.f; }\n";
+
+/* Softmax of each row of logits [N,V] in place, one thread per row; returns the summed
+   -log p[target] (targets may be NULL: probabilities only, for sampling). On the GPU each row's
+   loss is written to g->losses and the host adds them up in double precision, as the CPU does. */
+static double gpt_softmax_xent_forward(gpt* g, float* probs, const int* targets, int N, int V) {
     double total = 0;
     int n, v;
+    if (g->gpu) {
+        int has = targets != NULL;
+        float* losses = g->losses;
+        GPT_LAUNCH(g, "gpt_softmax_xent_forward", N, &probs, &losses, &targets, &has, &N, &V);
+        if (!has) return 0;
+        ddp_device host = {DDP_DEVICE_CPU, 0};
+        DDP_CHECK(ddp_copy(host, g->host_losses, g->dev, losses, (size_t)N * sizeof(float),
+                           NULL)); /* after the work queued: the host waits for the forward here */
+        for (n = 0; n < N; n++) total += g->host_losses[n];
+        return total;
+    }
     for (n = 0; n < N; n++) {
         float* p = probs + (size_t)n * V;
         float mx = p[0], sum = 0;
@@ -250,14 +469,39 @@ static double gpt_softmax_xent_forward(float* probs, const int* targets, int N, 
 }
 
 /* probs -> the gradient of (scale x the mean loss) with respect to the logits, in place. */
-static void gpt_softmax_xent_backward(float* probs, const int* targets, int N, int V, float scale) {
+static void gpt_softmax_xent_backward(gpt* g, float* probs, const int* targets, int N, int V, float scale) {
     int n, v;
+    if (g->gpu) {
+        GPT_LAUNCH(g, "gpt_softmax_xent_backward", N, &probs, &targets, &N, &V, &scale);
+        return;
+    }
     for (n = 0; n < N; n++) {
         float* p = probs + (size_t)n * V;
         p[targets[n]] -= 1.f;
         for (v = 0; v < V; v++) p[v] *= scale / (float)N;
     }
 }
+static const char gpt_cu_softmax_xent[] =
+    "extern \"C\" __global__ void gpt_softmax_xent_forward(float* probs, float* losses, const int* targets,"
+    " int has_targets, int N, int V) {\n"
+    "  GPT_THREAD(n, N);\n"
+    "  float* p = probs + n * V; float mx = p[0], sum = 0.f;\n"
+    "  for (int v = 1; v < V; v++) mx = p[v] > mx ? p[v] : mx;\n"
+    "  for (int v = 0; v < V; v++) sum += p[v] = expf(p[v] - mx);\n"
+    "  for (int v = 0; v < V; v++) p[v] /= sum;\n"
+    "  if (has_targets) losses[n] = -logf(p[targets[n]]); }\n"
+    "extern \"C\" __global__ void gpt_softmax_xent_backward(float* probs, const int* targets, int N, int V,"
+    " float scale) {\n"
+    "  GPT_THREAD(n, N);\n"
+    "  float* p = probs + n * V;\n"
+    "  p[targets[n]] -= 1.f;\n"
+    "  for (int v = 0; v < V; v++) p[v] *= scale / (float)N; }\n";
+
+/* The kernels' source, in the order above, joined by gpt_create for ddp_kernels_compile. */
+static const char* const gpt_cu_source[] = {
+    gpt_cu_prelude, gpt_cu_encoder_forward, gpt_cu_encoder_backward, gpt_cu_layernorm_forward,
+    gpt_cu_layernorm_backward, gpt_cu_linear, gpt_cu_causal_softmax, gpt_cu_gelu, gpt_cu_elementwise,
+    gpt_cu_softmax_xent};
 
 /* ---- building the model -------------------------------------------------------------------------- */
 
@@ -277,7 +521,7 @@ static ddp_param* gpt__tensor(gpt* g, const char* name, int rows, int cols, int 
     return p;
 }
 
-static void* gpt__alloc(size_t n) {
+static void* gpt__alloc(size_t n) { /* host memory */
     void* p = calloc(n ? n : 1, 1);
     if (!p) {
         fprintf(stderr, "gpt: out of memory (%zu bytes)\n", n);
@@ -285,10 +529,20 @@ static void* gpt__alloc(size_t n) {
     }
     return p;
 }
-#define GPT__FLOATS(n) ((float*)gpt__alloc((size_t)(n) * sizeof(float)))
 
-/* The model on the CPU, drawn from `seed`, with room for batches of up to max_bt = B*T positions. */
-static void gpt_create(gpt* g, const gpt_config* cfg, int max_bt, uint64_t seed) {
+/* Activations: n floats (or ints) on the model's device, zero-filled. */
+static float* gpt__floats(gpt* g, size_t n) {
+    void* p = NULL;
+    if (ddp_alloc(g->dev, (n ? n : 1) * sizeof(float), &p) != DDP_OK) {
+        fprintf(stderr, "gpt: out of memory for activations (%zu bytes): %s\n", n * sizeof(float), ddp_error_string());
+        exit(1);
+    }
+    return (float*)p;
+}
+
+/* The model on `dev` (the CPU or a GPU), drawn from `seed` (the same numbers on either), with room
+   for batches of up to max_bt = B*T positions. */
+static void gpt_create(gpt* g, const gpt_config* cfg, ddp_device dev, int max_bt, uint64_t seed) {
     ddp_model_desc md;
     const int C = cfg->width, L = cfg->layers, V = cfg->vocab, T = cfg->ctx;
     int l;
@@ -298,9 +552,18 @@ static void gpt_create(gpt* g, const gpt_config* cfg, int max_bt, uint64_t seed)
         fprintf(stderr, "gpt: width %d is not a multiple of %d heads\n", C, cfg->heads);
         exit(2);
     }
-    g->cfg = *cfg, g->max_bt = max_bt;
-    md.device.type = DDP_DEVICE_CPU, md.seed = seed;
+    g->cfg = *cfg, g->max_bt = max_bt, g->dev = dev, g->gpu = dev.type == DDP_DEVICE_CUDA;
+    md.device = dev, md.seed = seed;
     DDP_CHECK(ddp_model_create(&md, &g->m));
+    if (g->gpu) { /* the kernels, compiled once for this GPU */
+        size_t len = 1, k, nk = sizeof gpt_cu_source / sizeof gpt_cu_source[0];
+        char* src;
+        for (k = 0; k < nk; k++) len += strlen(gpt_cu_source[k]);
+        src = (char*)gpt__alloc(len);
+        for (k = 0; k < nk; k++) strcat(src, gpt_cu_source[k]);
+        DDP_CHECK(ddp_kernels_compile(g->m, src));
+        free(src);
+    }
     g->h = (gpt_block*)gpt__alloc(L * sizeof(gpt_block));
     g->wte = gpt__tensor(g, "transformer.wte.weight", V, C, 0);
     g->wpe = gpt__tensor(g, "transformer.wpe.weight", T, C, 0);
@@ -319,47 +582,70 @@ static void gpt_create(gpt* g, const gpt_config* cfg, int max_bt, uint64_t seed)
     g->lnf_w = gpt__tensor(g, "transformer.ln_f.weight", C, 0, 0);
     g->lnf_b = gpt__tensor(g, "transformer.ln_f.bias", C, 0, 0);
 
-    g->tokens = (int*)gpt__alloc((size_t)max_bt * sizeof(int));
-    g->targets = (int*)gpt__alloc((size_t)max_bt * sizeof(int));
-    g->x0 = GPT__FLOATS((size_t)max_bt * C);
+    g->tokens = (int*)gpt__floats(g, max_bt), g->targets = (int*)gpt__floats(g, max_bt); /* ints: as wide */
+    g->losses = gpt__floats(g, max_bt);
+    g->host_losses = (float*)gpt__alloc((size_t)max_bt * sizeof(float));
+    g->host_probs = (float*)gpt__alloc((size_t)V * sizeof(float));
+    g->x0 = gpt__floats(g, (size_t)max_bt * C);
     g->a = (gpt_acts*)gpt__alloc(L * sizeof(gpt_acts));
     for (l = 0; l < L; l++) {
         gpt_acts* a = &g->a[l];
-        a->ln1 = GPT__FLOATS((size_t)max_bt * C), a->ln1_mean = GPT__FLOATS(max_bt), a->ln1_rstd = GPT__FLOATS(max_bt);
-        a->qkv = GPT__FLOATS((size_t)max_bt * 3 * C);
-        a->att = GPT__FLOATS((size_t)max_bt * cfg->heads * T); /* B*NH*T*T with B*T <= max_bt */
-        a->atty = GPT__FLOATS((size_t)max_bt * C), a->res1 = GPT__FLOATS((size_t)max_bt * C);
-        a->ln2 = GPT__FLOATS((size_t)max_bt * C), a->ln2_mean = GPT__FLOATS(max_bt), a->ln2_rstd = GPT__FLOATS(max_bt);
-        a->fc = GPT__FLOATS((size_t)max_bt * 4 * C), a->fc_gelu = GPT__FLOATS((size_t)max_bt * 4 * C);
-        a->res2 = GPT__FLOATS((size_t)max_bt * C);
+        a->ln1 = gpt__floats(g, (size_t)max_bt * C), a->ln1_mean = gpt__floats(g, max_bt);
+        a->ln1_rstd = gpt__floats(g, max_bt);
+        a->qkv = gpt__floats(g, (size_t)max_bt * 3 * C);
+        a->att = gpt__floats(g, (size_t)max_bt * cfg->heads * T); /* B*NH*T*T with B*T <= max_bt */
+        a->atty = gpt__floats(g, (size_t)max_bt * C), a->res1 = gpt__floats(g, (size_t)max_bt * C);
+        a->ln2 = gpt__floats(g, (size_t)max_bt * C), a->ln2_mean = gpt__floats(g, max_bt);
+        a->ln2_rstd = gpt__floats(g, max_bt);
+        a->fc = gpt__floats(g, (size_t)max_bt * 4 * C), a->fc_gelu = gpt__floats(g, (size_t)max_bt * 4 * C);
+        a->res2 = gpt__floats(g, (size_t)max_bt * C);
     }
-    g->lnf = GPT__FLOATS((size_t)max_bt * C), g->lnf_mean = GPT__FLOATS(max_bt), g->lnf_rstd = GPT__FLOATS(max_bt);
-    g->probs = GPT__FLOATS((size_t)max_bt * V);
-    g->dx = GPT__FLOATS((size_t)max_bt * C), g->dbuf = GPT__FLOATS((size_t)max_bt * C);
-    g->dbig = GPT__FLOATS((size_t)max_bt * 4 * C);
-    g->dscores = GPT__FLOATS((size_t)T * T);
+    g->lnf = gpt__floats(g, (size_t)max_bt * C), g->lnf_mean = gpt__floats(g, max_bt);
+    g->lnf_rstd = gpt__floats(g, max_bt);
+    g->probs = gpt__floats(g, (size_t)max_bt * V);
+    g->dx = gpt__floats(g, (size_t)max_bt * C), g->dbuf = gpt__floats(g, (size_t)max_bt * C);
+    g->dbig = gpt__floats(g, (size_t)max_bt * 4 * C);
+    g->dscores = gpt__floats(g, (size_t)max_bt * cfg->heads * T);
 }
 
 static void gpt_free(gpt* g) {
     int l;
-    ddp_model_destroy(g->m);
+    float* dev[] = {(float*)g->tokens, (float*)g->targets, g->losses, g->x0, g->lnf, g->lnf_mean, g->lnf_rstd,
+                    g->probs, g->dx, g->dbuf, g->dbig, g->dscores};
+    DDP_CHECK(ddp_stream_sync(ddp_model_stream(g->m))); /* the GPU is done with them */
     for (l = 0; l < g->cfg.layers; l++) {
         gpt_acts* a = &g->a[l];
-        free(a->ln1), free(a->ln1_mean), free(a->ln1_rstd), free(a->qkv), free(a->att), free(a->atty), free(a->res1);
-        free(a->ln2), free(a->ln2_mean), free(a->ln2_rstd), free(a->fc), free(a->fc_gelu), free(a->res2);
+        float* acts[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res1,
+                         a->ln2, a->ln2_mean, a->ln2_rstd, a->fc, a->fc_gelu, a->res2};
+        size_t k;
+        for (k = 0; k < sizeof acts / sizeof acts[0]; k++) ddp_free(g->dev, acts[k]);
     }
-    free(g->a), free(g->h), free(g->tokens), free(g->targets), free(g->x0);
-    free(g->lnf), free(g->lnf_mean), free(g->lnf_rstd), free(g->probs), free(g->dx), free(g->dbuf), free(g->dbig);
-    free(g->dscores);
+    {
+        size_t k;
+        for (k = 0; k < sizeof dev / sizeof dev[0]; k++) ddp_free(g->dev, dev[k]);
+    }
+    ddp_model_destroy(g->m);
+    free(g->a), free(g->h), free(g->host_losses), free(g->host_probs);
+}
+
+/* Row `row` of the last forward's next-character probabilities, on the host (V numbers). */
+static const float* gpt_probs(gpt* g, int row) {
+    ddp_device host = {DDP_DEVICE_CPU, 0};
+    const size_t V = (size_t)g->cfg.vocab;
+    if (!g->gpu) return g->probs + (size_t)row * V;
+    DDP_CHECK(ddp_copy(host, g->host_probs, g->dev, g->probs + (size_t)row * V, V * sizeof(float), NULL));
+    return g->host_probs;
 }
 
 /* ---- forward and backward ------------------------------------------------------------------------ */
 
-/* Forward on B sequences of T tokens (B*T <= max_bt, T <= ctx). With targets, returns the mean
-   cross-entropy and keeps what backward needs; without (NULL), returns 0 and leaves the
-   next-character probabilities in g->probs ([B*T, V]). */
+/* Forward on B sequences of T tokens (host arrays; B*T <= max_bt, T <= ctx). With targets, returns
+   the mean cross-entropy and keeps what backward needs; without (NULL), returns 0 and leaves the
+   next-character probabilities for gpt_probs. */
 static float gpt_forward(gpt* g, const int* tokens, const int* targets, int B, int T) {
     const int C = g->cfg.width, NH = g->cfg.heads, V = g->cfg.vocab, L = g->cfg.layers, BT = B * T;
+    const ddp_device host = {DDP_DEVICE_CPU, 0};
+    ddp_stream* s = ddp_model_stream(g->m); /* NULL on the CPU */
     const float* x = g->x0;
     double total = 0;
     int l;
@@ -369,30 +655,30 @@ static float gpt_forward(gpt* g, const int* tokens, const int* targets, int B, i
         exit(2);
     }
     g->B = B, g->T = T;
-    memcpy(g->tokens, tokens, (size_t)BT * sizeof(int));
-    if (targets) memcpy(g->targets, targets, (size_t)BT * sizeof(int));
+    DDP_CHECK(ddp_copy(g->dev, g->tokens, host, tokens, (size_t)BT * sizeof(int), s)); /* to the GPU, if there */
+    if (targets) DDP_CHECK(ddp_copy(g->dev, g->targets, host, targets, (size_t)BT * sizeof(int), s));
     DDP_CHECK(ddp_unit_begin(g->m, 0, DDP_FORWARD)); /* the embeddings and ln_f: unit 0's */
-    gpt_encoder_forward(g->x0, tokens, g->wte->data, g->wpe->data, B, T, C);
+    gpt_encoder_forward(g, g->x0, g->tokens, g->wte->data, g->wpe->data, B, T, C);
     for (l = 0; l < L; l++) {
         gpt_block* k = &g->h[l];
         gpt_acts* a = &g->a[l];
         DDP_CHECK(ddp_unit_begin(g->m, l + 1, DDP_FORWARD)); /* ZeRO-3 gathers block l here */
-        gpt_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, k->ln1_w->data, k->ln1_b->data, BT, C);
-        gpt_linear_forward(g->m, a->qkv, a->ln1, k->attn_w->data, k->attn_b->data, BT, C, 3 * C);
-        gpt_attention_forward(g->m, a->atty, a->att, a->qkv, B, T, C, NH);
-        gpt_linear_forward(g->m, a->res1, a->atty, k->attn_proj_w->data, k->attn_proj_b->data, BT, C, C);
-        gpt_residual_forward(a->res1, a->res1, x, (size_t)BT * C);
-        gpt_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res1, k->ln2_w->data, k->ln2_b->data, BT, C);
-        gpt_linear_forward(g->m, a->fc, a->ln2, k->fc_w->data, k->fc_b->data, BT, C, 4 * C);
-        gpt_gelu_forward(a->fc_gelu, a->fc, (size_t)BT * 4 * C);
-        gpt_linear_forward(g->m, a->res2, a->fc_gelu, k->mlp_proj_w->data, k->mlp_proj_b->data, BT, 4 * C, C);
-        gpt_residual_forward(a->res2, a->res2, a->res1, (size_t)BT * C);
+        gpt_layernorm_forward(g, a->ln1, a->ln1_mean, a->ln1_rstd, x, k->ln1_w->data, k->ln1_b->data, BT, C);
+        gpt_linear_forward(g, a->qkv, a->ln1, k->attn_w->data, k->attn_b->data, BT, C, 3 * C);
+        gpt_attention_forward(g, a->atty, a->att, a->qkv, B, T, C, NH);
+        gpt_linear_forward(g, a->res1, a->atty, k->attn_proj_w->data, k->attn_proj_b->data, BT, C, C);
+        gpt_residual_forward(g, a->res1, a->res1, x, (long long)BT * C);
+        gpt_layernorm_forward(g, a->ln2, a->ln2_mean, a->ln2_rstd, a->res1, k->ln2_w->data, k->ln2_b->data, BT, C);
+        gpt_linear_forward(g, a->fc, a->ln2, k->fc_w->data, k->fc_b->data, BT, C, 4 * C);
+        gpt_gelu_forward(g, a->fc_gelu, a->fc, (long long)BT * 4 * C);
+        gpt_linear_forward(g, a->res2, a->fc_gelu, k->mlp_proj_w->data, k->mlp_proj_b->data, BT, 4 * C, C);
+        gpt_residual_forward(g, a->res2, a->res2, a->res1, (long long)BT * C);
         DDP_CHECK(ddp_unit_end(g->m, l + 1, DDP_FORWARD));
         x = a->res2;
     }
-    gpt_layernorm_forward(g->lnf, g->lnf_mean, g->lnf_rstd, x, g->lnf_w->data, g->lnf_b->data, BT, C);
+    gpt_layernorm_forward(g, g->lnf, g->lnf_mean, g->lnf_rstd, x, g->lnf_w->data, g->lnf_b->data, BT, C);
     DDP_CHECK(ddp_gemm(g->m, 0, 1, BT, V, C, 1.f, g->lnf, C, g->wte->data, C, 0.f, g->probs, V)); /* logits */
-    total = gpt_softmax_xent_forward(g->probs, targets, BT, V);
+    total = gpt_softmax_xent_forward(g, g->probs, targets ? g->targets : NULL, BT, V);
     DDP_CHECK(ddp_unit_end(g->m, 0, DDP_FORWARD));
     return targets ? (float)(total / BT) : 0.f;
 }
@@ -405,13 +691,13 @@ static void gpt_backward(gpt* g, float scale) {
     float *dx = g->dx, *dtmp = g->dbuf;
     int l;
     DDP_CHECK(ddp_unit_begin(g->m, 0, DDP_BACKWARD));
-    gpt_softmax_xent_backward(g->probs, g->targets, BT, V, scale); /* g->probs is now dlogits */
+    gpt_softmax_xent_backward(g, g->probs, g->targets, BT, V, scale); /* g->probs is now dlogits */
     /* the output layer, tied to wte: wte's gradient is not final until the embedding's adds */
     DDP_CHECK(ddp_gemm(g->m, 1, 0, V, C, BT, 1.f, g->probs, V, g->lnf, C, 1.f, g->wte->grad, C));
     DDP_CHECK(ddp_gemm(g->m, 0, 0, BT, C, V, 1.f, g->probs, V, g->wte->data, C, 0.f, dtmp, C));
-    memset(dx, 0, (size_t)BT * C * sizeof(float));
-    gpt_layernorm_backward(dx, g->lnf_w->grad, g->lnf_b->grad, dtmp, L ? g->a[L - 1].res2 : g->x0, g->lnf_w->data,
-                           g->lnf_mean, g->lnf_rstd, BT, C);
+    gpt_zero(g, dx, (long long)BT * C);
+    gpt_layernorm_backward(g, dx, g->lnf_w->grad, g->lnf_b->grad, dtmp, L ? g->a[L - 1].res2 : g->x0,
+                           g->lnf_w->data, g->lnf_mean, g->lnf_rstd, BT, C);
     DDP_CHECK(ddp_param_grad_ready(g->lnf_b));
     DDP_CHECK(ddp_param_grad_ready(g->lnf_w));
     for (l = L - 1; l >= 0; l--) { /* dx: the gradient of block l's output, then of its input */
@@ -420,35 +706,35 @@ static void gpt_backward(gpt* g, float scale) {
         const float* x = l ? g->a[l - 1].res2 : g->x0;
         DDP_CHECK(ddp_unit_begin(g->m, l + 1, DDP_BACKWARD)); /* ZeRO-3 gathers; ZeRO-2/3 make p->grad */
         /* the MLP's branch: dx reaches its output unchanged through the residual */
-        gpt_linear_backward(g->m, g->dbig, k->mlp_proj_w->grad, k->mlp_proj_b->grad, dx, a->fc_gelu,
+        gpt_linear_backward(g, g->dbig, k->mlp_proj_w->grad, k->mlp_proj_b->grad, dx, a->fc_gelu,
                             k->mlp_proj_w->data, BT, 4 * C, C);
         DDP_CHECK(ddp_param_grad_ready(k->mlp_proj_b));
         DDP_CHECK(ddp_param_grad_ready(k->mlp_proj_w));
-        gpt_gelu_backward(g->dbig, a->fc, g->dbig, (size_t)BT * 4 * C);
-        gpt_linear_backward(g->m, dtmp, k->fc_w->grad, k->fc_b->grad, g->dbig, a->ln2, k->fc_w->data, BT, C, 4 * C);
+        gpt_gelu_backward(g, g->dbig, a->fc, g->dbig, (long long)BT * 4 * C);
+        gpt_linear_backward(g, dtmp, k->fc_w->grad, k->fc_b->grad, g->dbig, a->ln2, k->fc_w->data, BT, C, 4 * C);
         DDP_CHECK(ddp_param_grad_ready(k->fc_b));
         DDP_CHECK(ddp_param_grad_ready(k->fc_w));
-        gpt_layernorm_backward(dx, k->ln2_w->grad, k->ln2_b->grad, dtmp, a->res1, k->ln2_w->data, a->ln2_mean,
+        gpt_layernorm_backward(g, dx, k->ln2_w->grad, k->ln2_b->grad, dtmp, a->res1, k->ln2_w->data, a->ln2_mean,
                                a->ln2_rstd, BT, C); /* dx is now the gradient of res1 */
         DDP_CHECK(ddp_param_grad_ready(k->ln2_b));
         DDP_CHECK(ddp_param_grad_ready(k->ln2_w));
         /* the attention's branch */
-        gpt_linear_backward(g->m, dtmp, k->attn_proj_w->grad, k->attn_proj_b->grad, dx, a->atty,
+        gpt_linear_backward(g, dtmp, k->attn_proj_w->grad, k->attn_proj_b->grad, dx, a->atty,
                             k->attn_proj_w->data, BT, C, C);
         DDP_CHECK(ddp_param_grad_ready(k->attn_proj_b));
         DDP_CHECK(ddp_param_grad_ready(k->attn_proj_w));
-        gpt_attention_backward(g->m, g->dbig, g->dscores, dtmp, a->qkv, a->att, B, T, C, NH); /* dqkv: [BT,3C] */
-        gpt_linear_backward(g->m, dtmp, k->attn_w->grad, k->attn_b->grad, g->dbig, a->ln1, k->attn_w->data, BT, C,
+        gpt_attention_backward(g, g->dbig, g->dscores, dtmp, a->qkv, a->att, B, T, C, NH); /* dqkv: [BT,3C] */
+        gpt_linear_backward(g, dtmp, k->attn_w->grad, k->attn_b->grad, g->dbig, a->ln1, k->attn_w->data, BT, C,
                             3 * C);
         DDP_CHECK(ddp_param_grad_ready(k->attn_b));
         DDP_CHECK(ddp_param_grad_ready(k->attn_w));
-        gpt_layernorm_backward(dx, k->ln1_w->grad, k->ln1_b->grad, dtmp, x, k->ln1_w->data, a->ln1_mean,
+        gpt_layernorm_backward(g, dx, k->ln1_w->grad, k->ln1_b->grad, dtmp, x, k->ln1_w->data, a->ln1_mean,
                                a->ln1_rstd, BT, C); /* dx is now the gradient of the block's input */
         DDP_CHECK(ddp_param_grad_ready(k->ln1_b));
         DDP_CHECK(ddp_param_grad_ready(k->ln1_w));
         DDP_CHECK(ddp_unit_end(g->m, l + 1, DDP_BACKWARD)); /* ZeRO-2/3 reduce-scatter block l */
     }
-    gpt_encoder_backward(g->wte->grad, g->wpe->grad, dx, g->tokens, B, T, C);
+    gpt_encoder_backward(g, g->wte->grad, g->wpe->grad, dx, g->tokens, B, T, C);
     DDP_CHECK(ddp_param_grad_ready(g->wpe));
     DDP_CHECK(ddp_param_grad_ready(g->wte)); /* last: both of its uses have added in */
     DDP_CHECK(ddp_unit_end(g->m, 0, DDP_BACKWARD)); /* DDP waits for the all-reduces here */

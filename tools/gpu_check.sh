@@ -11,7 +11,8 @@
 # ones PyTorch's wheels bring) and says which it used; reports the driver, toolkit and NCCL
 # versions; runs make test-gpu (tests/run.sh --gpu), the chapter-1 and chapter-3 programs on the
 # GPU (chapter 3 with one NCCL rank, and with two ranks on the CPU backend with GPU buffers), the
-# DDP equivalence test on GPU buffers, compute-sanitizer's memcheck, initcheck and synccheck where
+# DDP equivalence test on GPU buffers, chapter 12's GPT (its kernels against its C loops, and a
+# short run of nanoGPT's GPU setting), compute-sanitizer's memcheck, initcheck and synccheck where
 # the toolkit has it, and make bench-gpu beside PyTorch. The report goes to
 # BUILD/gpu-check/report.txt, with every step's full output beside it, and is printed at the end.
 set -u
@@ -60,8 +61,8 @@ else
     PROGS="$BUILD"
     say "mode: a real GPU"
 fi
-for p in tests/test_gpu tests/test_gpu_pg tests/test_ddp tests/test_own_model examples/ch01_single_gpu examples/ch03_multi_gpu \
-         examples/ch08_large_mlp bench/large_mlp_launched; do
+for p in tests/test_gpu tests/test_gpu_pg tests/test_ddp tests/test_own_model tests/test_gpt examples/ch01_single_gpu \
+         examples/ch03_multi_gpu examples/ch08_large_mlp examples/ch12_gpt bench/large_mlp_launched; do
     if [ ! -x "$PROGS/$p" ]; then
         say "FAIL: $PROGS/$p is not built: run make gpu-check-build (BUILD=$BUILD) on a machine with the CUDA toolkit"
         exit 1
@@ -118,6 +119,13 @@ step chapter3_cpu_backend_gpu_buffers_2_ranks 'test accuracy: (0\.9[5-9]|1\.0)' 
 step equivalence_on_gpu_buffers '^ok   equivalence_all_worlds_and_buckets' "$PROGS/tests/test_ddp" --gpu
 # a model of one's own (its tensors on the GPU, its forward and backward through host copies)
 step own_model_on_gpu_buffers '^ok   own_model_equivalence' "$PROGS/tests/test_own_model" --gpu
+# chapter 12's GPT: its kernels (examples/gpt.h, compiled by ddp_kernels_compile) against its C loops
+# on one batch, then a short run of nanoGPT's GPU setting (the stand-in: a tiny model)
+step gpt_kernels_match_cpu '^ok   gpt_gpu_matches_cpu' "$PROGS/tests/test_gpt" --gpu
+if [ "$STANDIN" = 1 ]; then gpt_size=(--layers 2 --heads 2 --width 32 --ctx 32 --batch-size 4)
+else gpt_size=(--layers 6 --heads 6 --width 384 --ctx 256 --batch-size 64); fi
+step chapter12_gpt_on_the_gpu '^step +60/60 .* tokens/s' "$PROGS/examples/ch12_gpt" --device cuda "${gpt_size[@]}" \
+    --steps 60 --warmup 10 --log-every 10 --eval-every 0 --eval-batches 4 --sample 200
 # compute-sanitizer (the toolkit's): out-of-bounds and misaligned accesses, leaks, reads of device
 # memory never written, and barrier misuse, in ddp.h's kernels and CUDA calls. Not on the stand-in,
 # whose "GPU" is the host.
@@ -142,7 +150,7 @@ fi
 if [ -s "$OUT/bench_gpu.log" ]; then
     say ""
     say "make bench-gpu's table (targets: the large model's step at most 1.1x PyTorch's; the tutorial model's"
-    say "step at most 0.5x PyTorch's):"
+    say "step at most 0.5x PyTorch's; the GPT's at most 1.0x PyTorch eager's):"
     sed -n '/^=\{20,\}/,$p' "$OUT/bench_gpu.log" | tee -a "$REPORT"
 fi
 say ""

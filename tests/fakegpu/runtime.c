@@ -1088,6 +1088,34 @@ FG_EXPORT cudaError_t cudaLibraryLoadData(cudaLibrary_t* out, const void* code, 
     return cudaSuccess;
 }
 
+/* Unloading: its kernels are forgotten (a later launch of one is cudaErrorInvalidDeviceFunction)
+   and the shared object closed; the caller has waited for the work that used them, as CUDA asks. */
+FG_EXPORT cudaError_t cudaLibraryUnload(cudaLibrary_t h) {
+    struct CUlib_st **l, *lib = NULL;
+    struct CUkern_st **k;
+    FG_ENTER();
+    pthread_mutex_lock(&fg_lock);
+    for (l = &fg_libs; *l; l = &(*l)->next)
+        if (*l == (struct CUlib_st*)h) {
+            lib = *l, *l = lib->next;
+            break;
+        }
+    for (k = &fg_kernels; lib && *k;) {
+        if ((*k)->lib == lib) {
+            struct CUkern_st* dead = *k;
+            *k = dead->next;
+            free(dead);
+        } else {
+            k = &(*k)->next;
+        }
+    }
+    pthread_mutex_unlock(&fg_lock);
+    if (!lib) return fg_ret(cudaErrorInvalidResourceHandle);
+    dlclose(lib->so);
+    free(lib);
+    return cudaSuccess;
+}
+
 FG_EXPORT cudaError_t cudaLibraryGetKernel(cudaKernel_t* out, cudaLibrary_t h, const char* name) {
     struct CUlib_st* lib;
     struct CUkern_st* k;

@@ -71,6 +71,24 @@ prog "test_gpu (4 GPUs)" env FAKEGPU_DEVICES=4 DDP_REQUIRE_GPU=1 "$FG/tests/test
 prog "test_gpu_pg (4 GPUs)" env FAKEGPU_DEVICES=4 DDP_REQUIRE_GPU=1 "$FG/tests/test_gpu_pg"
 prog "test_ddp --gpu (4 GPUs, NCCL)" env FAKEGPU_DEVICES=4 "$FG/tests/test_ddp" --gpu
 prog "test_own_model --gpu (4 GPUs, NCCL)" env FAKEGPU_DEVICES=4 "$FG/tests/test_own_model" --gpu
+prog "test_gpt --gpu (4 GPUs, NCCL)" env FAKEGPU_DEVICES=4 "$FG/tests/test_gpt" --gpu
+
+# ---- chapter 12's GPT on NCCL: its kernels (examples/gpt.h) against its C loops ------------------------
+# 2 ranks on 2 GPUs, ZeRO-3, accumulation: the held-out losses and the sampled text are the CPU run's.
+echo "== chapter 12's GPT on NCCL"
+gpt_args=(--nproc 2 --layers 2 --heads 2 --width 32 --ctx 32 --batch-size 4 --warmup 5 --steps 24 --accum 2
+          --eval-every 0 --eval-batches 4 --sample 40 --zero-stage 3 --save-every 0)
+cpu_out=$(with_timeout 120 "$BUILD/examples/ch12_gpt" "${gpt_args[@]}" 2>&1)
+gpu_out=$(FAKEGPU_DEVICES=2 DDP_DEBUG=INFO with_timeout 300 "$FG/examples/ch12_gpt" "${gpt_args[@]}" --device cuda 2>&1)
+cpu_end=$(grep -A1 -E '^step 24: train loss|^---- 40 characters' <<<"$cpu_out")
+gpu_end=$(grep -v '^\[' <<<"$gpu_out" | grep -A1 -E '^step 24: train loss|^---- 40 characters')
+joined=$(grep -c 'joined the job on host .*: backend nccl, device cuda:' <<<"$gpu_out")
+if [ -n "$cpu_end" ] && [ "$cpu_end" = "$gpu_end" ] && [ "$joined" = 2 ]; then
+    ok "ch12_gpt_nccl_2_ranks_zero3 (the CPU run's losses and text: $(head -n 1 <<<"$gpu_end"))"
+else
+    bad ch12_gpt_nccl_2_ranks_zero3 "want the CPU run's last losses and sample, with 2 ranks joined on nccl ($joined did)" \
+        "CPU: $(tr '\n' ' ' <<<"$cpu_end")" "GPU: $(tr '\n' ' ' <<<"$gpu_end")" "$(grep -E 'DDP_ERR|fakegpu' <<<"$gpu_out" | tail -n 4)"
+fi
 
 # ---- the chapter-3 program over NCCL ----------------------------------------------------------------
 echo "== chapter 3 on NCCL"
@@ -221,10 +239,10 @@ if ! command -v python3 >/dev/null 2>&1; then skp bench_gpu_code_path "python3 i
 else
     out=$(BENCH_FAKEGPU=1 BENCH_HAVE_CUDA=1 BENCH_STEPS=1 BENCH_WARMUP=1 BENCH_STEP_ROUNDS=1 with_timeout 600 \
           python3 bench/run.py --gpu "$BUILD" 2>&1); rc=$?
-    rows=$(grep -cE '^ddp\.h(, 1 process, GPU| DDP, 1 rank, NCCL| DDP, 2 ranks, CPU backend, GPU buffers|, tutorial model, 1 process, GPU) +[0-9.]+ ' <<<"$out")
-    if [ $rc -eq 0 ] && [ "$rows" = 4 ] && grep -q '^took [0-9]* s; CSV: ' <<<"$out"; then
-        ok "bench_gpu_code_path (ddp.h's four rows measured: 1 process, DDP over NCCL, the CPU backend with GPU buffers, the tutorial model)"
-    else bad bench_gpu_code_path "exit status $rc, $rows of 4 ddp.h rows measured" "$(tail -n 14 <<<"$out")"; fi
+    rows=$(grep -cE '^ddp\.h(, 1 process, GPU| DDP, 1 rank, NCCL| DDP, 2 ranks, CPU backend, GPU buffers|, tutorial model, 1 process, GPU|, GPT, 1 process, GPU) +[0-9.]+ ' <<<"$out")
+    if [ $rc -eq 0 ] && [ "$rows" = 5 ] && grep -q '^took [0-9]* s; CSV: ' <<<"$out"; then
+        ok "bench_gpu_code_path (ddp.h's five rows measured: 1 process, DDP over NCCL, the CPU backend with GPU buffers, the tutorial model, the GPT)"
+    else bad bench_gpu_code_path "exit status $rc, $rows of 5 ddp.h rows measured" "$(tail -n 14 <<<"$out")"; fi
 fi
 
 echo "GPU stand-in section: $pass passed, $fail failed, $skip skipped"

@@ -5,13 +5,17 @@
      and the tied output layer's share of wte).
    - N ranks with batch B/N train the weights one process trains with batch B (relative 1e-5 after
      20 steps), at ZeRO stages 0-3, with AdamW (decay on the 2-D tensors only), a schedule, clipping
-     at a global norm that binds, and two micro-batches accumulated under no_sync per step. */
+     at a global norm that binds, and two micro-batches accumulated under no_sync per step.
+   With --gpu (the GPU stand-in, or a real GPU): the model's kernels (examples/gpt.h) give the CPU's
+   loss, probabilities and gradients on a fixed batch, and 2 and 4 ranks over NCCL, one GPU each,
+   train the weights of one GPU process. */
 #define DDP_IMPLEMENTATION
 #include "ddp.h"
 #include "harness.h"
 #include "../../examples/gpt.h"
 
 static char g_dir[64];
+static int g_gpu, g_gpus; /* --gpu: ranks on GPUs (NCCL); how many GPUs there are */
 
 /* ---- a forward in double precision, written independently of gpt.h ------------------------------ */
 
@@ -113,7 +117,7 @@ static void gpt_backward_matches_finite_differences(void) {
     ddp_rng r = ddp_rng_seed(7);
     dnet d = {&c, NULL};
     size_t n, at;
-    gpt_create(&g, &c, B * T, 3);
+    gpt_create(&g, &c, (ddp_device){DDP_DEVICE_CPU, 0}, B * T, 3);
     n = ddp_model_num_elements(g.m);
     for (pi = 0; pi < ddp_model_num_params(g.m); pi++) { /* gains near 1 */
         ddp_param* p = ddp_model_param(g.m, pi);
@@ -197,11 +201,11 @@ static int train_rank(int rank, void* arg) {
     int tok[GB * TT], tgt[GB * TT], step, k, W, per;
     float norms[STEPS] = {0};
     char path[128];
-    d.device.type = DDP_DEVICE_CPU, d.timeout_s = 60;
+    d.device.type = g_gpu ? DDP_DEVICE_CUDA : DDP_DEVICE_CPU, d.timeout_s = 60;
     if (ddp_init(&d, &pg) != DDP_OK) return printf("    rank %d: ddp_init: %s\n", rank, ddp_error_string()), 10;
     W = ddp_world_size(pg);
     per = GB / (W * c->accum);
-    gpt_create(&g, &g_cfg, per * TT, 5 + (uint64_t)rank); /* other weights on other ranks: rank 0's win */
+    gpt_create(&g, &g_cfg, ddp_pg_device(pg), per * TT, 5 + (uint64_t)rank); /* other weights on other ranks: rank 0's win */
     wd.zero_stage = c->zero;
     if (ddp_wrap(pg, g.m, &wd, &w) != DDP_OK)
         return printf("    rank %d: ddp_wrap: %s\n", rank, ddp_error_string()), 11;
@@ -223,9 +227,11 @@ static int train_rank(int rank, void* arg) {
     {
         float* all = malloc(ddp_model_num_elements(g.m) * 4);
         size_t at = 0;
-        for (k = 0; k < ddp_model_num_params(g.m); k++) {
+        for (k = 0; k < ddp_model_num_params(g.m); k++) { /* p->data is on the model's device */
             ddp_param* p = ddp_model_param(g.m, k);
-            memcpy(all + at, p->data, p->count * 4), at += p->count;
+            if (ddp_copy((ddp_device){DDP_DEVICE_CPU, 0}, all + at, g.dev, p->data, p->count * 4, NULL) != DDP_OK)
+                return 18;
+            at += p->count;
         }
         h_save_floats(path, all, at);
         free(all);
@@ -258,15 +264,18 @@ static void gpt_ranks_train_what_one_process_trains(void) {
     float refn[STEPS], nrm[STEPS];
     const float clip = 0.5f;
     size_t n = reference(ref, refn, clip), k;
-    int stage, W = 2, r, clipped = 0;
+    int stage, W, r, clipped = 0, most = 1; /* the most ranks that ran */
     double worst = 0;
     CHECKF(n > 0, "the one-process run failed: %s", ddp_error_string());
     if (!n) return;
     for (k = 0; k < STEPS; k++) clipped += refn[k] > clip;
     CHECKF(clipped > 0, "the clipping never binds (norms %.3f .. %.3f): the test would not see it", refn[0],
            refn[STEPS - 1]);
+    for (W = 2; W <= 4; W += 2)
     for (stage = 0; stage <= 3; stage++) {
         run c = {0, 2, 0};
+        if ((W == 4 && !g_gpu) || (g_gpu && W > g_gpus)) break; /* 4 ranks: on NCCL only; a GPU per rank */
+        most = W;
         double num = 0, den = 0, nn = 0, nd = 0;
         char path[128];
         c.zero = stage, c.clip = clip;
@@ -293,16 +302,85 @@ static void gpt_ranks_train_what_one_process_trains(void) {
                stage, W, sqrt(num / den), sqrt(nn / nd));
         if (sqrt(num / den) > worst) worst = sqrt(num / den);
     }
-    printf("    %zu weights after %d AdamW steps, clipped at %.1f on %d of them: worst relative distance %.2g\n", n,
-           STEPS, clip, clipped, worst);
+    if (most == 1) SKIP("one GPU: NCCL needs a GPU for each rank (the one-process run alone ran)");
+    printf("    %zu weights after %d AdamW steps, clipped at %.1f on %d of them: worst relative distance %.2g%s\n", n,
+           STEPS, clip, clipped, worst, !g_gpu ? "" : most == 4 ? " (2 and 4 GPUs over NCCL)" : " (2 GPUs over NCCL)");
 }
 
-int main(void) {
+/* ---- the kernels against the C loops ---------------------------------------------------------------- */
+
+/* The largest |a - b| over n numbers, relative to the largest |b| (at least `floor`). */
+static double rel_diff(const float* a, const float* b, size_t n, double floor) {
+    double err = 0, scale = floor;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        if (fabs(b[i]) > scale) scale = fabs(b[i]);
+        if (fabs(a[i] - b[i]) > err) err = fabs(a[i] - b[i]);
+    }
+    return err / scale;
+}
+
+/* The same model (drawn from one seed) on the CPU and on GPU 0, one fixed batch: the loss, the
+   next-character probabilities and every tensor's gradient agree to float rounding. Weights are
+   made large, as above, so that every kernel's branch matters (attention far from uniform). */
+static void gpt_gpu_matches_cpu(void) {
+    const gpt_config c = {.vocab = 11, .ctx = 8, .layers = 2, .heads = 2, .width = 16};
+    enum { B = 3, T = 8 };
+    const ddp_device cpu = {DDP_DEVICE_CPU, 0}, gpu = {DDP_DEVICE_CUDA, 0};
+    static float host[1 << 14];
+    int tok[B * T], tgt[B * T], i, pi;
+    double worst = 0, err, probs_err;
+    float loss_cpu, loss_gpu, probs_cpu[11];
+    const char* worst_at = "-";
+    gpt a, b;
+    ddp_rng r = ddp_rng_seed(11);
+    gpt_create(&a, &c, cpu, B * T, 4);
+    gpt_create(&b, &c, gpu, B * T, 4);
+    for (pi = 0; pi < ddp_model_num_params(a.m); pi++) {
+        ddp_param *p = ddp_model_param(a.m, pi), *q = ddp_model_param(b.m, pi);
+        int gain = strstr(p->name, "ln_") && strstr(p->name, ".weight");
+        for (i = 0; i < (int)p->count; i++) p->data[i] = (ddp_rng_uniform(&r) - 0.5f) * 0.8f + (float)gain;
+        CHECK_OK(ddp_copy(gpu, q->data, cpu, p->data, p->count * 4, NULL));
+    }
+    for (i = 0; i < B * T; i++) tok[i] = (int)ddp_rng_below(&r, 11), tgt[i] = (int)ddp_rng_below(&r, 11);
+    CHECK_OK(ddp_model_zero_grad(a.m));
+    CHECK_OK(ddp_model_zero_grad(b.m));
+    loss_cpu = gpt_forward(&a, tok, tgt, B, T), loss_gpu = gpt_forward(&b, tok, tgt, B, T);
+    CHECKF(fabs(loss_cpu - loss_gpu) <= 1e-5 * fabs(loss_cpu), "loss %.7f on the CPU, %.7f on the GPU", loss_cpu,
+           loss_gpu);
+    gpt_backward(&a, 0.5f), gpt_backward(&b, 0.5f);
+    for (pi = 0; pi < ddp_model_num_params(a.m); pi++) {
+        ddp_param *p = ddp_model_param(a.m, pi), *q = ddp_model_param(b.m, pi);
+        CHECK_OK(ddp_copy(cpu, host, gpu, q->grad, p->count * 4, NULL));
+        err = rel_diff(host, p->grad, p->count, 1e-6);
+        CHECKF(err <= 1e-4, "%s: the GPU's gradient is off by %.3g of its largest element", p->name, err);
+        if (err > worst) worst = err, worst_at = p->name;
+    }
+    gpt_forward(&a, tok, NULL, 1, T), gpt_forward(&b, tok, NULL, 1, T); /* sampling's forward */
+    memcpy(probs_cpu, gpt_probs(&a, T - 1), sizeof probs_cpu);
+    probs_err = rel_diff(gpt_probs(&b, T - 1), probs_cpu, 11, 1e-6);
+    CHECKF(probs_err <= 1e-5, "the last position's probabilities differ by %.3g", probs_err);
+    printf("    loss %.6f (CPU) and %.6f (GPU); gradients within %.2g of each tensor's largest (%s); "
+           "probabilities within %.2g\n", loss_cpu, loss_gpu, worst, worst_at, probs_err);
+    gpt_free(&a), gpt_free(&b);
+}
+
+int main(int argc, char** argv) {
     char tmpl[] = "/tmp/ddp_gpt_XXXXXX";
+    char why[256];
+    g_gpu = argc > 1 && !strcmp(argv[1], "--gpu");
+    if (g_gpu) {
+        g_gpus = h_gpus_in_child(why, sizeof why);
+        if (g_gpus < 1) {
+            printf("skip gpt (--gpu): %s\n", why);
+            return 0;
+        }
+    }
     if (!mkdtemp(tmpl)) return 1;
     snprintf(g_dir, sizeof g_dir, "%s", tmpl);
-    RUN(gpt_backward_matches_finite_differences);
+    if (!g_gpu) RUN(gpt_backward_matches_finite_differences);
     RUN(gpt_ranks_train_what_one_process_trains);
+    if (g_gpu) RUN(gpt_gpu_matches_cpu); /* last: CUDA in this process, and a forked rank could not use it */
     h_remove_tree(g_dir);
     return H_EXIT();
 }
