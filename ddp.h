@@ -2795,6 +2795,12 @@ typedef ddp_status (*ddp_post_backward_fn)(ddp_model* m, void* user);
    product, for a forward and backward of your own. */
 DDP_API ddp_status ddp_gemm(ddp_model* m, int ta, int tb, int M, int N, int K, float alpha, const float* A,
                             int lda, const float* B, int ldb, float beta, float* C, int ldc);
+/* count such products at once: C_i = alpha op(A_i) op(B_i) + beta C_i, where X_i starts stride_x
+   floats after X_{i-1}. One call on a GPU (cuBLAS's strided batched product), a loop on the CPU:
+   attention's products, one per sequence, where one call each would cost a launch each. */
+DDP_API ddp_status ddp_gemm_batched(ddp_model* m, int ta, int tb, int M, int N, int K, float alpha, const float* A,
+                                    int lda, long long stride_a, const float* B, int ldb, long long stride_b,
+                                    float beta, float* C, int ldc, long long stride_c, int count);
 /* Your own GPU kernels, for the other operations of such a forward and backward: CUDA C source
    of extern "C" __global__ functions, compiled by NVRTC for the model's GPU (a later call
    replaces it). DDP_ERR_INVALID_ARGUMENT for a model on the CPU (there, write the loop in C);
@@ -3353,6 +3359,31 @@ DDP__DEF ddp_status ddp_gemm(ddp_model* m, int ta, int tb, int M, int N, int K, 
 #endif
     (void)m;
     ddp__gemm_cpu(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return DDP_OK;
+}
+
+DDP__DEF ddp_status ddp_gemm_batched(ddp_model* m, int ta, int tb, int M, int N, int K, float alpha, const float* A,
+                                    int lda, long long stride_a, const float* B, int ldb, long long stride_b,
+                                    float beta, float* C, int ldc, long long stride_c, int count) {
+    int i;
+    if (count < 0) return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_gemm_batched: count %d < 0", count);
+#if DDP__CUDA
+    if (m->device.type == DDP_DEVICE_CUDA) { /* operands swapped, as in ddp_gemm */
+        if (count == 0) return DDP_OK;
+        DDP__BLAS(cublasSgemmStridedBatched(m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            N, M, K, &alpha, B, ldb, stride_b, A, lda, stride_a, &beta, C, ldc,
+                                            stride_c, count));
+        if (ddp__log_level_enabled() >= DDP_LOG_DETAIL) {
+            cudaError_t e = cudaStreamSynchronize(m->stream->s);
+            if (e != cudaSuccess)
+                return ddp__fail_cuda(e, "cublasSgemmStridedBatched (synchronised under DDP_DEBUG=DETAIL)", __LINE__);
+        }
+        return DDP_OK;
+    }
+#endif
+    for (i = 0; i < count; i++)
+        DDP__TRY(ddp_gemm(m, ta, tb, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
+                          C + i * stride_c, ldc));
     return DDP_OK;
 }
 

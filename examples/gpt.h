@@ -16,7 +16,8 @@
      - backward calls ddp_param_grad_ready(p) the moment p's gradient is final: a block's tensors
        as its backward leaves them, wte last of all (the output layer and the embedding both add
        into its gradient).
-   The matrix products go through ddp_gemm (cuBLAS on a GPU; OpenBLAS or ddp.h's loop on the CPU).
+   The matrix products go through ddp_gemm and ddp_gemm_batched (cuBLAS on a GPU; OpenBLAS or
+   ddp.h's loop on the CPU).
    Each other operation is written twice, side by side: a plain C loop for the CPU, and the same
    loop as a CUDA kernel (in a string, compiled at run time by ddp_kernels_compile and run by
    ddp_launch) for a GPU, one thread per element or per row, every sum taken in the C loop's order.
@@ -319,25 +320,22 @@ static const char gpt_cu_causal_softmax[] =
 /* Causal self-attention on qkv [B,T,3C] (q, k, v side by side, each split into NH heads of HS).
    For each sequence and head: scores S = Q K^T / sqrt(HS), P = the masked softmax of each row,
    out = P V. Q, K and V are column blocks of qkv, so their rows lie 3C apart: the products go
-   through ddp_gemm with that leading dimension, one sequence and head at a time. att keeps every
-   head's P [B,NH,T,T] for backward. */
+   through ddp_gemm_batched with that leading dimension, one call per head for all B sequences
+   (each sequence's block lies T rows further on). att keeps every head's P [B,NH,T,T] for backward. */
 static void gpt_attention_forward(gpt* g, float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
     const int HS = C / NH, C3 = 3 * C;
+    const long long s_qkv = (long long)T * C3, s_att = (long long)NH * T * T, s_out = (long long)T * C;
     const float scale = 1.f / sqrtf((float)HS);
-    int b, h;
-    for (b = 0; b < B; b++)
-        for (h = 0; h < NH; h++) {
-            const float* q = qkv + (size_t)b * T * C3 + h * HS; /* q + C: this head's keys, q + 2C: values */
-            DDP_CHECK(ddp_gemm(g->m, 0, 1, T, T, HS, scale, q, C3, q + C, C3, 0.f, att + ((size_t)b * NH + h) * T * T,
-                               T));
-        }
+    int h;
+    for (h = 0; h < NH; h++) {
+        const float* q = qkv + h * HS; /* q + C: this head's keys, q + 2C: its values */
+        DDP_CHECK(ddp_gemm_batched(g->m, 0, 1, T, T, HS, scale, q, C3, s_qkv, q + C, C3, s_qkv, 0.f,
+                                   att + (size_t)h * T * T, T, s_att, B));
+    }
     gpt_causal_softmax_forward(g, att, B * NH * T, T);
-    for (b = 0; b < B; b++)
-        for (h = 0; h < NH; h++) {
-            const float* v = qkv + (size_t)b * T * C3 + 2 * C + h * HS;
-            DDP_CHECK(ddp_gemm(g->m, 0, 0, T, HS, T, 1.f, att + ((size_t)b * NH + h) * T * T, T, v, C3, 0.f,
-                               out + (size_t)b * T * C + h * HS, C));
-        }
+    for (h = 0; h < NH; h++)
+        DDP_CHECK(ddp_gemm_batched(g->m, 0, 0, T, HS, T, 1.f, att + (size_t)h * T * T, T, s_att,
+                                   qkv + 2 * C + h * HS, C3, s_qkv, 0.f, out + h * HS, C, s_out, B));
 }
 
 /* dqkv (overwritten) from dout: dP = dOut V^T; through the softmax to dS; then dQ = dS K,
@@ -345,24 +343,23 @@ static void gpt_attention_forward(gpt* g, float* out, float* att, const float* q
 static void gpt_attention_backward(gpt* g, float* dqkv, float* ds, const float* dout, const float* qkv,
                                    const float* att, int B, int T, int C, int NH) {
     const int HS = C / NH, C3 = 3 * C;
+    const long long s_qkv = (long long)T * C3, s_att = (long long)NH * T * T, s_out = (long long)T * C;
     const float scale = 1.f / sqrtf((float)HS);
-    int b, h;
-    for (b = 0; b < B; b++)
-        for (h = 0; h < NH; h++) {
-            const float* v = qkv + (size_t)b * T * C3 + 2 * C + h * HS;
-            DDP_CHECK(ddp_gemm(g->m, 0, 1, T, T, HS, 1.f, dout + (size_t)b * T * C + h * HS, C, v, C3, 0.f,
-                               ds + ((size_t)b * NH + h) * T * T, T)); /* dP */
-        }
+    int h;
+    for (h = 0; h < NH; h++) /* dP */
+        DDP_CHECK(ddp_gemm_batched(g->m, 0, 1, T, T, HS, 1.f, dout + h * HS, C, s_out, qkv + 2 * C + h * HS, C3, s_qkv,
+                                   0.f, ds + (size_t)h * T * T, T, s_att, B));
     gpt_causal_softmax_backward(g, ds, att, B * NH * T, T, scale);
-    for (b = 0; b < B; b++)
-        for (h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + h * HS, *p = att + ((size_t)b * NH + h) * T * T;
-            const float *dy = dout + (size_t)b * T * C + h * HS, *d = ds + ((size_t)b * NH + h) * T * T;
-            float* dq = dqkv + (size_t)b * T * C3 + h * HS;
-            DDP_CHECK(ddp_gemm(g->m, 0, 0, T, HS, T, 1.f, d, T, q + C, C3, 0.f, dq, C3));    /* dQ */
-            DDP_CHECK(ddp_gemm(g->m, 1, 0, T, HS, T, 1.f, d, T, q, C3, 0.f, dq + C, C3));    /* dK */
-            DDP_CHECK(ddp_gemm(g->m, 1, 0, T, HS, T, 1.f, p, T, dy, C, 0.f, dq + 2 * C, C3)); /* dV */
-        }
+    for (h = 0; h < NH; h++) {
+        const float *q = qkv + h * HS, *d = ds + (size_t)h * T * T;
+        float* dq = dqkv + h * HS;
+        DDP_CHECK(ddp_gemm_batched(g->m, 0, 0, T, HS, T, 1.f, d, T, s_att, q + C, C3, s_qkv, 0.f, dq, C3, s_qkv,
+                                   B)); /* dQ */
+        DDP_CHECK(ddp_gemm_batched(g->m, 1, 0, T, HS, T, 1.f, d, T, s_att, q, C3, s_qkv, 0.f, dq + C, C3, s_qkv,
+                                   B)); /* dK */
+        DDP_CHECK(ddp_gemm_batched(g->m, 1, 0, T, HS, T, 1.f, att + (size_t)h * T * T, T, s_att, dout + h * HS, C,
+                                   s_out, 0.f, dq + 2 * C, C3, s_qkv, B)); /* dV */
+    }
 }
 
 /* GELU, the exact form (nn.GELU's default, which nanoGPT uses): x Phi(x), Phi the normal

@@ -1,5 +1,6 @@
-/* fakegpu's cuBLAS: a handle bound to a GPU and a stream, and cublasSgemm with the documented
-   column-major semantics, its arguments checked as cuBLAS checks them, run on the handle's stream.
+/* fakegpu's cuBLAS: a handle bound to a GPU and a stream, and cublasSgemm (and its strided batched
+   form, one product after another) with the documented column-major semantics, its arguments
+   checked as cuBLAS checks them, run on the handle's stream.
    alpha and beta are read at the call (CUBLAS_POINTER_MODE_HOST, the default); with beta == 0, C
    is not read (it may hold NaN), as documented. */
 #define _GNU_SOURCE
@@ -165,4 +166,19 @@ FG_EXPORT cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t tran
     op->arg = g, op->run = fg_gemm_run, op->fini = fg_gemm_fini, op->what = "cublasSgemm";
     fg_enqueue(s, op);
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* count products, the i-th on A + i strideA, B + i strideB, C + i strideC, queued one after another */
+FG_EXPORT cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb,
+                                                   int m, int n, int k, const float* alpha, const float* A, int lda,
+                                                   long long int strideA, const float* B, int ldb,
+                                                   long long int strideB, const float* beta, float* C, int ldc,
+                                                   long long int strideC, int batchCount) {
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    int i;
+    if (batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    for (i = 0; i < batchCount && st == CUBLAS_STATUS_SUCCESS; i++)
+        st = cublasSgemm_v2(h, transa, transb, m, n, k, alpha, A + i * strideA, lda, B + i * strideB, ldb, beta,
+                            C + i * strideC, ldc);
+    return st;
 }
