@@ -155,14 +155,24 @@ ddprun_fault stopped_rank0_times_out STOP 0 "DDP_ERR_TIMEOUT"
 ddprun_fault killed_rank0_under_ddprun KILL 0 "was killed by signal 9 (SIGKILL)"
 
 manual_fault() {  # name, signal, rank, phrase: three ranks started by hand, no launcher
-    local name=$1 sig=$2 victim=$3 phrase=$4 port=$((20000 + RANDOM % 12000)) r pids=() t0 t1 rc good=0 left
-    for r in 0 1 2; do
-        RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-            with_timeout 60 sh -c "$RECORD_RANK_PID" "$TMP/$name.pid" "$EX" --device "$DEVICE" --epochs 100 --save-every 0 \
-            --snapshot "$TMP/$name.st" >"$TMP/$name.$r.log" 2>&1 &
-        pids+=($!)
+    local name=$1 sig=$2 victim=$3 phrase=$4 port r pids=() t0 t1 rc good=0 left try
+    # a random port may be taken by another program (rank 0 then says DDP_ERR_PORT_IN_USE at once):
+    # that is not the fault under test, so the three start again on another port (at most 3 tries)
+    for try in 1 2 3; do
+        port=$((20000 + RANDOM % 12000)) pids=()
+        rm -f "$TMP/$name.pid".*
+        for r in 0 1 2; do
+            RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+                with_timeout 60 sh -c "$RECORD_RANK_PID" "$TMP/$name.pid" "$EX" --device "$DEVICE" --epochs 100 \
+                --save-every 0 --snapshot "$TMP/$name.st" >"$TMP/$name.$r.log" 2>&1 &
+            pids+=($!)
+        done
+        wait_training "$TMP/$name.0.log" && break
+        grep -q DDP_ERR_PORT_IN_USE "$TMP/$name.0.log" || break
+        left=$(procs_matching "$TMP/$name.st" | tr '\n' ' ')
+        [ -n "$left" ] && kill -9 $left 2>/dev/null
+        wait 2>/dev/null
     done
-    wait_training "$TMP/$name.0.log"
     t0=$(now)
     kill -s "$sig" "$(rank_pid "$TMP/$name.pid" "$victim")"
     for r in 0 1 2; do
