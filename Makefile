@@ -325,13 +325,15 @@ diffs:
 
 # The CPU suite again under AddressSanitizer and UndefinedBehaviorSanitizer, in its own folder.
 # protect_shadow_gap=0 lets the CUDA runtime map its memory under ASan; the suppressions cover
-# allocations the CUDA and Open MPI libraries keep for the life of the process.
+# allocations the CUDA and Open MPI libraries keep for the life of the process. The build takes
+# make's -j (make -j2 sanitize); the tests run one at a time, as in make test.
 SAN := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 sanitize:
 	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0 \
 	 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	 $(MAKE) --no-print-directory BUILD=$(BUILD)/sanitize CFLAGS="$(SAN)" LDFLAGS="$(SAN)" test
+	 $(MAKE) --no-print-directory BUILD=$(BUILD)/sanitize CFLAGS="$(SAN)" LDFLAGS="$(SAN)" all && \
+	 $(MAKE) -j1 --no-print-directory BUILD=$(BUILD)/sanitize CFLAGS="$(SAN)" LDFLAGS="$(SAN)" test
 
 # The CPU suite again under ThreadSanitizer, in its own folder, CPU-only (the uninstrumented CUDA
 # runtime only adds noise; the unset keeps this make's exported CUDA settings from overriding
@@ -344,7 +346,8 @@ TSAN_LOG = $(abspath $(BUILD))/tsan/reports
 tsan:
 	@rm -rf $(TSAN_LOG); mkdir -p $(TSAN_LOG); unset HAVE_CUDA CUDA_CFLAGS CUDA_LIBS; \
 	 TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:log_path=$(TSAN_LOG)/tsan:suppressions=$(CURDIR)/tests/tsan.supp:print_suppressions=0" \
-	 DDP_TSAN=1 $(MAKE) --no-print-directory BUILD=$(BUILD)/tsan CUDA=0 CFLAGS="$(TSAN)" LDFLAGS="$(TSAN)" test; rc=$$?; \
+	 $(MAKE) --no-print-directory BUILD=$(BUILD)/tsan CUDA=0 CFLAGS="$(TSAN)" LDFLAGS="$(TSAN)" all && \
+	 DDP_TSAN=1 $(MAKE) -j1 --no-print-directory BUILD=$(BUILD)/tsan CUDA=0 CFLAGS="$(TSAN)" LDFLAGS="$(TSAN)" test; rc=$$?; \
 	 if [ -n "$$(ls -A $(TSAN_LOG))" ]; then cat $(TSAN_LOG)/*; \
 	   echo "make tsan: ThreadSanitizer reports above (kept in $(TSAN_LOG))"; exit 1; fi; exit $$rc
 

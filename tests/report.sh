@@ -10,6 +10,13 @@ ok()   { echo "ok   $1"; pass=$((pass + 1)); }
 bad()  { echo "FAIL $1"; shift; for l in "$@"; do echo "    $l"; done; fail=$((fail + 1)); }
 skp()  { echo "skip $1: $2"; skip=$((skip + 1)); [ -z "${SKIP_REASONS:-}" ] || echo "$2" >>"$SKIP_REASONS"; }
 
+# A group of cases: "== name", and the previous group's seconds (where a suite's minutes go).
+section() {
+    [ -z "${section_name:-}" ] || echo "   (section $section_name: $((SECONDS - section_t0)) s)"
+    section_name=${1:-} section_t0=$SECONDS
+    [ -z "$section_name" ] || echo "== $section_name"
+}
+
 # Run one test program and count the lines it prints; a crash without a FAIL line is a failure.
 run_prog() {
     local name=$1; shift

@@ -18,6 +18,20 @@
 #include <string.h>
 #include <unistd.h>
 
+/* H_TSAN: built with ThreadSanitizer (make tsan). There the sweeps keep what changes the threads'
+   interleavings (world sizes, buckets, stages) and one optimizer kind, which is each rank's own
+   arithmetic, as on the GPU stand-in: make tsan's minutes go to the threads. */
+#if defined(__SANITIZE_THREAD__)
+#define H_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define H_TSAN 1
+#endif
+#endif
+#ifndef H_TSAN
+#define H_TSAN 0
+#endif
+
 static int h_pass, h_fail, h_skip;
 static int h_case_failed, h_case_skipped;
 static char h_skip_reason[512];

@@ -385,7 +385,7 @@ static void equivalence_zero(void) {
     int runs[4] = {0, 0, 0, 0};
     for (stage = 1; stage <= 3; stage++)
         for (W = 1; W <= 4; W++)
-            for (adam = g_gpu; adam < 2; adam++) /* on GPUs (the stand-in's NCCL): Adam only */
+            for (adam = g_gpu || H_TSAN; adam < 2; adam++) /* on GPUs (the stand-in's NCCL), TSan: Adam only */
                 for (ci = 0; ci < (stage == 2 ? 1 : 2); ci++) {
                     cfg c = base();
                     c.zero = stage;
@@ -444,7 +444,7 @@ static void zero_snapshot_resumes_on_other_worlds(void) {
             int N = runs[i][0], M = runs[i][1];
             if (g_gpu && (N > g_gpus || M > g_gpus)) continue;
             if (!adam && i > 1 && i != 5) continue; /* SGD: two ZeRO-1 pairs and one across stages suffice */
-            if (g_gpu && (!adam || i < 5)) continue; /* on GPUs: the pairs across stages, with Adam */
+            if ((g_gpu || H_TSAN) && (!adam || i < 5)) continue; /* on GPUs, TSan: the pairs across stages, Adam */
             c.adam = adam;
             if (adam) c.lr = 0.01f;
             c.zero = runs[i][2], c.to = STEPS / 2, c.save = path;

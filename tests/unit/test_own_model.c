@@ -484,7 +484,7 @@ static void own_model_equivalence(void) {
     int runs[4] = {0, 0, 0, 0}, W, stage, adamw;
     for (stage = 0; stage <= 3; stage++)
         for (W = 1; W <= 4; W++)
-            for (adamw = g_gpu; adamw < 2; adamw++) { /* on GPUs (the stand-in's NCCL): AdamW only */
+            for (adamw = g_gpu || H_TSAN; adamw < 2; adamw++) { /* on GPUs (the stand-in's NCCL), TSan: AdamW only */
                 cfg c;
                 memset(&c, 0, sizeof c);
                 c.zero = stage, c.adamw = adamw, c.prefetch = stage == 3 && W % 2;
