@@ -337,8 +337,9 @@
       "start every rank with the same WORLD_SIZE and a distinct RANK below it")                  \
     X(DDP_ERR_LAUNCH, "a rank of the job failed or could not be started",                        \
       "read that rank's output above: its own error comes first")                                \
-    X(DDP_ERR_MODEL_MISMATCH, "the ranks' models differ (parameters or shapes)",                 \
-      "build the same model on every rank, from the same code and sizes")                        \
+    X(DDP_ERR_MODEL_MISMATCH, "the ranks' models or ddp_wrap settings differ",                  \
+      "build the same model on every rank, from the same code and sizes, and wrap it with the "  \
+      "same ddp_wrap_desc (the same options) on every rank")                                     \
     X(DDP_ERR_UNUSED_PARAMETER, "a parameter received no gradient in this backward pass",       \
       "make every parameter take part in the loss, or set find_unused_parameters")               \
     X(DDP_ERR_DESYNC, "the ranks called different collectives at the same point (desync)",      \
@@ -3806,8 +3807,8 @@ typedef struct ddp_wrap_stats {
 } ddp_wrap_stats;
 
 /* Wrap model m for data-parallel training on group pg (collective). Errors: DDP_ERR_MODEL_MISMATCH
-   on every rank naming the first difference and the ranks when the models differ;
-   DDP_ERR_INVALID_ARGUMENT for a bad desc; the group's errors. */
+   on every rank naming the first difference and the ranks when the models differ, or the
+   settings of desc (each rank's value); DDP_ERR_INVALID_ARGUMENT for a bad desc; the group's errors. */
 DDP_API ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out);
 /* Unhook the model and free the wrapper (the model keeps its weights). NULL is ignored. */
 DDP_API void ddp_wrapper_destroy(ddp_wrapper* w);
@@ -4133,7 +4134,7 @@ DDP__PRIVATE ddp_status ddp__assign_buckets(ddp_wrapper* w) {
 
 DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc, ddp_wrapper** out) {
     ddp_wrapper* w;
-    ddp_status s;
+    ddp_status s, bad = DDP_OK;
     int i;
     char dn[32], pn[32];
     *out = NULL;
@@ -4147,25 +4148,26 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
     if (w->d.bucket_cap_bytes == 0) w->d.bucket_cap_bytes = (size_t)25 << 20;
     if (w->d.first_bucket_bytes == 0) w->d.first_bucket_bytes = (size_t)1 << 20;
     if (w->d.compress == DDP_DTYPE_DEFAULT) w->d.compress = DDP_F32;
-    if (w->d.zero_stage < 0 || w->d.zero_stage > 3) {
-        DDP_FREE(w);
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc.zero_stage %d: 0 (DDP), 1 (the optimizer's state "
-                         "sharded), 2 (and the gradients) or 3 (and the weights)", desc->zero_stage);
-    }
-    if (w->d.zero_stage >= 2 && w->d.compress != DDP_F32) {
-        DDP_FREE(w);
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc: zero_stage %d with compress (16-bit gradients) is "
-                         "not built: its gradients go through reduce-scatters in f32. Use one of the two",
-                         desc->zero_stage);
-    }
-    if (w->d.uneven_inputs && w->d.zero_stage) {
-        DDP_FREE(w);
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc: uneven_inputs with zero_stage %d is not built: a "
-                         "rank that joined would also have to update its shard and take part in the all-gather of "
-                         "the weights. Use one of the two", desc->zero_stage);
-    }
+    if (w->d.zero_stage < 0 || w->d.zero_stage > 3)
+        bad = ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc.zero_stage %d: 0 (DDP), 1 (the optimizer's state "
+                        "sharded), 2 (and the gradients) or 3 (and the weights)", desc->zero_stage);
+    else if (w->d.zero_stage >= 2 && w->d.compress != DDP_F32)
+        bad = ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc: zero_stage %d with compress (16-bit gradients) is "
+                        "not built: its gradients go through reduce-scatters in f32. Use one of the two",
+                        desc->zero_stage);
+    else if (w->d.uneven_inputs && w->d.zero_stage)
+        bad = ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_wrap_desc: uneven_inputs with zero_stage %d is not built: a "
+                        "rank that joined would also have to update its shard and take part in the all-gather of "
+                        "the weights. Use one of the two", desc->zero_stage);
     w->pg = pg, w->m = m, w->sync = 1;
     w->scale = 1.f / (float)ddp_world_size(pg);
+    if (bad != DDP_OK) { /* still compared with the others: they learn at once which setting differs */
+        char msg[sizeof ddp__err_msg];
+        memcpy(msg, ddp__err_msg, sizeof msg);
+        (void)ddp__verify_model(w);
+        DDP_FREE(w);
+        return ddp__fail(bad, "%s", msg);
+    }
     s = ddp__verify_model(w);
     /* every rank starts from rank 0's weights, whatever its own seed was */
     for (i = 0; i < m->nparams && s == DDP_OK; i++)
@@ -8485,11 +8487,76 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
 }
 
 /* ---- the same model on every rank (ddp_wrap) ------------------------------------------------------ */
+/* The settings that change which collectives a step calls, or its arithmetic, as "name=value"
+   words under ddp_wrap_desc's field names. A setting that another one turns off is left out
+   (prefetch below stage 3, the buckets' settings at stages 2-3), so that the first word in which
+   two ranks differ has the same name on both. */
+DDP__PRIVATE void ddp__wrap_settings(const ddp_wrap_desc* d, char* out, size_t cap) {
+    size_t n = (size_t)snprintf(out, cap, "zero_stage=%d", d->zero_stage);
+    if (d->zero_stage == 3 && n < cap) n += (size_t)snprintf(out + n, cap - n, " prefetch=%d", !!d->prefetch);
+    if (n < cap) n += (size_t)snprintf(out + n, cap - n, " uneven_inputs=%d", !!d->uneven_inputs);
+    if (d->uneven_inputs && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, " divide_by_active_ranks=%d", !!d->divide_by_active_ranks);
+    if (d->zero_stage < 2 && n < cap)
+        n += (size_t)snprintf(out + n, cap - n, " compress=%s bucket_cap_bytes=%lu first_bucket_bytes=%lu "
+                              "gradient_as_bucket_view=%d", ddp__dtype_name(d->compress),
+                              (unsigned long)d->bucket_cap_bytes, (unsigned long)d->first_bucket_bytes,
+                              !!d->gradient_as_bucket_view);
+    if (n < cap) snprintf(out + n, cap - n, " find_unused_parameters=%d", !!d->find_unused_parameters);
+}
+
+/* The first setting in which any rank differs from rank 0, with each value and its ranks: the same
+   sentence on every rank that writes it (all[r]: rank r's settings). */
+DDP__PRIVATE void ddp__settings_verdict(char** all, int W, char* out, size_t cap) {
+    size_t word = (size_t)-1, key, len;
+    int r, q, k, count;
+    for (r = 1; r < W; r++) { /* where the first word in which some rank differs from rank 0 starts */
+        size_t i = 0, w0 = 0;
+        for (; all[0][i] && all[0][i] == all[r][i]; i++)
+            if (all[0][i] == ' ') w0 = i + 1;
+        if ((all[0][i] || all[r][i]) && w0 < word) word = w0;
+    }
+    if (word == (size_t)-1) return;
+    key = strcspn(all[0] + word, "="); /* the same name on every rank: the words before agree */
+    for (r = 1; r < W; r++)
+        if (strncmp(all[r] + word, all[0] + word, key + 1)) { /* not from this ddp.h's ddp__wrap_settings */
+            snprintf(out, cap, "the ranks wrapped the model with different settings: rank 0 has %s, rank %d %s. Pass "
+                     "every rank the same ddp_wrap_desc", all[0], r, all[r]);
+            return;
+        }
+    len = (size_t)snprintf(out, cap, "the ranks wrapped the model with different settings: %.*s is ", (int)key,
+                           all[0] + word);
+#define DDP__VALUE(r) (all[r] + word + key + 1)
+#define DDP__SAME(a, b) (!strncmp(DDP__VALUE(a), DDP__VALUE(b), strcspn(DDP__VALUE(a), " ") + 1))
+    for (r = 0; r < W && len < cap; r++) { /* each value once, with the ranks that hold it */
+        for (q = 0; q < r && !DDP__SAME(q, r); q++) {}
+        if (q < r) continue;
+        for (q = r, count = 0; q < W; q++) count += DDP__SAME(q, r);
+        len += (size_t)snprintf(out + len, cap - len, "%s%.*s on rank%s", r ? "; " : "",
+                                (int)strcspn(DDP__VALUE(r), " "), DDP__VALUE(r), count > 1 ? "s" : "");
+        for (q = r, k = 0; q < W && len < cap; q++) {
+            if (!DDP__SAME(q, r)) continue;
+            if (k == 8 && count > 9) { /* a long list: the first eight */
+                len += (size_t)snprintf(out + len, cap - len, " and %d more", count - 8);
+                break;
+            }
+            len += (size_t)snprintf(out + len, cap - len, "%s %d", k++ ? "," : "", q);
+        }
+    }
+#undef DDP__SAME
+#undef DDP__VALUE
+    if (len < cap)
+        snprintf(out + len, cap - len, ". Pass every rank the same ddp_wrap_desc (the same options on every "
+                 "rank's command line)");
+}
+
 /* Every rank must hold the same model: compare each rank's list of names and shapes with rank
-   0's through the store, and let every rank fail with the same explanation when one differs. */
+   0's through the store, then the settings it was wrapped with, and let every rank fail with the
+   same explanation when one differs (before the wrapper's first collective, which would otherwise
+   be a different one on some rank). */
 DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
     ddp_store* st = ddp_pg_store(w->pg);
-    char *sig, *other, key[96], verdict[512];
+    char *sig, *other, key[96], verdict[768], set[320], set0[320];
     size_t n = 0, pos = 0, cap;
     int i, k, W = ddp_world_size(w->pg), me = ddp_rank(w->pg);
     int gen = w->pg->wraps++; /* a fresh key space per wrap: every rank wraps in the same order */
@@ -8518,6 +8585,17 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
         return s;
     }
     verdict[0] = 0;
+    /* the settings: each rank's own, compared with rank 0's (all of them read only when one differs) */
+    ddp__wrap_settings(&w->d, set, sizeof set);
+    snprintf(key, sizeof key, "ddp/wrap/%d/set/%d", gen, me);
+    s = ddp_store_set(st, key, set, strlen(set));
+    snprintf(key, sizeof key, "ddp/wrap/%d/set/0", gen);
+    memset(set0, 0, sizeof set0);
+    if (s == DDP_OK) s = ddp_store_get(st, key, set0, sizeof set0 - 1, &n);
+    if (s != DDP_OK) {
+        DDP_FREE(sig);
+        return s;
+    }
     if (strcmp(sig, other) != 0) {
         /* name the first differing parameter (past the counts, which say less) */
         const char *a = strchr(sig, ':'), *b = strchr(other, ':');
@@ -8527,9 +8605,23 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
         if ((*a == ' ' || !*a) && (*b == ' ' || !*b)) a += *a == ' ', b += *b == ' '; /* a tensor more on one side */
         else while (a > a0 && a[-1] != ' ') a--, b--;                                /* or one that differs */
         /* quote one parameter from each side: up to the next space */
-        snprintf(verdict, sizeof verdict, "rank %d has %.*s where rank 0 has %.*s (rank %d: %d parameters, rank 0: "
-                 "%d)", me, (int)strcspn(a, " "), a, (int)strcspn(b, " "), *b ? b : "nothing", me, m->nparams,
-                 atoi(other));
+        snprintf(verdict, sizeof verdict, "the ranks hold different models: rank %d has %.*s where rank 0 has %.*s "
+                 "(rank %d: %d parameters, rank 0: %d). Every rank must build the same model", me, (int)strcspn(a, " "),
+                 a, (int)strcspn(b, " "), *b ? b : "nothing", me, m->nparams, atoi(other));
+    } else if (strcmp(set, set0) != 0) {
+        char** all = (char**)ddp__calloc((size_t)W * (sizeof(char*) + sizeof set));
+        if (!all) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_wrap: no memory to compare the settings");
+        for (i = 0; i < W && s == DDP_OK; i++) {
+            all[i] = (char*)(all + W) + (size_t)i * sizeof set;
+            snprintf(key, sizeof key, "ddp/wrap/%d/set/%d", gen, i);
+            s = ddp_store_get(st, key, all[i], sizeof set - 1, &n);
+        }
+        if (s == DDP_OK) ddp__settings_verdict(all, W, verdict, sizeof verdict);
+        DDP_FREE(all);
+        if (s != DDP_OK) {
+            DDP_FREE(sig);
+            return s;
+        }
     }
     DDP_FREE(sig);
     snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
@@ -8540,7 +8632,7 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
        store vanish instead of the mismatch. */
     verdict[0] = 0;
     for (i = 0; i < W; i++) {
-        char theirs[512];
+        char theirs[sizeof verdict];
         memset(theirs, 0, sizeof theirs);
         snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, i);
         DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
@@ -8557,8 +8649,7 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
             while (me == 0 && told < W && ddp__now() < deadline && ddp__store_add(st, key, 0, &told) == DDP_OK)
                 ddp__sleep(0.002);
     }
-    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "the ranks hold different models: %s. Every rank must build the same "
-                     "model", verdict);
+    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "%s", verdict);
 }
 
 #endif /* DDP__IMPLEMENT */

@@ -857,6 +857,90 @@ static void mismatched_models_late_rank_told_too(void) {
     CHECK_OK(ddp_spawn(3, mismatch_rank, &late));
 }
 
+/* The settings that change the collectives or the arithmetic, set differently on rank 1 (or on
+   every rank): ddp_wrap fails on every rank, at once, naming the setting and each rank's value,
+   before a wrapper's collective could differ between ranks. A rank whose own settings are refused
+   (zero_stage 2 with compression) gets its own error, and the others still learn at once. */
+typedef struct settings_case {
+    const char* want; /* in every error on ranks that get DDP_ERR_MODEL_MISMATCH */
+    int all_stage, stage1, prefetch1, uneven_all, uneven1, divide1, view1, unused1, three;
+    size_t cap1, first1;
+    ddp_dtype compress1;
+} settings_case;
+static const settings_case g_settings[] = {
+    {"zero_stage is 0 on ranks 0, 2; 2 on rank 1", 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, DDP_DTYPE_DEFAULT},
+    {"prefetch is 0 on ranks 0, 2; 1 on rank 1", 3, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, DDP_DTYPE_DEFAULT},
+    {"uneven_inputs is 0 on ranks 0, 2; 1 on rank 1", 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, DDP_DTYPE_DEFAULT},
+    {"divide_by_active_ranks is 0 on ranks 0, 2; 1 on rank 1", 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, DDP_DTYPE_DEFAULT},
+    {"compress is f32 on ranks 0, 2; bf16 on rank 1", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, DDP_BF16},
+    {"bucket_cap_bytes is 26214400 on ranks 0, 2; 1024 on rank 1", 0, 0, 0, 0, 0, 0, 0, 0, 0, 1024, 0,
+     DDP_DTYPE_DEFAULT},
+    {"first_bucket_bytes is 1048576 on ranks 0, 2; 64 on rank 1", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 64,
+     DDP_DTYPE_DEFAULT},
+    {"gradient_as_bucket_view is 0 on ranks 0, 2; 1 on rank 1", 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, DDP_DTYPE_DEFAULT},
+    {"find_unused_parameters is 0 on ranks 0, 2; 1 on rank 1", 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, DDP_DTYPE_DEFAULT},
+    /* rank 1's own settings are refused; the others name the first difference */
+    {"zero_stage is 0 on ranks 0, 2; 2 on rank 1", 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, DDP_F16},
+    /* three values: rank r at stage r (rank 2 at 3) */
+    {"zero_stage is 0 on rank 0; 1 on rank 1; 3 on rank 2", 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, DDP_DTYPE_DEFAULT},
+    /* the buckets' settings do not count at stage 2: the same wrapper on every rank */
+    {NULL, 2, 2, 0, 0, 0, 0, 0, 0, 0, 1024, 64, DDP_DTYPE_DEFAULT},
+};
+static int settings_rank(int rank, void* arg) {
+    const settings_case* c = (const settings_case*)arg;
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_model_desc md;
+    ddp_wrap_desc wd;
+    ddp_wrapper* w = NULL;
+    int sizes[4] = {FEAT, 10, 8, CLASSES}, refused_here = 0;
+    double t0;
+    ddp_status s;
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CPU;
+    d.timeout_s = 20;
+    if (ddp_init(&d, &pg) != DDP_OK) return 1;
+    memset(&md, 0, sizeof md);
+    md.device.type = DDP_DEVICE_CPU;
+    if (ddp_model_mlp(&md, sizes, 4, DDP_LAYER_RELU, &m) != DDP_OK) return 2;
+    memset(&wd, 0, sizeof wd);
+    wd.zero_stage = c->all_stage, wd.uneven_inputs = c->uneven_all;
+    if (rank == 1) {
+        wd.zero_stage = c->stage1, wd.prefetch = c->prefetch1, wd.uneven_inputs |= c->uneven1;
+        wd.divide_by_active_ranks = c->divide1, wd.gradient_as_bucket_view = c->view1;
+        wd.find_unused_parameters = c->unused1, wd.compress = c->compress1;
+        wd.bucket_cap_bytes = c->cap1, wd.first_bucket_bytes = c->first1;
+        refused_here = c->stage1 >= 2 && c->compress1 != DDP_DTYPE_DEFAULT;
+    }
+    if (rank == 2 && c->three) wd.zero_stage = 3;
+    if (!c->want) wd.bucket_cap_bytes = (size_t)(rank + 1) << 10, wd.first_bucket_bytes = (size_t)64 << rank;
+    t0 = ddp__now();
+    s = ddp_wrap(pg, m, &wd, &w);
+    if (!c->want ? s != DDP_OK
+        : refused_here ? s != DDP_ERR_INVALID_ARGUMENT || !strstr(ddp_error_string(), "compress")
+                       : s != DDP_ERR_MODEL_MISMATCH || !strstr(ddp_error_string(), c->want) ||
+                             !strstr(ddp_error_string(), "the same ddp_wrap_desc")) {
+        printf("    rank %d (want %s): ddp_wrap returned %s: %s\n", rank, c->want ? c->want : "no error",
+               ddp_status_name(s), ddp_error_string());
+        return 3;
+    }
+    if (ddp__now() - t0 > 10)
+        return printf("    rank %d: told after %.1f s (DDP_TIMEOUT 20)\n", rank, ddp__now() - t0), 4;
+    if (rank == 0 && c->three) printf("    rank 0 reads: %s\n", ddp_error_string()); /* what a student reads */
+    ddp_wrapper_destroy(w);
+    ddp_model_destroy(m);
+    ddp_destroy(pg);
+    return 0;
+}
+static void settings_that_differ_across_ranks(void) {
+    size_t i;
+    for (i = 0; i < sizeof g_settings / sizeof g_settings[0]; i++) {
+        CHECKF(ddp_spawn(3, settings_rank, (void*)&g_settings[i]) == DDP_OK, "case %zu (%s): %s", i,
+               g_settings[i].want ? g_settings[i].want : "no difference", ddp_error_string());
+    }
+}
+
 /* Overlap, proved by order on the recorded timeline (the spans DDP_TRACE writes), with the network
    made slow (DDP_SIMULATE_NS_PER_BYTE). Each rank first times its own backward, without DDP, and
    picks the batch that makes backward last about 0.3 s here (so that the comparisons below have
@@ -1129,6 +1213,7 @@ int main(int argc, char** argv) {
     RUN(find_unused_parameters);
     RUN(mismatched_models_fail_on_every_rank);
     RUN(mismatched_models_late_rank_told_too);
+    RUN(settings_that_differ_across_ranks);
     RUN(overlap_by_order);
     h_remove_tree(g_dir);
     return H_EXIT();

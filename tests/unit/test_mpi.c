@@ -311,6 +311,40 @@ static int sharding_main(int rank, void* arg) {
    stage `arg` (SGD with momentum at stages 0 and 2, AdamW with parameter groups at 1 and 3); rank 0 compares every rank's weights and norms
    with one process on the whole batch (at stage 2 under no_sync, 2 micro-batches, where the rows
    divide). */
+/* Rank 1 wraps at ZeRO stage 2, the others at 0: on this backend too, ddp_wrap fails on every rank
+   naming the setting and each rank's value, before a collective could differ (the first
+   reduce-scatter against an all-reduce crashed ranks here). The group stays usable: a barrier. */
+static int settings_main(int rank, void* arg) {
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_wrapper* w = NULL;
+    ddp_wrap_desc wd;
+    ddp_status s;
+    char want[96];
+    (void)arg;
+    if (init_mpi(&pg) != DDP_OK) return printf("    rank %d: ddp_init failed: %s\n", rank, ddp_error_string()), 1;
+    m = mpi_model(10);
+    memset(&wd, 0, sizeof wd);
+    wd.zero_stage = rank == 1 ? 2 : 0;
+    {
+        int r, n = snprintf(want, sizeof want, "zero_stage is 0 on rank%s 0", g_world > 2 ? "s" : "");
+        for (r = 2; r < g_world && r < 9 && n < (int)sizeof want; r++)
+            n += snprintf(want + n, sizeof want - n, ", %d", r);
+        if (n < (int)sizeof want) snprintf(want + n, sizeof want - n, "%s", g_world > 9 ? "" : "; 2 on rank 1");
+    }
+    s = ddp_wrap(pg, m, &wd, &w);
+    if (s != DDP_ERR_MODEL_MISMATCH || !strstr(ddp_error_string(), want)) {
+        printf("    rank %d: ddp_wrap returned %s (want DDP_ERR_MODEL_MISMATCH, \"%s\"): %s\n", rank,
+               ddp_status_name(s), want, ddp_error_string());
+        return 1;
+    }
+    s = ddp_barrier(pg);
+    if (s != DDP_OK) return printf("    rank %d: the barrier after it: %s\n", rank, ddp_error_string()), 1;
+    ddp_model_destroy(m);
+    ddp_destroy(pg);
+    return 0;
+}
+
 static int own_model_main(int rank, void* arg) {
     cfg c;
     double ne = 0, e;
@@ -362,6 +396,7 @@ int main(int argc, char** argv) {
     mpi_case(g_world == 2 ? "mpi_every_collective_dtype_op_and_64MiB" : "mpi_every_collective_dtype_op", rank_main, &a);
     mpi_case("mpi_collectives_in_flight_complete_in_order", in_flight_main, NULL);
     if (g_world == 2) mpi_case("mpi_misuse_refused", misuse_main, NULL); /* its check assumes 2 ranks */
+    mpi_case("mpi_settings_that_differ_named", settings_main, NULL);
     {
         int stages[3] = {1, 2, 3}, uneven = -1;
         mpi_case("mpi_zero1_equals_one_process", sharding_main, &stages[0]);
