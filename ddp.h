@@ -11761,6 +11761,12 @@ DDP__PRIVATE ddp_status ddp__spawn_wait(ddp__ln_job* j) {
     }
     if (j->first_fail >= 0 && !j->fail_after_signal) {
         ddp__ln_how(j->status[j->first_fail], how, sizeof how);
+        /* A rank killed by a signal (the OOM killer's SIGKILL, a crash) could say nothing itself, and
+           a program that only returns 1 would end silently after its last ordinary line: say it
+           here, as ddprun does for its ranks. */
+        if (j->status[j->first_fail] != -1 && WIFSIGNALED(j->status[j->first_fail]))
+            ddp__eprint_line("ddp_spawn: rank %d %s%s", j->first_fail, how,
+                             j->n > 1 ? "; stopped the other ranks" : "");
         return ddp__fail(DDP_ERR_LAUNCH, "rank %d %s%s", j->first_fail, how,
                          j->n > 1 ? "; the other ranks were stopped" : "");
     }
