@@ -35,6 +35,7 @@ Standard library only: this runs on a student's laptop too. Each block is one ca
 suite: "ok   NAME", "FAIL NAME" (and indented details) or "skip NAME: reason".
 """
 import difflib
+import fnmatch
 import os
 import re
 import shutil
@@ -165,11 +166,28 @@ def blocks(path):
     return found
 
 
+def left_by_the_tutorial():
+    """The top folder's .gitignore patterns: the files the tutorial's programs write there
+    (snapshots, traces), which a student who followed it has, and which no block may find."""
+    pats = []
+    try:
+        with open(os.path.join(ROOT, ".gitignore")) as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#") and "/" not in line.strip("/"):
+                    pats.append(line.strip("/"))
+    except OSError:
+        pass
+    return pats
+
+
 def scratch(build):
-    """A folder that looks like the repository's top folder, where a block's files land."""
+    """A folder that looks like the repository's top folder, where a block's files land: the
+    repository's files, not what earlier runs left there."""
     d = tempfile.mkdtemp(prefix="ddp-docs-")
+    stray = left_by_the_tutorial()
     for name in os.listdir(ROOT):
-        if name.startswith(".") or name == "build":
+        if name.startswith(".") or name == "build" or any(fnmatch.fnmatch(name, p) for p in stray):
             continue
         os.symlink(os.path.join(ROOT, name), os.path.join(d, name))
     os.symlink(os.path.abspath(build), os.path.join(d, "build"))
