@@ -6150,6 +6150,21 @@ DDP__DEF ddp_status ddp_snapshot_load(ddp_snapshot* s, const char* path) {
             DDP__ST_BAD("%s: %s has shape %s, the model's is %s: another model's snapshot", path, name, fs, ms);
         }
         t->used = 1;
+        { /* numbers a run can only go on from to NaN: refused here, naming the tensor, not found
+             steps later as a NaN loss (PyTorch loads them; its checksum-free files have no other check) */
+            const unsigned char* from = buf + st->data_off + t->begin;
+            size_t e, count = (size_t)p->count;
+            float f = 0;
+            int sq = i >= m->nparams && strstr(name, ".exp_avg_sq") != NULL;
+            for (e = 0; e < count; e++) {
+                memcpy(&f, from + e * sizeof f, sizeof f);
+                if (!isfinite(f) || (sq && f < 0)) break;
+            }
+            if (e < count)
+                DDP__ST_BAD("%s: %s[%lu] is %g%s: the run that wrote it had diverged, or the file was edited. Resume "
+                            "from an earlier snapshot (and look for the step where the loss became nan)", path, name,
+                            (unsigned long)e, (double)f, sq && isfinite(f) ? " (a second moment below zero)" : "");
+        }
     }
     for (k = 0; k < st->nt; k++)
         if (!st->t[k].used && (s->optim || strncmp(st->t[k].name, "optim.", 6) != 0))
@@ -10971,6 +10986,34 @@ DDP__PRIVATE int ddp__sync_file(int fd) {
     return fsync(fd);
 }
 
+/* The file a save must replace: `path` itself, or where its symbolic links lead (a link into a
+   shared folder stays a link, and the shared file gets the snapshot, as cp and editors do). NULL
+   with errno ELOOP after 16 links, ENAMETOOLONG past n bytes. */
+DDP__PRIVATE const char* ddp__through_links(const char* path, char* buf, size_t n) {
+    char link[1100], next[2200];
+    struct stat st;
+    int hops;
+    for (hops = 0; lstat(path, &st) == 0 && S_ISLNK(st.st_mode); hops++) {
+        ssize_t k;
+        const char* slash;
+        if (hops == 16 || (k = readlink(path, link, sizeof link - 1)) < 0) {
+            if (hops == 16) errno = ELOOP;
+            return NULL;
+        }
+        link[k] = 0;
+        slash = strrchr(path, '/');
+        if (link[0] == '/' || !slash) snprintf(next, sizeof next, "%s", link); /* relative: to the link's folder */
+        else snprintf(next, sizeof next, "%.*s/%s", (int)(slash - path), path, link);
+        if (strlen(next) >= n) {
+            errno = ENAMETOOLONG;
+            return NULL;
+        }
+        memcpy(buf, next, strlen(next) + 1);
+        path = buf;
+    }
+    return path;
+}
+
 /* Write `n` bytes to `path` through a temporary file, fsync, then rename over `path`. The
    temporary file's name carries the host and pid, so two writers of one path (every rank saving,
    by mistake) never write into the same file: the last rename wins and the file is always whole.
@@ -10980,7 +11023,12 @@ DDP__PRIVATE ddp_status ddp__write_atomic(const char* path, const unsigned char*
     char tmp[1400], host[64];
     FILE* f;
     int ok;
+    const char* asked = path;
+    char real[1100];
     if (strlen(path) > 1000) return ddp__fail(DDP_ERR_IO, "snapshot path is too long");
+    if (!(path = ddp__through_links(path, real, sizeof real)) || strlen(path) > 1000)
+        return ddp__fail(DDP_ERR_IO, "cannot follow the symbolic links of %s: %s", asked,
+                         path ? strerror(ENAMETOOLONG) : strerror(errno));
     ddp__tmp_host(host, sizeof host);
     snprintf(tmp, sizeof tmp, "%s.tmp.%s.%ld", path, host, (long)getpid());
     f = fopen(tmp, "wb");

@@ -778,6 +778,52 @@ static void test_edited_with_valid_checksum(void) {
     small_free(&sc);
 }
 
+/* Where tensor `name`'s data begins in a snapshot's bytes (its data_offsets' first number after
+   the header); 0 when the header does not name it. */
+static size_t tensor_data_at(const unsigned char* b, size_t n, const char* name) {
+    char key[128];
+    const char *h = (const char*)b + 8, *t, *o;
+    size_t hlen = (size_t)get_u64(b);
+    if (n < 8 || hlen > n - 8) return 0;
+    snprintf(key, sizeof key, "\"%s\":{", name);
+    t = strstr(h, key);
+    if (!t || t >= h + hlen || !(o = strstr(t, "\"data_offsets\":["))) return 0;
+    return 8 + hlen + (size_t)strtoull(o + strlen("\"data_offsets\":["), NULL, 10);
+}
+
+/* A NaN or an infinity in a weight or in the optimizer's state, or a second moment below zero,
+   under a recomputed checksum (the file is whole; the run that wrote it was not): refused, naming
+   the tensor and the element, and the target left as it was. */
+static void test_non_finite_numbers_refused(void) {
+    static const struct { const char *tensor, *needle; int at; float v; } bad[] = {
+        {"fc1.weight", "fc1.weight[5] is nan", 5, 0.f},
+        {"optim.fc2.bias.exp_avg", "optim.fc2.bias.exp_avg[0] is inf", 0, 1.f},
+        {"optim.fc1.weight.exp_avg_sq", "optim.fc1.weight.exp_avg_sq[2] is -1 (a second moment below zero)", 2, -1.f},
+    };
+    small_case sc;
+    unsigned char* buf;
+    int i;
+    if (!small_setup(&sc)) {
+        CHECKF(0, "setting up the small snapshot failed");
+        small_free(&sc);
+        return;
+    }
+    buf = (unsigned char*)malloc(sc.size);
+    for (i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
+        size_t at = tensor_data_at(sc.file, sc.size, bad[i].tensor);
+        float v = i == 0 ? (float)NAN : i == 1 ? (float)INFINITY : bad[i].v;
+        CHECKF(at > 0, "no tensor %s in the header", bad[i].tensor);
+        if (!at) continue;
+        memcpy(buf, sc.file, sc.size);
+        memcpy(buf + at + (size_t)bad[i].at * sizeof v, &v, sizeof v);
+        rehash(buf, sc.size);
+        REFUSED(&sc.dst.snap, &sc.fp, "nonfinite.safetensors", buf, sc.size, DDP_ERR_CHECKPOINT, bad[i].needle,
+                "non-finite", i);
+    }
+    free(buf);
+    small_free(&sc);
+}
+
 /* ---- 4. foreign files ------------------------------------------------------------------------- */
 
 static void test_other_models(void) {
@@ -1214,6 +1260,43 @@ static void test_atomic_save(void) {
     job_free(&t);
 }
 
+/* A snapshot path that is a symbolic link (into a shared folder, as on a cluster): the save writes
+   the file the link leads to, in that file's folder, and the link stays a link; a link to a file
+   not there yet makes it; a loop of links is refused, naming the path. */
+static void test_save_through_a_symlink(void) {
+    job_spec sp = spec(s_wine, 3, 1, DDP_ADAM, 0.f);
+    job a, b, t;
+    struct stat st;
+    char leftover[256];
+    job_init(&a, &sp);
+    sp.seed = 2;
+    job_init(&b, &sp);
+    sp.seed = 3;
+    job_init(&t, &sp);
+    CHECK(mkdir(tmp_path("shared"), 0700) == 0);
+    job_advance_and_save(&a, tmp_path("shared/s.safetensors"));
+    CHECK(symlink("shared/s.safetensors", tmp_path("s.safetensors")) == 0);
+    b.snap.epoch = 11, b.snap.step = 99;
+    CHECK_OK(ddp_snapshot_save(&b.snap, tmp_path("s.safetensors")));
+    CHECKF(lstat(tmp_path("s.safetensors"), &st) == 0 && S_ISLNK(st.st_mode),
+           "the link was replaced by a file: shared/s.safetensors keeps the old snapshot");
+    CHECK_OK(ddp_snapshot_load(&t.snap, tmp_path("shared/s.safetensors")));
+    CHECK(t.snap.epoch == 11 && t.snap.step == 99 && params_equal(t.model, b.model));
+    CHECKF(count_tmp_files(leftover, sizeof leftover) == 0, "a temporary file was left: %s", leftover);
+    /* a link whose file does not exist yet, through an absolute path */
+    CHECK(symlink(tmp_path("shared/new.safetensors"), tmp_path("n.safetensors")) == 0);
+    CHECK_OK(ddp_snapshot_save(&b.snap, tmp_path("n.safetensors")));
+    CHECK(lstat(tmp_path("n.safetensors"), &st) == 0 && S_ISLNK(st.st_mode));
+    CHECK(stat(tmp_path("shared/new.safetensors"), &st) == 0 && S_ISREG(st.st_mode));
+    /* a loop */
+    CHECK(symlink("loop2", tmp_path("loop1")) == 0 && symlink("loop1", tmp_path("loop2")) == 0);
+    CHECK_FAILS(ddp_snapshot_save(&b.snap, tmp_path("loop1")), DDP_ERR_IO, "symbolic links");
+    CHECK(msg_has(tmp_path("loop1")) && msg_has(strerror(ELOOP)));
+    job_free(&a);
+    job_free(&b);
+    job_free(&t);
+}
+
 static void test_exists(void) {
     const char* path = tmp_path("exists.safetensors");
     ddp_model* m = make_mlp(s_small, 3, 1);
@@ -1349,12 +1432,14 @@ int main(void) {
     RUN(test_flipped_bits);
     RUN(test_truncated_and_extended);
     RUN(test_edited_with_valid_checksum);
+    RUN(test_non_finite_numbers_refused);
     RUN(test_other_models);
     RUN(test_sampler_and_loader_mismatch);
     RUN(test_resume_matches_uninterrupted);
     RUN(test_not_a_snapshot);
     RUN(test_missing_file);
     RUN(test_atomic_save);
+    RUN(test_save_through_a_symlink);
     RUN(test_exists);
     RUN(test_fifo_is_refused_at_once);
     RUN(test_exists_error_is_not_absence);
