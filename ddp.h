@@ -8442,8 +8442,8 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
     /* ddprun names its launch (DDP_LAUNCH_ID): the ranks of one node must all come from the
        launch that started that node's first rank, or two launches given one MASTER_PORT and one
        DDP_JOB_TOKEN would mix their ranks (the later one's rank 1 taking the free slot). */
-    if (launch && *launch) {
-        snprintf(me, sizeof me, "%.200s", launch);
+    if (launch) { /* set but empty: refused as any other launch's id would be, not ignored */
+        snprintf(me, sizeof me, "%.200s", *launch ? launch : "(an empty DDP_LAUNCH_ID)");
         snprintf(key, sizeof key, "ddp/launch/%d", pg->env.node_rank);
         DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
         if (taken && strcmp(holder, me) != 0)
@@ -8453,14 +8453,37 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
                              "own MASTER_PORT (ddprun --standalone picks a free one) or its own DDP_JOB_TOKEN",
                              pg->env.master_addr, pg->env.master_port, pg->env.node_rank, holder, me, pg->env.master_port);
     }
-    snprintf(me, sizeof me, "pid %ld on host %.250s", (long)getpid(), host);
+    /* who holds the slot: "pid P on host H", then (not shown) this process's pid namespace */
+    {
+        char ns[48] = "";
+#if DDP__LINUX
+        ssize_t k = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+        ns[k > 0 ? k : 0] = 0;
+#endif
+        snprintf(me, sizeof me, "pid %ld on host %.200s|%s", (long)getpid(), host, ns);
+    }
     snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
     DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
-    if (taken)
+    if (taken && strchr(holder, '|') && !strcmp(strchr(holder, '|'), strchr(me, '|'))) {
+        /* A holder on this host, in this pid namespace, that no longer runs (killed during the
+           rendezvous): its replacement takes the slot, and the job goes on. */
+        long pid = 0;
+        char on[210] = "";
+        if (sscanf(holder, "pid %ld on host %200[^|]", &pid, on) == 2 && !strncmp(on, host, 200) && pid > 0 &&
+            kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+            ddp__log(DDP_LOG_WARN, "rank %d's slot was held by pid %ld on this host, which no longer runs: this "
+                     "process takes it over", pg->rank, pid);
+            DDP__TRY(ddp_store_set(pg->store, key, me, strlen(me)));
+            taken = 0;
+        }
+    }
+    if (taken) {
+        holder[strcspn(holder, "|")] = 0, me[strcspn(me, "|")] = 0;
         return ddp__fail(DDP_ERR_WORLD_MISMATCH, "two processes were started with RANK=%d: %s holds rank %d (it "
                          "came first), and this process, %s, came later. Give each process its own rank 0..%d; if "
                          "another job uses this MASTER_PORT with the same DDP_JOB_TOKEN, give each job its own port",
                          pg->rank, holder, pg->rank, me, pg->world - 1);
+    }
     snprintf(mine, sizeof mine, "%d", pg->world);
     snprintf(key, sizeof key, "ddp/world/%d", pg->rank);
     DDP__TRY(ddp_store_set(pg->store, key, mine, strlen(mine)));
@@ -9359,6 +9382,35 @@ DDP__PRIVATE void ddp__host_id(char* out, size_t n) {
     snprintf(out, n, "%s|%s|%s", host, boot, net);
 }
 
+/* Segments whose rank 0 died before every rank had mapped them (SIGKILL, as the OOM killer
+   sends, where no handler runs) keep their name, and their megabytes, until the machine restarts.
+   Each job that makes a segment removes those: named by ddp__shm_create, created by a pid that no
+   longer runs, and untouched for a minute (a live job in another pid namespace that shares this
+   /dev/shm names its segment and maps it within its setup, and its pid would look dead here). */
+DDP__PRIVATE void ddp__shm_remove_stale(void) {
+#if DDP__LINUX
+    DIR* d = opendir("/dev/shm");
+    struct dirent* e;
+    if (!d) return;
+    while ((e = readdir(d)) != NULL) {
+        char path[300], *end;
+        struct stat st;
+        long pid;
+        if (strncmp(e->d_name, "ddp-", 4) != 0) continue;
+        pid = strtol(e->d_name + 4, &end, 10);
+        if (pid <= 0 || *end != '-' || strlen(end + 1) != 16 || strspn(end + 1, "0123456789abcdef") != 16) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* its creator still runs (or is not ours) */
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+            (double)time(NULL) - (double)st.st_mtime < 60)
+            continue;
+        if (unlink(path) == 0)
+            ddp__log(DDP_LOG_INFO, "removed %s, shared memory a job left when its rank 0 was killed", path);
+    }
+    closedir(d);
+#endif
+}
+
 /* Rank 0 makes the segment: a fresh name, the memory reserved now (a full /dev/shm fails here,
    not later with SIGBUS), the head filled in. Returns the mapping, or NULL with `why` set. */
 DDP__PRIVATE unsigned char* ddp__shm_create(ddp_pg* pg, size_t bytes, char* name, size_t namelen, uint64_t* nonce,
@@ -9366,6 +9418,7 @@ DDP__PRIVATE unsigned char* ddp__shm_create(ddp_pg* pg, size_t bytes, char* name
     int fd = -1, tries;
     void* p;
     ddp__shm_head* h;
+    ddp__shm_remove_stale();
     for (tries = 0; tries < 8 && fd < 0; tries++) {
         uint64_t seed[3];
         seed[0] = (uint64_t)getpid(), seed[1] = (uint64_t)(ddp__now() * 1e9), seed[2] = (uint64_t)tries;

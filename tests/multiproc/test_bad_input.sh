@@ -392,6 +392,35 @@ verdict duplicate_rank_in_rendezvous duplicate_rank_in_rendezvous \
     "DDP_ERR_WORLD_MISMATCH: two processes were started with RANK=1: pid [0-9]+ on host .* holds rank 1" 0 10 \
     ${more[@]+"${more[@]}"}
 
+# Rank 1 killed during the rendezvous (world size 3, rank 2 not started yet; SIGKILL, as the OOM
+# killer sends), then started again by hand: its slot is free again (the process holding it is gone
+# from this host), the replacement takes it and the job trains; every rank ends with status 0, long
+# before DDP_TIMEOUT. (It was refused, "pid N holds rank 1", and ranks 0 and 2 waited the timeout.)
+free_port P
+run_bg dead_rank0 40 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+A=$BG
+run_bg dead_rank1 40 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+B=$BG
+wait_port "$P" 5
+sleep 0.5   # rank 1 has claimed its slot
+dead_pid=$(prog_pid dead_rank1)
+kill -KILL "$dead_pid" 2>/dev/null; wait "$B" 2>/dev/null
+run_bg dead_rank1_again 40 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+B=$BG
+run_fg slot_of_a_dead_rank_taken_over 40 RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+wait "$A"; rcA=$?
+wait "$B"; rcB=$?
+el=$(awk "BEGIN{printf \"%.1f\", $T1 - $T0}")
+if [ $RC -eq 0 ] && [ $rcA -eq 0 ] && [ $rcB -eq 0 ] && awk "BEGIN{exit !($el < 10 + $COMPAT_SLACK)}" &&
+   grep -q "rank 1's slot was held by pid ${dead_pid:-?} on this host, which no longer runs: this process takes it over" \
+       "$TMP/dead_rank1_again.err"; then
+    ok "slot_of_a_dead_rank_taken_over (the job trained; rank 2 done after $el s, DDP_TIMEOUT 15)"
+else
+    bad slot_of_a_dead_rank_taken_over "ranks 0, 1 (started again), 2 ended with status $rcA, $rcB, $RC after $el s (want 0, 0, 0, well before DDP_TIMEOUT=15)" \
+        "rank 1 started again: $(first_line "$TMP/dead_rank1_again.err")" "rank 0: $(first_line "$TMP/dead_rank0.err")" \
+        "rank 2: $(first_line "$TMP/slot_of_a_dead_rank_taken_over.err")"
+fi
+
 # Two launches of ddprun on one port with one DDP_JOB_TOKEN: job B starts while job A is still in
 # rendezvous (A's rank 1 starts 3 s late). B's rank 1 must not take A's free rank 1: it is refused
 # as another launch's, and job A trains with its own rank 1 and ends with status 0. (B's rank 0
@@ -409,6 +438,22 @@ more=()
 grep -q "^\[rank 0\]: test accuracy" "$TMP/launch_a.out" || more+=("job A printed no test accuracy")
 verdict second_launch_same_token second_launch_same_token \
     "rank 1\]: .*DDP_ERR_STORE_REFUSED: .*another launch" 0 30 ${more[@]+"${more[@]}"}
+
+# A process started by hand with the job's token and DDP_LAUNCH_ID set but empty (a script that
+# exports it from an unset variable) reaches a ddprun job in rendezvous (its rank 1 starts 3 s
+# late): refused as another launch's rank, not let in to take rank 1; the job trains, status 0.
+free_port P
+run_bg launch_c 60 DDP_JOB_TOKEN=same DDP_TIMEOUT=15 -- "$DDPRUN" --master-addr 127.0.0.1 --master-port $P --nproc-per-node 2 \
+    sh -c 'if [ "$RANK" = 1 ]; then sleep 3; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
+A=$BG
+wait_port "$P" 5
+run_fg empty_launch_id_refused 30 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_JOB_TOKEN=same DDP_LAUNCH_ID= \
+    DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+wait "$A"; rcA=$?
+more=()
+[ $rcA -eq 0 ] || more+=("the ddprun job ended with status $rcA, want 0: $(first_line "$TMP/launch_c.err")")
+verdict empty_launch_id_refused empty_launch_id_refused \
+    "DDP_ERR_STORE_REFUSED: .*belongs to another launch.*this rank by launch \(an empty DDP_LAUNCH_ID\)" 0 10 ${more[@]+"${more[@]}"}
 
 # ---- 11: the ranks build different models (hidden width 64 on rank 0, 32 on rank 1) ---------------
 free_port P

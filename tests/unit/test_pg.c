@@ -7,6 +7,9 @@
 #include "ddp.h"
 #include "harness.h"
 
+#include <fcntl.h>
+#include <sys/time.h>
+
 /* Each rank's input is a function of (rank, index, salt), exactly representable in the dtype,
    so every rank can compute every other rank's input and the reference. */
 static float input_value(int rank, size_t i, int salt, ddp_dtype t) {
@@ -346,6 +349,54 @@ static int count_main(int rank, void* arg) {
     ddp_destroy(pg);
     return bad ? 1 : 0;
 }
+/* Shared memory a job left when its rank 0 was SIGKILLed during setup (before its ranks mapped
+   the segment): the next job on this machine removes it: a segment of a dead pid, a minute old.
+   Kept: one of a dead pid made just now, and one whose creator runs (this process). */
+static int shm_job_main(int rank, void* arg) {
+    ddp_desc d;
+    ddp_pg* pg;
+    float x = 1.f;
+    int bad;
+    (void)rank, (void)arg;
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CPU;
+    if (ddp_init(&d, &pg) != DDP_OK) return 1;
+    bad = ddp_all_reduce(pg, &x, 1, DDP_F32, DDP_SUM, NULL) != DDP_OK || x != 2.f;
+    ddp_destroy(pg);
+    return bad;
+}
+static void shm_left_by_a_killed_job_removed(void) {
+#if DDP__LINUX
+    char stale[96], fresh[96], live[96];
+    const char* paths[3] = {stale, fresh, live};
+    struct timeval old[2];
+    pid_t dead = fork();
+    int i, st;
+    if (dead == 0) _exit(0);
+    waitpid(dead, &st, 0); /* its pid now runs nothing (reused within this test: most unlikely) */
+    snprintf(stale, sizeof stale, "/dev/shm/ddp-%ld-0123456789abcdef", (long)dead);
+    snprintf(fresh, sizeof fresh, "/dev/shm/ddp-%ld-fedcba9876543210", (long)dead);
+    snprintf(live, sizeof live, "/dev/shm/ddp-%ld-00000000000000aa", (long)getpid());
+    for (i = 0; i < 3; i++) {
+        int fd = open(paths[i], O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd < 0) SKIP("cannot make %s: %s", paths[i], strerror(errno));
+        close(fd);
+    }
+    gettimeofday(&old[0], NULL);
+    old[0].tv_sec -= 120, old[1] = old[0];
+    CHECK(utimes(stale, old) == 0 && utimes(live, old) == 0);
+    setenv("DDP_TRANSPORT", "shm", 1); /* also in the suite's TCP run */
+    CHECK_OK(ddp_spawn(2, shm_job_main, NULL));
+    unsetenv("DDP_TRANSPORT");
+    CHECKF(access(stale, F_OK) != 0, "%s (pid %ld is gone, 2 minutes old) was left", stale, (long)dead);
+    CHECKF(access(fresh, F_OK) == 0, "%s (made just now) was removed", fresh);
+    CHECKF(access(live, F_OK) == 0, "%s (its pid runs) was removed", live);
+    for (i = 0; i < 3; i++) unlink(paths[i]);
+#else
+    SKIP("shared memory segments are files under /dev/shm only on Linux");
+#endif
+}
+
 static void collective_count_and_simulated_latency(void) {
     setenv("DDP_SIMULATE_LATENCY_US", "50000", 1);
     CHECK_OK(ddp_spawn(2, count_main, NULL));
@@ -362,6 +413,7 @@ int main(void) {
     RUN(collectives_in_flight_complete_in_order);
     RUN(misuse_refused);
     RUN(collective_count_and_simulated_latency);
+    RUN(shm_left_by_a_killed_job_removed);
     return H_EXIT();
 }
 #endif
