@@ -374,7 +374,8 @@ fuzz: $(BUILD)/fuzz/fuzz_snapshot $(BUILD)/fuzz/fuzz_store
 
 # Side-by-side benchmarks (bench/run.py): the all-reduce against Open MPI and PyTorch gloo, DDP
 # training steps against PyTorch DDP, one table at the end and a CSV under $(BUILD)/bench/.
-# About 9 minutes on 2 cores; BENCH_QUICK=1 for a smoke run of about 3 (more knobs: bench/run.py).
+# About 9 minutes on 2 cores; BENCH_QUICK=1 for a smoke run of about 3; BENCH_SMOKE=1 runs every
+# program and parser once (about a minute; make test does, and fails when a cell has no figure).
 # bench-gpu: the large model on one GPU, ddp.h against PyTorch, NCCL with one rank, and the CPU
 # backend with GPU buffers; every row says why it is skipped on a machine without a GPU.
 .PHONY: bench bench-gpu

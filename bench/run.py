@@ -70,6 +70,8 @@ shared memory, which polls and yields, suffers far more than the others.
 
 KNOBS (environment variables)
   BENCH_QUICK=1           a smoke run (~3 min): 1 round, all-reduce up to 16 MiB, 3 steps
+  BENCH_SMOKE=1           every program and parser once at the smallest sizes (~1 min; make test
+                          runs it): its figures mean nothing, a row without one means a parser broke
   BENCH_BUDGET_S          seconds of measuring after which no later round starts (720; quick 200);
                           past it plus 90 s no launch starts at all (its cells say so)
   BENCH_AR_ROUNDS         launches per all-reduce cell of 16 MiB and more (3; quick 1)
@@ -80,6 +82,7 @@ KNOBS (environment variables)
   BENCH_RANKS             all-reduce world sizes ("2 4")
   BENCH_LAUNCH_TIMEOUT_S  a launch running longer is stopped and its cell marked (240)
   BENCH_PY                the Python with torch for the PyTorch rows (/usr/bin/python3)
+  BENCH_OUT               the folder for results.csv, table.txt and logs/ (BUILD/bench)
   BENCH_HAVE_CUDA         set by make bench-gpu: 1 when ddp.h was built with CUDA
   BENCH_FAKEGPU=1         --gpu on the GPU stand-in (tests/fakegpu; programs from BUILD/fakegpu):
                           the code path of make bench-gpu, run to the end; its figures mean nothing
@@ -114,14 +117,15 @@ def env_num(name, default, kind=float):
         sys.exit("bench/run.py: %s=%r is not a number" % (name, v))
 
 
-QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
-BUDGET_S = env_num("BENCH_BUDGET_S", 200.0 if QUICK else 720.0)
+SMOKE = os.environ.get("BENCH_SMOKE", "") not in ("", "0")   # make test: every parser once, about a minute
+QUICK = SMOKE or os.environ.get("BENCH_QUICK", "") not in ("", "0")
+BUDGET_S = env_num("BENCH_BUDGET_S", 150.0 if SMOKE else 200.0 if QUICK else 720.0)
 HARD_MARGIN_S = 90.0   # past the budget plus this, not even round 1 starts another launch
 AR_ROUNDS = env_num("BENCH_AR_ROUNDS", 1 if QUICK else 3, int)
 AR_SMALL_ROUNDS = env_num("BENCH_AR_SMALL_ROUNDS", 1 if QUICK else 5, int)
 STEP_ROUNDS = env_num("BENCH_STEP_ROUNDS", 1 if QUICK else 5, int)
-STEPS = env_num("BENCH_STEPS", 3 if QUICK else 10, int)
-WARMUP = env_num("BENCH_WARMUP", 1 if QUICK else 2, int)
+STEPS = env_num("BENCH_STEPS", 1 if SMOKE else 3 if QUICK else 10, int)
+WARMUP = env_num("BENCH_WARMUP", 0 if SMOKE else 1 if QUICK else 2, int)
 LAUNCH_TIMEOUT_S = env_num("BENCH_LAUNCH_TIMEOUT_S", 240.0)
 RANKS = [int(x) for x in os.environ.get("BENCH_RANKS", "2 4").split()]
 PY = os.environ.get("BENCH_PY", "/usr/bin/python3")
@@ -134,7 +138,8 @@ HAVE_CUDA = os.environ.get("BENCH_HAVE_CUDA") == "1"
 
 # all-reduce sizes: two launches per setup and round, so that big messages get fewer iterations
 #   (name, -b, -e, -f, iterations, warm-up)
-AR_GROUPS = ([("quick", "4K", "16M", 16, 8, 2)] if QUICK else   # one launch per setup: 4 KiB .. 16 MiB
+AR_GROUPS = ([("smoke", "4K", "64K", 16, 2, 0)] if SMOKE else    # 4 and 64 KiB, 2 iterations
+             [("quick", "4K", "16M", 16, 8, 2)] if QUICK else   # one launch per setup: 4 KiB .. 16 MiB
              [("small", "4K", "1M", 16, 30, 5),                 # 4 KiB, 64 KiB, 1 MiB
               ("large", "16M", "256M", 4, 3, 1)])               # 16, 64, 256 MiB
 AR_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
@@ -150,8 +155,10 @@ SWEEP_CAPS = [("cap0", "0", ["--bucket-cap-mb", "0"], 1), ("cap4", "4", ["--buck
 SLOW_NS = "2"  # DDP_SIMULATE_NS_PER_BYTE of the overlap rows
 
 # wine: epochs of the short and the long run of a ddp.h launch; PyTorch's timed epochs
-WINE_EPOCHS = {"c1": (10, 10000 if QUICK else 30000), "c2": (10, 1500 if QUICK else 5000)}
-WINE_TORCH_EPOCHS = {"p1": 100 if QUICK else 400, "p2": 60 if QUICK else 200}
+WINE_EPOCHS = {"c1": (1, 3), "c2": (1, 3)} if SMOKE else \
+    {"c1": (10, 10000 if QUICK else 30000), "c2": (10, 1500 if QUICK else 5000)}
+WINE_TORCH_EPOCHS = {"p1": 3, "p2": 3} if SMOKE else {"p1": 100 if QUICK else 400, "p2": 60 if QUICK else 200}
+SMOKE_LARGE = ("c1", "p1", "c2", "p2")   # BENCH_SMOKE=1: the large model's setups it runs (each program once)
 
 CSV_HEADER = ["section", "setup", "ranks", "size_bytes", "metric", "value", "unit", "launches", "per_launch"]
 
@@ -557,6 +564,9 @@ def large_setups(inst):
 
 def large_round(run, rnd):
     for key, label, cmd, extra in large_setups(run.installed):
+        if SMOKE and key not in SMOKE_LARGE:
+            run.skipped(key, "BENCH_SMOKE=1 runs each program once: %s" % " ".join(SMOKE_LARGE))
+            continue
         if key.startswith("p") and run.installed.torch_why:
             run.skipped(key, run.installed.torch_why)
             continue
@@ -637,7 +647,7 @@ def wine_round(run, rnd):
         run.wine.setdefault(key + "_spe", [spe])
 
 
-GPT_STEPS = 6 if QUICK else 20   # timed steps per GPT launch (after 4 untimed ones)
+GPT_STEPS = 2 if SMOKE else 6 if QUICK else 20   # timed steps per GPT launch (after 4 untimed ones)
 
 
 def gpt_c_ms(out):
@@ -779,7 +789,9 @@ def report_allreduce(run, rep):
     for key, why in sorted(run.skip.items(), key=lambda kv: str(kv[0])):
         if isinstance(key, tuple) and not run.ar.get(key):
             skipped.setdefault((AR_LABEL[key[0]], why), []).append("%d ranks %s" % (key[1], size_label(key[2])))
-    if QUICK:
+    if SMOKE:
+        p("   1 MiB and up: skipped: BENCH_SMOKE=1 measures 4 and 64 KiB")
+    elif QUICK:
         p("   64 MiB, 256 MiB: skipped: BENCH_QUICK=1 measures up to 16 MiB")
     for (label, why), where in sorted(skipped.items()):
         p("   %s: skipped (%s): %s" % (label, ", ".join(where) if len(where) < len(RANKS) * len(AR_SIZES) else "all",
@@ -1042,9 +1054,10 @@ def report_header(run, rep, sections, tl, before, after):
 
 def main_cpu(build):
     t0 = time.time()
-    bench_dir = os.path.join(build, "bench")
+    bench_dir = os.environ.get("BENCH_OUT") or os.path.join(build, "bench")
     print("make bench: %s; budget %.0f s of measuring%s" % (
-        "BENCH_QUICK=1 (smoke run)" if QUICK else "full run", BUDGET_S, "" if QUICK else " (BENCH_QUICK=1: ~3 min)"),
+        "BENCH_SMOKE=1 (each parser once)" if SMOKE else "BENCH_QUICK=1 (smoke run)" if QUICK else "full run",
+        BUDGET_S, "" if QUICK else " (BENCH_QUICK=1: ~3 min)"),
         flush=True)
     inst = probe(build)   # exits when the programs are not built, before anything is written
     run = Run(os.path.join(bench_dir, "logs"), inst, BUDGET_S, t0)
@@ -1082,6 +1095,26 @@ def main_cpu(build):
     rep.p("took %.0f s of measuring (%d launches); CSV: %s; logs: %s" % (
         run.elapsed(), run.launches, disp(os.path.join(bench_dir, "results.csv")), disp(run.logdir)))
     rep.write(os.path.join(bench_dir, "results.csv"), os.path.join(bench_dir, "table.txt"), targets_in_csv=True)
+    if SMOKE:
+        sys.exit(smoke_verdict(run))
+
+
+def smoke_verdict(run):
+    """BENCH_SMOKE=1's exit status: 1 when a cell it ran has no figure (a parser no longer finds what it
+    looks for, or a program failed) or a check found wrong elements; the skips it expects are its own,
+    a missing PyTorch or Open MPI (said as such) and the time budget."""
+    inst = run.installed
+    expected = ("BENCH_SMOKE=1", "time budget spent")
+    bad = ["%s: %s" % (k, why) for k, why in sorted(run.skip.items(), key=lambda kv: str(kv[0]))
+           if not why.startswith(expected) and why not in (inst.torch_why, inst.mpi_why)]
+    bad += ["%s: %d wrong elements" % (k, v) for k, v in sorted(run.ar_wrong.items())]
+    if bad:
+        print("bench/run.py: BENCH_SMOKE=1: %d cell(s) without a figure:" % len(bad))
+        for b in bad:
+            print("   " + b)
+        return 1
+    print("bench/run.py: BENCH_SMOKE=1: every cell it ran has a figure (%d launches)" % run.launches)
+    return 0
 
 
 # ---- the GPU benchmark (make bench-gpu) ------------------------------------------------------

@@ -176,6 +176,18 @@ case $BUILD in
     else bad figures_measure_quick "docs/figures/measure.py ring loss:" "$(tail -n 6 <<<"$out")"; fi ;;
 esac
 
+# make bench's parsers: every program it times, once, at the smallest sizes (BENCH_SMOKE=1, about a
+# minute, into a scratch folder): a change in what a program prints that bench/run.py no longer
+# reads leaves a cell without a figure, and fails here (`make bench` itself takes about 9 minutes).
+case $BUILD in
+    */sanitize|*/tsan) skp bench_smoke "the parsers read the same lines in the plain build" ;;
+    *)
+    if ! command -v python3 >/dev/null 2>&1; then skp bench_smoke "python3 is not installed (apt-get install python3)"
+    elif out=$(BENCH_SMOKE=1 BENCH_OUT="$TMP/bench" with_timeout 400 python3 bench/run.py "$BUILD" 2>&1); then
+        ok "bench_smoke ($(sed -n 's/.*every cell it ran has a figure (\(.*\))/\1/p' <<<"$out"), every cell that ran has its figure)"
+    else bad bench_smoke "BENCH_SMOKE=1 python3 bench/run.py $BUILD:" "$(tail -n 8 <<<"$out")"; fi ;;
+esac
+
 # The figures redraw from their committed data (into a copy: the test never touches docs/).
 if ! command -v gnuplot >/dev/null 2>&1; then
     skp figures_render "gnuplot is not installed (apt-get install gnuplot-nox)"
