@@ -352,6 +352,7 @@ static int count_main(int rank, void* arg) {
 /* Shared memory a job left when its rank 0 was SIGKILLed during setup (before its ranks mapped
    the segment): the next job on this machine removes it: a segment of a dead pid, a minute old.
    Kept: one of a dead pid made just now, and one whose creator runs (this process). */
+#if DDP__LINUX
 static int shm_job_main(int rank, void* arg) {
     ddp_desc d;
     ddp_pg* pg;
@@ -365,6 +366,7 @@ static int shm_job_main(int rank, void* arg) {
     ddp_destroy(pg);
     return bad;
 }
+#endif
 static void shm_left_by_a_killed_job_removed(void) {
 #if DDP__LINUX
     char stale[96], fresh[96], live[96];
