@@ -11,6 +11,16 @@ GPU_ONLY=0 FAULTS=0
 [ "${1:-}" = "--gpu" ] && GPU_ONLY=1
 [ "${1:-}" = "--faults" ] && FAULTS=1
 . tests/report.sh   # pass, fail, skip; ok, bad, skp, run_prog
+# What a user exported while following the tutorial (DDP_DATA_DIR, DDP_DEBUG, a launcher's RANK or
+# MASTER_PORT, a SLURM allocation's SLURM_*) must not steer the suite: each case sets what it needs.
+# Kept: DDP_TSAN (make tsan says which build this is) and DDP_TEST_* (the suite's own knobs).
+for v in $(compgen -e); do
+    case $v in
+        DDP_TSAN|DDP_TEST_*) ;;
+        DDP_*|RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|MASTER_ADDR|MASTER_PORT|\
+        TORCHELASTIC_*|SLURM_*|OMPI_COMM_WORLD_*|PMI_*|PMIX_RANK) unset "$v" ;;
+    esac
+done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 SKIP_REASONS=$TMP/skip_reasons
