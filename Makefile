@@ -329,9 +329,9 @@ diffs:
 # make's -j (make -j2 sanitize); the tests run one at a time, as in make test.
 SAN := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 sanitize:
-	@ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0 \
+	@export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0 \
 	 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
-	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1; \
 	 $(MAKE) --no-print-directory BUILD=$(BUILD)/sanitize CFLAGS="$(SAN)" LDFLAGS="$(SAN)" all && \
 	 $(MAKE) -j1 --no-print-directory BUILD=$(BUILD)/sanitize CFLAGS="$(SAN)" LDFLAGS="$(SAN)" test
 
@@ -345,7 +345,7 @@ TSAN := -O1 -g -fsanitize=thread -fno-omit-frame-pointer
 TSAN_LOG = $(abspath $(BUILD))/tsan/reports
 tsan:
 	@rm -rf $(TSAN_LOG); mkdir -p $(TSAN_LOG); unset HAVE_CUDA CUDA_CFLAGS CUDA_LIBS; \
-	 TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:log_path=$(TSAN_LOG)/tsan:suppressions=$(CURDIR)/tests/tsan.supp:print_suppressions=0" \
+	 export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:log_path=$(TSAN_LOG)/tsan:suppressions=$(CURDIR)/tests/tsan.supp:print_suppressions=0"; \
 	 $(MAKE) --no-print-directory BUILD=$(BUILD)/tsan CUDA=0 CFLAGS="$(TSAN)" LDFLAGS="$(TSAN)" all && \
 	 DDP_TSAN=1 $(MAKE) -j1 --no-print-directory BUILD=$(BUILD)/tsan CUDA=0 CFLAGS="$(TSAN)" LDFLAGS="$(TSAN)" test; rc=$$?; \
 	 if [ -n "$$(ls -A $(TSAN_LOG))" ]; then cat $(TSAN_LOG)/*; \
