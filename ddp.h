@@ -337,9 +337,10 @@
       "start every rank with the same WORLD_SIZE and a distinct RANK below it")                  \
     X(DDP_ERR_LAUNCH, "a rank of the job failed or could not be started",                        \
       "read that rank's output above: its own error comes first")                                \
-    X(DDP_ERR_MODEL_MISMATCH, "the ranks' models or ddp_wrap settings differ",                  \
-      "build the same model on every rank, from the same code and sizes, and wrap it with the "  \
-      "same ddp_wrap_desc (the same options) on every rank")                                     \
+    X(DDP_ERR_MODEL_MISMATCH, "the ranks' models, ddp_wrap settings or optimizers differ",     \
+      "build the same model on every rank, from the same code and sizes, and wrap it and create " \
+      "its optimizer with the same ddp_wrap_desc and ddp_optim_desc (the same options) on every "\
+      "rank")                                                                                    \
     X(DDP_ERR_UNUSED_PARAMETER, "a parameter received no gradient in this backward pass",       \
       "make every parameter take part in the loss, or set find_unused_parameters")               \
     X(DDP_ERR_DESYNC, "the ranks called different collectives at the same point (desync)",      \
@@ -691,6 +692,8 @@ static DDP__TLS ddp_status ddp__err_status;
 /* The fix for this one error when the status's own fix line would mislead (a full disk is a
    DDP_ERR_IO, but checking the path's permissions will not help); NULL: the status's. */
 static DDP__TLS const char* ddp__err_fix;
+/* 1 once a DDP_CHECK has failed: the process is on its way out, and its exit says so (>>signals). */
+static int ddp__check_failed;
 
 /* Record a failure with a printf-style message and return its status: `return ddp__fail(...)`. */
 DDP__PRIVATE ddp_status ddp__fail(ddp_status s, const char* fmt, ...) DDP__PRINTF(2, 3);
@@ -722,6 +725,7 @@ DDP__DEF void ddp_check_failed(ddp_status s, const char* call_text, const char* 
     ddp__eprint_line("%s  %s: %s", label, ddp_status_name(s),
                      ddp__err_status == s && ddp__err_msg[0] ? ddp__err_msg : ddp__status_cause(s));
     ddp__eprint_line("%s  fix: %s", label, ddp__err_status == s && ddp__err_fix ? ddp__err_fix : ddp__status_fix(s));
+    ddp__check_failed = 1;
     exit(1);
 }
 
@@ -1432,6 +1436,9 @@ DDP__PRIVATE ddp_status ddp__nccl_gpu_own(ddp_pg* pg); /* >>gpus */
 #define DDP__RING_MAGIC 0x52504444u /* "DDPR": the first word of every ring header */
 enum { DDP__ALL_REDUCE = 1, DDP__BROADCAST, DDP__ALL_GATHER, DDP__REDUCE_SCATTER,
        DDP__LEAVE /* not a collective: the ring header a rank sends its right neighbour in ddp_destroy */ };
+/* How a rank left, in its LEAVE header: ddp_destroy; its process ended (exit, return from main)
+   with the group still open; or it ended because a DDP_CHECK failed. */
+enum { DDP__LEFT_DESTROY = 1, DDP__LEFT_EXIT, DDP__LEFT_FAILED };
 
 struct ddp_work {
     ddp_pg* pg;
@@ -1499,6 +1506,7 @@ struct ddp_pg {
     int inline_busy;           /* a collective is running on the caller's thread */
     ddp_work* running;         /* the collective the communication thread is running */
     int wraps;                 /* models wrapped so far: names the store keys of each ddp_wrap */
+    int optims;                /* optimizers of wrapped models so far: their store keys likewise */
     int joined;                /* ddp_init completed: ddp_destroy waits for the others */
     float* one;                /* ddp_barrier's number, on the group's device */
     unsigned char* staging;    /* host copy of GPU buffers and scratch space */
@@ -1540,7 +1548,7 @@ DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w); /* >>s
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg); /* >>signals */
 DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out); /* >>launch */
 DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg); /* >>bind */
-DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg); /* >>cpu */
+DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg, int how); /* >>cpu */
 DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w); /* >>cpu */
 DDP__PRIVATE void* ddp__comm_main(void* arg); /* >>cpu */
 DDP__PRIVATE const ddp__backend_vt* ddp__cpu_vt(void); /* >>cpu */
@@ -1783,7 +1791,7 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
         /* Rank 0 hosts the store: it stays until every rank has left, or a rank still on its way
            out of ddp_init, or reading a key, would find the store gone (torchrun's exit barrier). */
         int64_t left = 0;
-        if (pg->vt == ddp__cpu_vt()) ddp__cpu_leave(pg);
+        if (pg->vt == ddp__cpu_vt()) ddp__cpu_leave(pg, DDP__LEFT_DESTROY);
         deadline = ddp__now() + pg->timeout;
         if (ddp__store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
             if (pg->rank != 0) wait_store = 1;
@@ -1794,6 +1802,10 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
                 ddp__log(DDP_LOG_WARN, "ddp_destroy: only %lld of %d ranks reached ddp_destroy within %.0f s; the others "
                         "are still inside a collective or have failed (see their output)", (long long)left, pg->world,
                         pg->timeout);
+            else if (pg->rank == 0 && ddp__store_add(pg->store, "ddp/exited", 0, &left) == DDP_OK && left > 0)
+                ddp__log(DDP_LOG_WARN, "ddp_destroy: %lld of the %d ranks ended their process without calling ddp_destroy "
+                        "(after a failure, or a program that returns from main without it): see their output",
+                        (long long)left, pg->world);
         }
     }
     if (pg->vt) pg->vt->destroy(pg);
@@ -2855,6 +2867,8 @@ struct ddp_model {
     int phase;              /* unit 0's open bracket: 0, DDP_FORWARD or DDP_BACKWARD */
     int open_unit;          /* the other unit whose bracket is open; 0: none */
     int rank;               /* the rank it is wrapped on, for messages; -1: not wrapped */
+    ddp_pg* pg;             /* the group it is wrapped on (an optimizer compares its settings over
+                               it); NULL: not wrapped */
     ddp_status broken;      /* a tensor marked ready wrongly in the open backward: its end says so */
     char err[512];
     ddp__layer layers[DDP_MAX_LAYERS];
@@ -4201,6 +4215,7 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
     ddp__pg_set_stream(pg, m->device.type == DDP_DEVICE_CUDA ? m->stream : NULL);
     m->zero = w->z;
     m->rank = ddp_rank(pg);
+    m->pg = pg;
     *out = w;
     if (ddp__log_level_enabled() >= DDP_LOG_INFO && ddp_rank(pg) == 0) ddp__wrapper_log_buckets(w);
     return DDP_OK;
@@ -4223,6 +4238,7 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
     }
     if (w->m->post_backward == ddp__reducer_finish) ddp__model_set_post_backward(w->m, NULL, NULL);
     w->m->rank = -1;
+    w->m->pg = NULL;
     if (w->z && ddp__zero_destroy(w->z) != DDP_OK) /* zero_stage 3: collective, it gathers the weights back */
         ddp__log(DDP_LOG_WARN, "ddp_wrapper_destroy: giving the model its weights back failed: %s", ddp_error_string());
     ddp_stream_sync(w->m->stream);
@@ -5460,7 +5476,8 @@ typedef struct ddp_optim_desc {
 
 typedef struct ddp_optim ddp_optim;
 /* An optimizer over every parameter of m, its state on m's device. DDP_ERR_INVALID_ARGUMENT for a
-   negative rate, betas outside [0, 1), or nesterov without momentum. */
+   negative rate, betas outside [0, 1), or nesterov without momentum. On a wrapped model it is
+   collective: DDP_ERR_MODEL_MISMATCH, naming the setting, when the ranks' settings differ. */
 DDP_API ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, ddp_optim** out);
 /* Update every parameter from its gradient: one torch.optim step. DDP_ERR_CUDA on a GPU failure. */
 DDP_API ddp_status ddp_optim_step(ddp_optim* o);
@@ -5488,6 +5505,9 @@ DDP_API void ddp_optim_destroy(ddp_optim* o);
 
 #endif /* DDP__DECLARE */
 #if DDP__IMPLEMENT
+/* Defined further down, in the section named, and called here: */
+DDP__PRIVATE ddp_status ddp__verify_optim(struct ddp_optim* o); /* >>signals */
+
 /* ---- optimizers --------------------------------------------------------------------------------- */
 
 struct ddp_optim {
@@ -5503,7 +5523,7 @@ struct ddp_optim {
     size_t state_bytes; /* the state held, counted into the model's optim_state_bytes */
     float* full[3];     /* on the rank that consolidated: all of state1, state2 and (zero_stage 3)
                            the weights, the parameters end to end; freed by the next step */
-    int consolidated;   /* full[] holds the state of this step */
+    int consolidated;   /* 1 + the rank ddp_optim_consolidate put this step's state on; 0: none */
 };
 
 /*
@@ -5574,7 +5594,7 @@ DDP__DEF ddp_status ddp_optim_consolidate(ddp_optim* o, int to) {
             }
         }
     }
-    o->consolidated = 1;
+    o->consolidated = 1 + to;
     return ddp_stream_sync(m->stream);
 }
 
@@ -5650,6 +5670,14 @@ DDP__DEF ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, d
         o->state_bytes += ((o->state1[i] != NULL) + (o->state2[i] != NULL)) * o->len[i] * sizeof(float);
     m->optim_state_bytes += o->state_bytes;
     m->optim = o;
+    /* a wrapped model: every rank must create the same optimizer (collective), or the replicas
+       would step apart, or consolidate different states, without any collective noticing */
+    if (m->pg && (s = ddp__verify_optim(o)) != DDP_OK) {
+        char msg[sizeof ddp__err_msg];
+        memcpy(msg, ddp__err_msg, sizeof msg);
+        ddp_optim_destroy(o);
+        return ddp__fail(s, "%s", msg);
+    }
     *out = o;
     return DDP_OK;
 }
@@ -5954,11 +5982,22 @@ DDP__DEF ddp_status ddp_snapshot_save(const ddp_snapshot* s, const char* path) {
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "ddp_snapshot_save: %s is NULL", !path ? "path" : "the model");
     /* A sharded state is saved by the rank it was consolidated onto, before the next step. */
     if (s->optim && s->optim->z && (ddp__optim_nstate(s->optim) > 0 || s->optim->z->stage == 3) &&
-        (!s->optim->consolidated || !s->optim->full[ddp__optim_nstate(s->optim) > 0 ? 0 : 2]))
-        return ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the optimizer's state is sharded over the ranks "
-                         "(zero_stage %d) and this rank holds only its shard: call ddp_optim_consolidate(o, %d) on "
-                         "every rank right before this save, after the last step", s->optim->z->stage,
-                         s->optim->z->rank);
+        (!s->optim->consolidated || !s->optim->full[ddp__optim_nstate(s->optim) > 0 ? 0 : 2])) {
+        const int me = s->optim->z->rank, onto = s->optim->consolidated - 1;
+        if (onto >= 0 && onto != me) { /* consolidated this step, onto another rank */
+            ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the optimizer's state was consolidated onto rank %d, so "
+                      "this rank (%d) holds only its shard of it", onto, me);
+            ddp__err_fix = "save on the rank the state was consolidated onto (ddp_optim_consolidate's `to`), or "
+                           "consolidate onto the rank that saves";
+            return DDP_ERR_STATE;
+        }
+        ddp__fail(DDP_ERR_STATE, "ddp_snapshot_save: the optimizer's state is sharded over the ranks (zero_stage %d) "
+                  "and this rank holds only its shard: call ddp_optim_consolidate(o, %d) on every rank right before "
+                  "this save, after the last step", s->optim->z->stage, me);
+        ddp__err_fix = "with ZeRO, a save is: ddp_optim_consolidate(o, r) on every rank, then ddp_snapshot_save on "
+                       "rank r, with no optimizer step between them";
+        return DDP_ERR_STATE;
+    }
     m = s->model;
     for (i = 0; i < m->nparams; i++)
         if (!m->params[i]->data && !(s->optim && s->optim->full[2]))
@@ -7149,7 +7188,7 @@ DDP__PRIVATE void ddp__pool_free(ddp_model* m, ddp__pool* p) {
 #define DDP__STORE_MAGIC 0x53504444u /* "DDPS" */
 #define DDP__STORE_VERSION 1
 enum { DDP__OP_HELLO = 1, DDP__OP_SET, DDP__OP_GET, DDP__OP_ADD, DDP__OP_WAIT, DDP__OP_CHECK };
-enum { DDP__ST_OK = 0, DDP__ST_TIMEOUT, DDP__ST_REFUSED, DDP__ST_BAD };
+enum { DDP__ST_OK = 0, DDP__ST_TIMEOUT, DDP__ST_REFUSED, DDP__ST_BAD, DDP__ST_BUSY };
 
 /* ---- time and sockets: the portable pieces every network path uses ---------------------------- */
 
@@ -7390,6 +7429,7 @@ typedef struct ddp__server {
        readable, so the server leaves it alone until `accept_pause_until` instead of spinning */
     double accept_pause_until, accept_failing_since;
     long accept_fails;    /* failed accepts since the first of this episode; 0: none */
+    int reserve_fd;       /* /dev/null, held so that a newcomer can be told "busy" at the limit */
     int accept_episodes;  /* episodes so far: only the first is a warning, later ones are INFO */
 } ddp__server;
 
@@ -7636,6 +7676,42 @@ DDP__PRIVATE void ddp__server_wake_parked(ddp__server* s) {
     }
 }
 
+/* Out of descriptors, a newcomer would sit silent in the kernel's backlog and, after its HELLO
+   timed out, take the store for some other program on the port. The descriptor held in reserve is
+   lent to answer each newcomer "busy", with the reason, so that a rank keeps trying until its
+   deadline and can then say what held it up. */
+DDP__PRIVATE void ddp__server_turn_away(ddp__server* s) {
+    char why[200], junk[512];
+    struct rlimit rl;
+    int k, silent = 0;
+    long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : -1;
+    for (k = 0; k < s->nconns; k++) silent += !s->conns[k].hello;
+    if (s->reserve_fd < 0) s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* lost last time */
+    snprintf(why, sizeof why, "the store's process is out of file descriptors (ulimit -n %ld) with %d connections "
+             "open, %d of them silent (never sent a HELLO)", lim, s->nconns, silent);
+    for (k = 0; k < 256 && s->reserve_fd >= 0; k++) {
+        unsigned char h[12];
+        int fd;
+        close(s->reserve_fd);
+        fd = accept(s->listen_fd, NULL, NULL);
+        if (fd >= 0) {
+            while (recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0) { /* the HELLO: read, so close sends no reset */
+            }
+            ddp__put_le32(h, DDP__STORE_MAGIC);
+            h[4] = DDP__ST_BUSY, h[5] = h[6] = h[7] = 0;
+            ddp__put_le32(h + 8, (uint32_t)strlen(why));
+            ddp__sock_setup(fd);
+            if (send(fd, h, 12, MSG_DONTWAIT | DDP__SEND_FLAGS) == 12) {
+                if (send(fd, why, strlen(why), MSG_DONTWAIT | DDP__SEND_FLAGS) < 0) {
+                }
+            }
+            close(fd);
+        }
+        s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd < 0) break; /* the backlog is empty (or another thread took the descriptor) */
+    }
+}
+
 static void* ddp__server_main(void* arg) {
     ddp__server* s = (ddp__server*)arg;
     struct pollfd* pf = NULL;
@@ -7715,6 +7791,7 @@ static void* ddp__server_main(void* arg) {
                                 "many connections that never say HELLO come from another program or an attack "
                                 "on MASTER_PORT", strerror(e), lim, s->nconns);
                     }
+                    ddp__server_turn_away(s);
                     s->accept_pause_until = ddp__now() + 0.1;
                     break;
                 }
@@ -7761,6 +7838,7 @@ DDP__PRIVATE void ddp__server_free(ddp__server* s) {
     if (s->conns) DDP_FREE(s->conns);
     if (s->wake[0] >= 0) close(s->wake[0]);
     if (s->wake[1] >= 0) close(s->wake[1]);
+    if (s->reserve_fd >= 0) close(s->reserve_fd);
     pthread_mutex_destroy(&s->lock);
     DDP_FREE(s);
 }
@@ -7773,6 +7851,7 @@ DDP__PRIVATE ddp_status ddp__server_start(int port, int local, const char* token
     *out = NULL;
     if (!s) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the store server failed");
     s->wake[0] = s->wake[1] = -1;
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->idle_s = timeout < 10.0 ? timeout : 10.0;
     pthread_mutex_init(&s->lock, NULL);
     snprintf(s->token, sizeof s->token, "%s", token);
@@ -7870,8 +7949,11 @@ DDP__PRIVATE ddp_status ddp__store_call(ddp_store* s, int op, const char* key, c
     return ddp__store_call_x(s, op, key, val, vlen, timeout, 10.0, status, reply, rlen);
 }
 
-DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s) {
+/* HELLO, the first request of a connection. A store out of descriptors answers "busy": then
+   DDP_ERR_STORE_UNREACHABLE, with its reason in busy[] (else busy[0] is 0). */
+DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s, char* busy, size_t nbusy) {
     int st = 0;
+    busy[0] = 0;
     unsigned char* msg = NULL;
     uint32_t n = 0;
     /* A store answers HELLO at once, so no slack: a program on that port that accepts the
@@ -7885,6 +7967,11 @@ DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s) {
         return ddp__fail(DDP_ERR_STORE_REFUSED, "the program listening at %s:%d is not a ddp.h rendezvous store: it "
                          "%s. Another program holds MASTER_PORT (pick another port), or MASTER_ADDR/MASTER_PORT "
                          "point to the wrong machine", s->host, s->port, why);
+    }
+    if (st == DDP__ST_BUSY) {
+        snprintf(busy, nbusy, "%.*s", msg ? (int)n : 14, msg ? (const char*)msg : "no reason said");
+        if (msg) DDP_FREE(msg);
+        return DDP_ERR_STORE_UNREACHABLE;
     }
     if (st != DDP__ST_OK) {
         char why[64] = "refused";
@@ -7911,7 +7998,8 @@ DDP__PRIVATE ddp_status ddp__store_create(const ddp_store_desc* desc, ddp_store*
     ddp_store_desc d;
     const char* env;
     double deadline, backoff = 0.01;
-    int last_err = 0, last_gai = 0, warned_name = 0;
+    int last_err = 0, last_gai = 0, warned_name = 0, warned_busy = 0;
+    char busy[200];
     ddp_status st;
     *out = NULL;
     if (desc) d = *desc;
@@ -7941,41 +8029,58 @@ DDP__PRIVATE ddp_status ddp__store_create(const ddp_store_desc* desc, ddp_store*
     }
     /* Connect, retrying with doubling back-off: the server may not be up yet. */
     deadline = ddp__now() + s->timeout;
-    for (;;) {
-        /* The host connects like everyone else, to MASTER_ADDR: the local address of this
-           connection is what the ring publishes, and 127.0.0.1 would be useless to other hosts. */
-        s->fd = ddp__sock_connect(s->host, s->port,
-                                  ddp__now() + 2.0 < deadline ? ddp__now() + 2.0 : deadline);
-        if (s->fd >= 0) break;
-        last_err = errno;
-        /* A name that does not resolve is said at once: the retries only help when the name is about
-           to appear (a cluster's DNS catching up), and a typo would otherwise wait out DDP_TIMEOUT. */
-        if (ddp__gai_err && !warned_name++)
-            ddp__log(DDP_LOG_WARN, "the rendezvous host \"%s\" (MASTER_ADDR) does not resolve to an address: %s. "
-                    "Retrying until DDP_TIMEOUT (%.0f s); set MASTER_ADDR to rank 0's IP address, or to a name every "
-                    "machine resolves (127.0.0.1 when all ranks run here)", s->host, gai_strerror(ddp__gai_err),
-                    s->timeout);
-        last_gai = ddp__gai_err;
-        if (ddp__now() >= deadline) {
-            if (last_gai)
-                st = ddp__fail(DDP_ERR_STORE_UNREACHABLE,
-                               "no rendezvous store answered at %s:%d within %.0f s (last error: the host name \"%s\" "
-                               "does not resolve: %s). Set MASTER_ADDR to rank 0's IP address, or to a name every "
-                               "machine resolves (127.0.0.1 when all ranks run here)",
-                               s->host, s->port, s->timeout, s->host, gai_strerror(last_gai));
-            else
-                st = ddp__fail(DDP_ERR_STORE_UNREACHABLE,
-                               "no rendezvous store answered at %s:%d within %.0f s (last error: %s). Is rank 0 "
-                               "running, and do all ranks use the same MASTER_ADDR and MASTER_PORT?",
-                               s->host, s->port, s->timeout,
-                               last_err == EHOSTUNREACH ? "the address is unreachable" : strerror(last_err));
-            ddp__store_destroy(s); /* after the message: it quotes s */
-            return st;
+    for (;;) { /* until a HELLO is answered: a busy store says so, and is asked again */
+        for (;;) {
+            /* The host connects like everyone else, to MASTER_ADDR: the local address of this
+               connection is what the ring publishes, and 127.0.0.1 would be useless to other hosts. */
+            s->fd = ddp__sock_connect(s->host, s->port,
+                                      ddp__now() + 2.0 < deadline ? ddp__now() + 2.0 : deadline);
+            if (s->fd >= 0) break;
+            last_err = errno;
+            /* A name that does not resolve is said at once: the retries only help when the name is about
+               to appear (a cluster's DNS catching up), and a typo would otherwise wait out DDP_TIMEOUT. */
+            if (ddp__gai_err && !warned_name++)
+                ddp__log(DDP_LOG_WARN, "the rendezvous host \"%s\" (MASTER_ADDR) does not resolve to an address: %s. "
+                        "Retrying until DDP_TIMEOUT (%.0f s); set MASTER_ADDR to rank 0's IP address, or to a name every "
+                        "machine resolves (127.0.0.1 when all ranks run here)", s->host, gai_strerror(ddp__gai_err),
+                        s->timeout);
+            last_gai = ddp__gai_err;
+            if (ddp__now() >= deadline) {
+                if (last_gai)
+                    st = ddp__fail(DDP_ERR_STORE_UNREACHABLE,
+                                   "no rendezvous store answered at %s:%d within %.0f s (last error: the host name \"%s\" "
+                                   "does not resolve: %s). Set MASTER_ADDR to rank 0's IP address, or to a name every "
+                                   "machine resolves (127.0.0.1 when all ranks run here)",
+                                   s->host, s->port, s->timeout, s->host, gai_strerror(last_gai));
+                else
+                    st = ddp__fail(DDP_ERR_STORE_UNREACHABLE,
+                                   "no rendezvous store answered at %s:%d within %.0f s (last error: %s). Is rank 0 "
+                                   "running, and do all ranks use the same MASTER_ADDR and MASTER_PORT?",
+                                   s->host, s->port, s->timeout,
+                                   last_err == EHOSTUNREACH ? "the address is unreachable" : strerror(last_err));
+                ddp__store_destroy(s); /* after the message: it quotes s */
+                return st;
+            }
+            ddp__sleep(deadline - ddp__now() < backoff ? deadline - ddp__now() : backoff);
+            backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
         }
-        ddp__sleep(deadline - ddp__now() < backoff ? deadline - ddp__now() : backoff);
+        st = ddp__store_hello(s, busy, sizeof busy);
+        if (st == DDP_OK || !busy[0]) break;
+        close(s->fd);
+        s->fd = -1;
+        if (!warned_busy++)
+            ddp__log(DDP_LOG_WARN, "the rendezvous store at %s:%d is busy: %s. Retrying until DDP_TIMEOUT (%.0f s)",
+                     s->host, s->port, busy, s->timeout);
+        if (ddp__now() + backoff >= deadline) {
+            st = ddp__fail(DDP_ERR_STORE_UNREACHABLE, "the rendezvous store at %s:%d could not take this rank within "
+                           "DDP_TIMEOUT (%.0f s): it is busy: %s", s->host, s->port, s->timeout, busy);
+            ddp__err_fix = "raise the open-file limit of rank 0's process (ulimit -n), or stop the program that opens "
+                           "connections to MASTER_PORT (ss -tnp shows who)";
+            break;
+        }
+        ddp__sleep(backoff);
         backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
     }
-    st = ddp__store_hello(s);
     if (st != DDP_OK) {
         ddp__store_destroy(s);
         return st;
@@ -8226,9 +8331,39 @@ static void ddp__usr1_setup(void) {
     sigaction(SIGUSR1, &sa, NULL);
 }
 
-/* From now on SIGUSR1 prints pg's record (the handler is installed the first time). */
+/* A process that ends with its group still open (main returns without ddp_destroy; exit()) tells its
+   neighbour so, as ddp_destroy would: else a rank still training reads the closed connection as
+   a death. Through atexit, and from ddp_spawn's child before its _exit. */
+DDP__PRIVATE void ddp__exit_leave(void) {
+    static const char* const keys[2] = {"ddp/exited", "ddp/left"};
+    unsigned char one[8], *v = NULL;
+    uint32_t n = 0;
+    int i, st = 0;
+    ddp_pg* pg;
+    pthread_mutex_lock(&ddp__usr1_lock);
+    pg = ddp__usr1_pg;
+    pthread_mutex_unlock(&ddp__usr1_lock);
+    if (!pg || !pg->joined) return;
+    if (pg->vt == ddp__cpu_vt()) ddp__cpu_leave(pg, ddp__check_failed ? DDP__LEFT_FAILED : DDP__LEFT_EXIT);
+    /* counted as gone by rank 0's ddp_destroy, which else waits for it until the deadline. Not when
+       another thread is inside a store call (it might never return), and for half a second at most
+       (rank 0 may be stopped, with the store in it). */
+    ddp__put_le64(one, 1);
+    if (pthread_mutex_trylock(&pg->store->lock) != 0) return;
+    pthread_mutex_unlock(&pg->store->lock);
+    for (i = 0; i < 2; i++) {
+        if (ddp__store_call_x(pg->store, DDP__OP_ADD, keys[i], one, 8, 0.5, 0.0, &st, &v, &n) != DDP_OK) return;
+        if (v) DDP_FREE(v), v = NULL;
+    }
+}
+static pthread_once_t ddp__exit_once = PTHREAD_ONCE_INIT;
+static void ddp__exit_setup(void) { atexit(ddp__exit_leave); }
+
+/* From now on SIGUSR1 prints pg's record (the handler is installed the first time), and the
+   process's end without ddp_destroy is told to pg's neighbour. */
 DDP__PRIVATE void ddp__usr1_follow(ddp_pg* pg) {
     pthread_once(&ddp__usr1_once, ddp__usr1_setup);
+    pthread_once(&ddp__exit_once, ddp__exit_setup);
     pthread_mutex_lock(&ddp__usr1_lock);
     ddp__usr1_pg = pg;
     pthread_mutex_unlock(&ddp__usr1_lock);
@@ -8544,8 +8679,9 @@ DDP__PRIVATE void ddp__wrap_settings(const ddp_wrap_desc* d, char* out, size_t c
 }
 
 /* The first setting in which any rank differs from rank 0, with each value and its ranks: the same
-   sentence on every rank that writes it (all[r]: rank r's settings). */
-DDP__PRIVATE void ddp__settings_verdict(char** all, int W, char* out, size_t cap) {
+   sentence on every rank that writes it (all[r]: rank r's settings; `what`: "wrapped the model" or
+   "created the optimizer", and `desc` the struct that holds the settings). */
+DDP__PRIVATE void ddp__settings_verdict(char** all, int W, const char* what, const char* desc, char* out, size_t cap) {
     size_t word = (size_t)-1, key, len;
     int r, q, k, count;
     for (r = 1; r < W; r++) { /* where the first word in which some rank differs from rank 0 starts */
@@ -8558,11 +8694,11 @@ DDP__PRIVATE void ddp__settings_verdict(char** all, int W, char* out, size_t cap
     key = strcspn(all[0] + word, "="); /* the same name on every rank: the words before agree */
     for (r = 1; r < W; r++)
         if (strncmp(all[r] + word, all[0] + word, key + 1)) { /* not from this ddp.h's ddp__wrap_settings */
-            snprintf(out, cap, "the ranks wrapped the model with different settings: rank 0 has %s, rank %d %s. Pass "
-                     "every rank the same ddp_wrap_desc", all[0], r, all[r]);
+            snprintf(out, cap, "the ranks %s with different settings: rank 0 has %s, rank %d %s. Pass every rank "
+                     "the same %s", what, all[0], r, all[r], desc);
             return;
         }
-    len = (size_t)snprintf(out, cap, "the ranks wrapped the model with different settings: %.*s is ", (int)key,
+    len = (size_t)snprintf(out, cap, "the ranks %s with different settings: %.*s is ", what, (int)key,
                            all[0] + word);
 #define DDP__VALUE(r) (all[r] + word + key + 1)
 #define DDP__SAME(a, b) (!strncmp(DDP__VALUE(a), DDP__VALUE(b), strcspn(DDP__VALUE(a), " ") + 1))
@@ -8584,8 +8720,71 @@ DDP__PRIVATE void ddp__settings_verdict(char** all, int W, char* out, size_t cap
 #undef DDP__SAME
 #undef DDP__VALUE
     if (len < cap)
-        snprintf(out + len, cap - len, ". Pass every rank the same ddp_wrap_desc (the same options on every "
-                 "rank's command line)");
+        snprintf(out + len, cap - len, ". Pass every rank the same %s (the same options on every rank's command "
+                 "line)", desc);
+}
+
+/* Each rank's settings `set` under `prefix` in the store, compared with rank 0's (every rank's
+   read only when one differs): in verdict, "" when they agree, else the sentence naming the first
+   that differs (ddp__settings_verdict's `what` and `desc`). */
+DDP__PRIVATE ddp_status ddp__compare_settings(ddp_pg* pg, const char* prefix, const char* set, const char* what,
+                                              const char* desc, char* verdict, size_t cap) {
+    ddp_store* st = ddp_pg_store(pg);
+    char key[96], set0[320];
+    char** all;
+    size_t n = 0;
+    int i, W = ddp_world_size(pg);
+    ddp_status s;
+    snprintf(key, sizeof key, "%s/set/%d", prefix, ddp_rank(pg));
+    DDP__TRY(ddp_store_set(st, key, set, strlen(set)));
+    snprintf(key, sizeof key, "%s/set/0", prefix);
+    memset(set0, 0, sizeof set0);
+    DDP__TRY(ddp_store_get(st, key, set0, sizeof set0 - 1, &n));
+    if (strcmp(set, set0) == 0) return DDP_OK;
+    all = (char**)ddp__calloc((size_t)W * (sizeof(char*) + sizeof set0));
+    if (!all) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "no memory to compare the ranks' settings");
+    for (i = 0, s = DDP_OK; i < W && s == DDP_OK; i++) {
+        all[i] = (char*)(all + W) + (size_t)i * sizeof set0;
+        snprintf(key, sizeof key, "%s/set/%d", prefix, i);
+        s = ddp_store_get(st, key, all[i], sizeof set0 - 1, &n);
+    }
+    if (s == DDP_OK) ddp__settings_verdict(all, W, what, desc, verdict, cap);
+    DDP_FREE(all);
+    return s;
+}
+
+/* Every rank publishes its verdict under `prefix` ("" when it found nothing) and reads every
+   rank's: the first one given, in rank order, is what every rank reports, DDP_ERR_MODEL_MISMATCH
+   with it (DDP_OK when all are empty). Each reads them all even after finding one: returning at
+   the first would let rank 0 fail, and its program exit with the store, while a slower rank still
+   waits for a verdict, which would then see the store vanish instead of the mismatch. */
+DDP__PRIVATE ddp_status ddp__agree_verdict(ddp_pg* pg, const char* prefix, char* verdict, size_t cap) {
+    ddp_store* st = ddp_pg_store(pg);
+    char key[96];
+    size_t n = 0;
+    int i, W = ddp_world_size(pg), me = ddp_rank(pg);
+    snprintf(key, sizeof key, "%s/verdict/%d", prefix, me);
+    DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
+    verdict[0] = 0;
+    for (i = 0; i < W; i++) {
+        char theirs[768];
+        memset(theirs, 0, sizeof theirs);
+        snprintf(key, sizeof key, "%s/verdict/%d", prefix, i);
+        DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
+        if (theirs[0] && !verdict[0]) snprintf(verdict, cap, "%s", theirs);
+    }
+    if (!verdict[0]) return DDP_OK;
+    /* A mismatch ends the job. Rank 0 holds the store until every rank has read its verdicts
+       (each says so with one add, whose answer it has when the count is complete). */
+    snprintf(key, sizeof key, "%s/told", prefix);
+    {
+        int64_t told = 0;
+        double deadline = ddp__now() + pg->timeout;
+        if (ddp__store_add(st, key, 1, &told) == DDP_OK)
+            while (me == 0 && told < W && ddp__now() < deadline && ddp__store_add(st, key, 0, &told) == DDP_OK)
+                ddp__sleep(0.002);
+    }
+    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "%s", verdict);
 }
 
 /* Every rank must hold the same model: compare each rank's list of names and shapes with rank
@@ -8594,12 +8793,13 @@ DDP__PRIVATE void ddp__settings_verdict(char** all, int W, char* out, size_t cap
    be a different one on some rank). */
 DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
     ddp_store* st = ddp_pg_store(w->pg);
-    char *sig, *other, key[96], verdict[768], set[320], set0[320];
+    char *sig, *other, key[96], prefix[48], verdict[768], set[320];
     size_t n = 0, pos = 0, cap;
-    int i, k, W = ddp_world_size(w->pg), me = ddp_rank(w->pg);
-    int gen = w->pg->wraps++; /* a fresh key space per wrap: every rank wraps in the same order */
+    int i, k, me = ddp_rank(w->pg);
     ddp_model* m = w->m;
     ddp_status s;
+    /* a fresh key space per wrap: every rank wraps in the same order */
+    snprintf(prefix, sizeof prefix, "ddp/wrap/%d", w->pg->wraps++);
     /* each tensor as name[d0,d1,...]; a model of one's own adds its unit (unit2) and parameter group
        (no_decay) where not 0 (ddp_model_mlp's follow from its layers) */
     cap = 64 + (size_t)m->nparams * (sizeof m->params[0]->name + 4 * 12 + 24);
@@ -8615,26 +8815,15 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
         if (p->unit && !m->nlayers) pos += (size_t)snprintf(sig + pos, cap - pos, "unit%d", p->unit);
         if (p->no_decay) pos += (size_t)snprintf(sig + pos, cap - pos, "%sno_decay", p->unit && !m->nlayers ? "," : "");
     }
-    snprintf(key, sizeof key, "ddp/wrap/%d/sig/0", gen);
+    snprintf(key, sizeof key, "%s/sig/0", prefix);
     s = me == 0 ? ddp_store_set(st, key, sig, strlen(sig)) : DDP_OK;
     if (s == DDP_OK) s = ddp_store_get(st, key, other, cap - 1, &n);
-    if (s != DDP_OK) {
-        DDP_FREE(sig);
-        return s;
-    }
+    /* the settings: each rank's own, compared with rank 0's */
     verdict[0] = 0;
-    /* the settings: each rank's own, compared with rank 0's (all of them read only when one differs) */
     ddp__wrap_settings(&w->d, set, sizeof set);
-    snprintf(key, sizeof key, "ddp/wrap/%d/set/%d", gen, me);
-    s = ddp_store_set(st, key, set, strlen(set));
-    snprintf(key, sizeof key, "ddp/wrap/%d/set/0", gen);
-    memset(set0, 0, sizeof set0);
-    if (s == DDP_OK) s = ddp_store_get(st, key, set0, sizeof set0 - 1, &n);
-    if (s != DDP_OK) {
-        DDP_FREE(sig);
-        return s;
-    }
-    if (strcmp(sig, other) != 0) {
+    if (s == DDP_OK)
+        s = ddp__compare_settings(w->pg, prefix, set, "wrapped the model", "ddp_wrap_desc", verdict, sizeof verdict);
+    if (s == DDP_OK && strcmp(sig, other) != 0) { /* a different model says more than different settings */
         /* name the first differing parameter (past the counts, which say less) */
         const char *a = strchr(sig, ':'), *b = strchr(other, ':');
         const char* a0 = a = a ? a : sig;
@@ -8646,48 +8835,46 @@ DDP__PRIVATE ddp_status ddp__verify_model(ddp_wrapper* w) {
         snprintf(verdict, sizeof verdict, "the ranks hold different models: rank %d has %.*s where rank 0 has %.*s "
                  "(rank %d: %d parameters, rank 0: %d). Every rank must build the same model", me, (int)strcspn(a, " "),
                  a, (int)strcspn(b, " "), *b ? b : "nothing", me, m->nparams, atoi(other));
-    } else if (strcmp(set, set0) != 0) {
-        char** all = (char**)ddp__calloc((size_t)W * (sizeof(char*) + sizeof set));
-        if (!all) s = ddp__fail(DDP_ERR_OUT_OF_MEMORY, "ddp_wrap: no memory to compare the settings");
-        for (i = 0; i < W && s == DDP_OK; i++) {
-            all[i] = (char*)(all + W) + (size_t)i * sizeof set;
-            snprintf(key, sizeof key, "ddp/wrap/%d/set/%d", gen, i);
-            s = ddp_store_get(st, key, all[i], sizeof set - 1, &n);
-        }
-        if (s == DDP_OK) ddp__settings_verdict(all, W, verdict, sizeof verdict);
-        DDP_FREE(all);
-        if (s != DDP_OK) {
-            DDP_FREE(sig);
-            return s;
-        }
     }
     DDP_FREE(sig);
-    snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, me);
-    DDP__TRY(ddp_store_set(st, key, verdict, strlen(verdict)));
-    /* Every rank reads every verdict (the first one given, in rank order, is the one all report),
-       even after finding one: returning at the first would let rank 0 fail, and its program exit
-       with the store, while a slower rank still waits for a verdict, which would then see the
-       store vanish instead of the mismatch. */
-    verdict[0] = 0;
-    for (i = 0; i < W; i++) {
-        char theirs[sizeof verdict];
-        memset(theirs, 0, sizeof theirs);
-        snprintf(key, sizeof key, "ddp/wrap/%d/verdict/%d", gen, i);
-        DDP__TRY(ddp_store_get(st, key, theirs, sizeof theirs - 1, &n));
-        if (theirs[0] && !verdict[0]) snprintf(verdict, sizeof verdict, "%s", theirs);
+    if (s != DDP_OK) return s;
+    return ddp__agree_verdict(w->pg, prefix, verdict, sizeof verdict);
+}
+
+/* f in as few digits as read back to the same float (0.01f as 0.01, not 0.0099999998). */
+DDP__PRIVATE const char* ddp__float_text(float f, char* out, size_t cap) {
+    int digits;
+    for (digits = 6; digits < 9; digits++) {
+        snprintf(out, cap, "%.*g", digits, (double)f);
+        if (strtof(out, NULL) == f) break;
     }
-    if (!verdict[0]) return DDP_OK;
-    /* A mismatch ends the job. Rank 0 holds the store until every rank has read its verdicts
-       (each says so with one add, whose answer it has when the count is complete). */
-    snprintf(key, sizeof key, "ddp/wrap/%d/told", gen);
-    {
-        int64_t told = 0;
-        double deadline = ddp__now() + w->pg->timeout;
-        if (ddp__store_add(st, key, 1, &told) == DDP_OK)
-            while (me == 0 && told < W && ddp__now() < deadline && ddp__store_add(st, key, 0, &told) == DDP_OK)
-                ddp__sleep(0.002);
-    }
-    return ddp__fail(DDP_ERR_MODEL_MISMATCH, "%s", verdict);
+    if (digits == 9) snprintf(out, cap, "%.9g", (double)f);
+    return out;
+}
+
+/* The optimizer's settings as "name=value" words, after its defaults are filled in. */
+DDP__PRIVATE void ddp__optim_settings(const ddp_optim_desc* d, char* out, size_t cap) {
+    char a[24], b[24], c[24], e[24], g[24];
+    if (d->kind == DDP_SGD)
+        snprintf(out, cap, "kind=sgd lr=%s momentum=%s dampening=%s nesterov=%d weight_decay=%s",
+                 ddp__float_text(d->lr, a, sizeof a), ddp__float_text(d->momentum, b, sizeof b),
+                 ddp__float_text(d->dampening, c, sizeof c), !!d->nesterov, ddp__float_text(d->weight_decay, e, sizeof e));
+    else
+        snprintf(out, cap, "kind=%s lr=%s beta1=%s beta2=%s eps=%s weight_decay=%s",
+                 d->kind == DDP_ADAMW ? "adamw" : "adam", ddp__float_text(d->lr, a, sizeof a),
+                 ddp__float_text(d->beta1, b, sizeof b), ddp__float_text(d->beta2, c, sizeof c),
+                 ddp__float_text(d->eps, e, sizeof e), ddp__float_text(d->weight_decay, g, sizeof g));
+}
+
+/* A wrapped model's optimizer, at its creation: the same kind and settings on every rank, as
+   ddp_wrap checks its own (collective; every rank fails with the same sentence). */
+DDP__PRIVATE ddp_status ddp__verify_optim(ddp_optim* o) {
+    ddp_pg* pg = o->m->pg;
+    char prefix[48], set[320], verdict[768] = "";
+    snprintf(prefix, sizeof prefix, "ddp/optim/%d", pg->optims++);
+    ddp__optim_settings(&o->d, set, sizeof set);
+    DDP__TRY(ddp__compare_settings(pg, prefix, set, "created the optimizer", "ddp_optim_desc", verdict, sizeof verdict));
+    return ddp__agree_verdict(pg, prefix, verdict, sizeof verdict);
 }
 
 #endif /* DDP__IMPLEMENT */
@@ -8890,7 +9077,7 @@ typedef struct ddp__shm_rank { /* one rank's control block, 256 bytes: fields ot
     unsigned char pad0[60];
     uint32_t waiters;          /* ranks asleep on `phase` */
     unsigned char pad1[60];
-    uint32_t left, pid;        /* left: 1 after ddp_destroy */
+    uint32_t left, pid;        /* left: how the rank left (DDP__LEFT_DESTROY, DDP__LEFT_EXIT), 0: not */
     uint64_t made;             /* collectives it made before it left */
     unsigned char pad2[48];
     unsigned char hdr[2][32];  /* its collectives' headers, by sequence number parity */
@@ -9042,6 +9229,7 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
             if (ddp__shm_reached(o, target)) break;
             memset(&leave, 0, sizeof leave);
             leave.kind = DDP__LEAVE, leave.count = (size_t)o->made;
+            leave.op = (ddp_reduce_op)__atomic_load_n(&o->left, __ATOMIC_ACQUIRE);
             ddp__ring_header(&leave, theirs);
             return ddp__ring_left_job(pg, w, q, theirs);
         }
@@ -9269,10 +9457,10 @@ DDP__PRIVATE ddp_status ddp__shm_run(ddp_pg* pg, ddp_work* w, unsigned char* hos
 }
 
 /* ddp_destroy on an idle rank: a rank that waits for this one learns that it has left. */
-DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg) {
+DDP__PRIVATE void ddp__shm_leave(ddp_pg* pg, int how) {
     ddp__shm_rank* me = ddp__shm_rank_of(pg, pg->rank);
     me->made = pg->seq;
-    __atomic_store_n(&me->left, 1u, __ATOMIC_RELEASE);
+    __atomic_store_n(&me->left, (uint32_t)how, __ATOMIC_RELEASE);
 #if DDP__FUTEX
     syscall(SYS_futex, &me->phase, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 #endif
@@ -9669,16 +9857,22 @@ DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, si
     w.op = (ddp_reduce_op)(last >> 32);
     ddp__fingerprint(&w, out, n);
 }
-/* Rank `who` has left the job (ddp_destroy; its header says after how many collectives): this
+/* Rank `who` has left the job (its header says how, and after how many collectives): this
    collective is one it never called. */
 DDP__PRIVATE ddp_status ddp__ring_left_job(ddp_pg* pg, ddp_work* w, int who, const unsigned char theirs[32]) {
     char a[96];
+    const int how = (int)(ddp__le64(theirs + 24) >> 32);
     ddp__fingerprint(w, a, sizeof a);
-    return ddp__fail(DDP_ERR_DESYNC, "desync: rank %d has left the job (it called ddp_destroy after %llu collectives), "
-                     "but this rank (%d) calls %s. The ranks ran different numbers of collectives: one rank had "
-                     "more batches than another (give every rank the same number; ddp_sampler pads for this), or "
-                     "a collective runs on some ranks only (inside an if on the rank)",
-                     who, (unsigned long long)ddp__le64(theirs + 16), pg->rank, a);
+    if (how == DDP__LEFT_FAILED)
+        return ddp__fail(DDP_ERR_PEER_LOST, "%s: rank %d failed and has left the job (a DDP_CHECK failed there, after "
+                         "%llu collectives): its output says which call and why", a, who,
+                         (unsigned long long)ddp__le64(theirs + 16));
+    return ddp__fail(DDP_ERR_DESYNC, "desync: rank %d has left the job (%s after %llu collectives), but this rank "
+                     "(%d) calls %s. The ranks ran different numbers of collectives: one rank had more batches than "
+                     "another (give every rank the same number; ddp_sampler pads for this), a rank called ddp_join "
+                     "before its last batch, or a collective runs on some ranks only (inside an if on the rank)",
+                     who, how == DDP__LEFT_EXIT ? "its process ended without calling ddp_destroy" : "it called ddp_destroy",
+                     (unsigned long long)ddp__le64(theirs + 16), pg->rank, a);
 }
 DDP__PRIVATE int ddp__ring_is_leave(const unsigned char h[32]) {
     return ddp__le64(h) == (DDP__RING_MAGIC | (uint64_t)DDP__LEAVE << 32);
@@ -10083,7 +10277,7 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
    collective (it had one more batch, or calls a collective inside an if on the rank) then stops
    at once with a message saying so, instead of finding the connection closed or waiting out
    DDP_TIMEOUT. When every rank leaves together nobody reads it. */
-DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg) {
+DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg, int how) {
     unsigned char h[32];
     ddp_work leave;
     int idle;
@@ -10094,12 +10288,12 @@ DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg) {
     if (!idle) return; /* a collective still running or failed: the stream is not at a header */
 #if DDP__SHM
     if (pg->shm) {
-        ddp__shm_leave(pg);
+        ddp__shm_leave(pg, how);
         return;
     }
 #endif
     memset(&leave, 0, sizeof leave);
-    leave.kind = DDP__LEAVE, leave.seq = pg->seq + 1, leave.count = (size_t)pg->seq;
+    leave.kind = DDP__LEAVE, leave.seq = pg->seq + 1, leave.count = (size_t)pg->seq, leave.op = (ddp_reduce_op)how;
     ddp__ring_header(&leave, h);
     (void)ddp__send_all(pg->right_fd, h, 32, ddp__now() + 1.0);
 }
@@ -11850,6 +12044,7 @@ DDP__PRIVATE void ddp__spawn_child(int rank, int nproc, int port, const char* to
     ddp__g.placed = 1;
     rc = fn(rank, arg);
     fflush(NULL);
+    ddp__exit_leave(); /* a group fn left open: its neighbour is told, as atexit would */
     _exit(rc < 0 || rc > 255 ? 255 : rc); /* _exit: no atexit handlers of the parent's copy */
 }
 

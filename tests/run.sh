@@ -13,12 +13,13 @@ GPU_ONLY=0 FAULTS=0
 . tests/report.sh   # pass, fail, skip; ok, bad, skp, run_prog
 # What a user exported while following the tutorial (DDP_DATA_DIR, DDP_DEBUG, a launcher's RANK or
 # MASTER_PORT, a SLURM allocation's SLURM_*) must not steer the suite: each case sets what it needs.
-# Kept: DDP_TSAN (make tsan says which build this is) and DDP_TEST_* (the suite's own knobs).
+# Kept: DDP_TSAN (make tsan says which build this is) and DDP_TEST_* (the suite's own knobs). H_ONLY
+# (one case of a unit test, while working on it) goes too.
 for v in $(compgen -e); do
     case $v in
         DDP_TSAN|DDP_TEST_*) ;;
         DDP_*|RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|MASTER_ADDR|MASTER_PORT|\
-        TORCHELASTIC_*|SLURM_*|OMPI_COMM_WORLD_*|PMI_*|PMIX_RANK) unset "$v" ;;
+        TORCHELASTIC_*|SLURM_*|OMPI_COMM_WORLD_*|PMI_*|PMIX_RANK|H_ONLY) unset "$v" ;;
     esac
 done
 TMP=$(mktemp -d)
@@ -95,7 +96,9 @@ fi
 
 # ---- the sampler against PyTorch's DistributedSampler: exact without shuffling, the rules with it ----
 section "sampler against PyTorch"
-if [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
+if [ $plain_only = 1 ]; then
+    skp sampler_matches_pytorch "make test runs it in the plain build: it compares the sampler's indices, which test_sampler checks here"
+elif [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then
     skp sampler_matches_pytorch "/usr/bin/python3 with torch not found (apt-get install python3-torch)"
 elif [ ! -x "$BUILD/tests/sampler_dump" ]; then
     bad sampler_matches_pytorch "$BUILD/tests/sampler_dump is not built"
@@ -174,7 +177,7 @@ else bad header_map_matches "the map lists: $map_tags" "the banners are: $file_t
 
 # make figures' cheapest measurements, parsed from the programs' real output into a scratch folder:
 # a change in what the programs print that its parsers no longer read fails here (the others run
-# the same programs at full size: `make figures`, about 4 minutes).
+# the same programs at full size: `make figures`, about 7 minutes).
 case $BUILD in
     */sanitize|*/tsan) skp figures_measure_quick "the parsers read the same lines in the plain build" ;;
     *)
@@ -214,11 +217,23 @@ else
     else bad figures_render "${fig_bad[@]}"; fi
 fi
 
+# The numbers TUTORIAL.md and README.md quote from the figures' data match that data (after a new
+# `make figures`, the text must be brought along).
+case $BUILD in
+    */sanitize|*/tsan) skp figures_claims "the text and data are the same in every build" ;;
+    *)
+    if ! command -v python3 >/dev/null 2>&1; then skp figures_claims "python3 is not installed (apt-get install python3)"
+    elif out=$(python3 docs/figures/claims.py 2>&1); then ok "figures_claims (${out#claims.py: })"
+    else bad figures_claims "$out"; fi ;;
+esac
+
 section "labs"
 for lab in sampler ring buckets no_sync resume measure zero1; do
     for kind in starter solution; do
         name=lab_${lab}_${kind}_$([ $kind = starter ] && echo fails || echo passes)
         sol=(); [ $kind = solution ] && sol=(SOLUTION=1)
+        # that a starter fails is the lab's logic (and often waits out a deadline): plain build only
+        if [ $kind = starter ] && [ $plain_only = 1 ]; then skp "$name" "make test runs it in the plain build: a starter failing is the lab's logic, not ddp.h's memory or threads"; continue; fi
         # LAB_TIMING=report: the measure lab's timing verdicts are printed, not enforced (this suite
         # proves mechanisms by values; a busy machine bends timings). A student's make lab-measure enforces them.
         out=$(LAB_TIMING=report make --no-print-directory BUILD="$BUILD" "lab-$lab" ${sol[@]+"${sol[@]}"} 2>&1); rc=$?

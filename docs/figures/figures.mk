@@ -1,7 +1,7 @@
 # The tutorial's figures, drawn by gnuplot from this project's own measurements.
 # The main Makefile includes this file (-include docs/figures/figures.mk).
-#   make figures          runs the programs under $(BUILD) (docs/figures/measure.py: 3.5 minutes on a quiet
-#                         2-core machine, more while other programs run, and about 3 more for chapter 12's
+#   make figures          runs the programs under $(BUILD) (docs/figures/measure.py: 4.7 minutes on a quiet
+#                         2-core machine, more while other programs run, and about 2 more for chapter 12's
 #                         2,000-step GPT), writes docs/figures/data/*.dat, then renders every PNG
 #   make figures-render   renders the PNGs from the committed data only (a few seconds)
 # Each NAME.gp in docs/figures draws NAME.png; gnuplot runs in that folder, so the scripts name

@@ -88,10 +88,14 @@ free_port P_NOBODY
 run_async nobody_listens 20 DDP_JOB_TOKEN=confusions DDP_TIMEOUT=2 -- "$DDPRUN" --nnodes 2 --node-rank 1 \
     --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $P_NOBODY "$C" eval
 # 8 without a launcher: rank 0's shard is a batch short and it reaches ddp_destroy first; nobody stops
-# it, so it waits DDP_TIMEOUT there for rank 1 and then says so.
+# it, so it waits there for rank 1, whose process ends on the desync and says so on its way out.
+# Then the same, with rank 0 failing a DDP_CHECK after its last batch: nobody stops rank 1 either.
 free_port P_UNEVEN
+free_port P_FAILED
 for r in 0 1; do
     run_async uneven_rank$r 20 RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P_UNEVEN DDP_TIMEOUT=2 -- "$C" uneven --no-log
+    run_async failed_rank$r 20 RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P_FAILED DDP_TIMEOUT=2 -- \
+        "$C" uneven --no-log --fail-at-end
 done
 # WORLD_SIZE larger than the processes started: a hand-written launch loop that starts 2 of 3.
 free_port P_WORLD
@@ -198,7 +202,7 @@ kill -TERM $A 2>/dev/null; wait $A 2>/dev/null
 run_fg barrier 40 DDP_TIMEOUT=20 -- "$DDPRUN" --standalone --nproc-per-node 2 "$C" barrier
 check_begin barrier
 need_rc nonzero; need_time 0 10
-need_line err "[rank 0]:   DDP_ERR_DESYNC: desync: rank 1 has left the job (it called ddp_destroy after 7 collectives), but this rank (0) calls all_reduce #8 (1 x f32, sum). The ranks ran different numbers of collectives: one rank had more batches than another (give every rank the same number; ddp_sampler pads for this), or a collective runs on some ranks only (inside an if on the rank)"
+need_line err "[rank 0]:   DDP_ERR_DESYNC: desync: rank 1 has left the job (it called ddp_destroy after 7 collectives), but this rank (0) calls all_reduce #8 (1 x f32, sum). The ranks ran different numbers of collectives: one rank had more batches than another (give every rank the same number; ddp_sampler pads for this), a rank called ddp_join before its last batch, or a collective runs on some ranks only (inside an if on the rank)"
 need_line err "[rank 0]: error: ddp_barrier(j.pg) failed"
 check_end confusion07_collective_on_rank0_only_at_exit
 
@@ -222,18 +226,35 @@ check_end confusion08_uneven_batches_then_a_logging_all_reduce
 run_fg uneven_exit 40 DDP_TIMEOUT=20 -- "$DDPRUN" --standalone --nproc-per-node 2 "$C" uneven --no-log
 check_begin uneven_exit
 need_rc nonzero; need_time 0 10
-need_line err "[rank 1]:   DDP_ERR_DESYNC: desync: rank 0 has left the job (it called ddp_destroy after 8 collectives), but this rank (1) calls all_reduce #9 (1091 x f32, sum). The ranks ran different numbers of collectives: one rank had more batches than another (give every rank the same number; ddp_sampler pads for this), or a collective runs on some ranks only (inside an if on the rank)"
+need_line err "[rank 1]:   DDP_ERR_DESYNC: desync: rank 0 has left the job (it called ddp_destroy after 8 collectives), but this rank (1) calls all_reduce #9 (1091 x f32, sum). The ranks ran different numbers of collectives: one rank had more batches than another (give every rank the same number; ddp_sampler pads for this), a rank called ddp_join before its last batch, or a collective runs on some ranks only (inside an if on the rank)"
 check_end confusion08_uneven_batches_one_rank_finishes_first
+
+# the same, but rank 0's program returns from main without ddp_destroy: its exit tells rank 1 so
+run_fg uneven_no_destroy 40 DDP_TIMEOUT=20 -- "$DDPRUN" --standalone --nproc-per-node 2 "$C" uneven --no-log --no-destroy
+check_begin uneven_no_destroy
+need_rc nonzero; need_time 0 10
+need_line err "[rank 1]:   DDP_ERR_DESYNC: desync: rank 0 has left the job (its process ended without calling ddp_destroy after 8 collectives), but this rank (1) calls all_reduce #9 (1091 x f32, sum)."
+check_end confusion08_uneven_batches_one_rank_ends_without_ddp_destroy
 
 finish_async uneven_rank1
 RC1=$RC
 finish_async uneven_rank0
 check_begin uneven_rank0
-need_rc 0; need_time 1.5 15
-need_line err "[rank 0/2] warning: ddp_destroy: only 1 of 2 ranks reached ddp_destroy within 2 s; the others are still inside a collective or have failed (see their output)"
+need_rc 0; need_time 0 15
+need_line err "[rank 0/2] warning: ddp_destroy: 1 of the 2 ranks ended their process without calling ddp_destroy (after a failure, or a program that returns from main without it): see their output"
 [ "$RC1" -eq 1 ] && grep -qF "[rank 1/2]   DDP_ERR_DESYNC: desync: rank 0 has left the job (it called ddp_destroy after 8 collectives)" \
     "$TMP/uneven_rank1.err" || WHY+=("rank 1 (status $RC1) did not report that rank 0 left: $(tail -n 2 "$TMP/uneven_rank1.err")")
 check_end confusion08_uneven_batches_without_a_launcher
+
+finish_async failed_rank0
+RC0=$RC
+finish_async failed_rank1
+check_begin failed_rank1
+need_rc 1; need_time 0 15
+need_line err "[rank 1/2]   DDP_ERR_PEER_LOST: all_reduce #9 (1091 x f32, sum): rank 0 failed and has left the job (a DDP_CHECK failed there, after 8 collectives): its output says which call and why"
+[ "$RC0" -eq 1 ] && grep -qF "[rank 0/2] error: ddp_snapshot_save(&snap, \"no-such-folder/snapshot.safetensors\") failed" \
+    "$TMP/failed_rank0.err" || WHY+=("rank 0 (status $RC0) did not fail its DDP_CHECK: $(tail -n 2 "$TMP/failed_rank0.err")")
+check_end confusion08_one_rank_fails_a_ddp_check_the_other_is_told
 
 # ---- 9: nothing listens at MASTER_ADDR:MASTER_PORT ---------------------------------------------------
 finish_async nobody_listens

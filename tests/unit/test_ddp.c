@@ -635,6 +635,60 @@ static int join_refusals_rank(int rank, void* arg) {
 }
 static void join_refusals(void) { CHECK_OK(ddp_spawn(2, join_refusals_rank, NULL)); }
 
+/* A rank that calls ddp_join before it trains (rank 0 here) answers the others' whole epoch with
+   zeros and leaves the join with them; its own steps then find them gone. It is told that they
+   left the job, how, and after how many collectives, not that a rank died: when they called
+   ddp_destroy, and when their processes ended without it (*arg: 1). */
+static int join_too_early_rank(int rank, void* arg) {
+    const int no_destroy = *(const int*)arg;
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_optim* o;
+    ddp_wrapper* w;
+    ddp_wrap_desc wd;
+    float x[JOIN_B * FEAT], loss;
+    int y[JOIN_B], step, bad = 0;
+    ddp_status s = DDP_OK;
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CPU;
+    d.timeout_s = 30;
+    if (ddp_init(&d, &pg) != DDP_OK) return 10;
+    m = model_on(ddp_pg_device(pg), 100);
+    memset(&wd, 0, sizeof wd);
+    wd.uneven_inputs = 1;
+    if (!m || ddp_wrap(pg, m, &wd, &w) != DDP_OK) return 11;
+    o = optimizer(m, 0, 0.1f, 0.9f);
+    if (rank == 0 && ddp_join(w) != DDP_OK) return 12;
+    for (step = 0; step < 3 && s == DDP_OK; step++) {
+        join_batch(rank, step, x, y);
+        if ((s = ddp_model_zero_grad(m)) == DDP_OK && (s = ddp_model_forward(m, x, JOIN_B)) == DDP_OK &&
+            (s = ddp_loss_cross_entropy(m, y, &loss)) == DDP_OK && (s = ddp_model_backward(m)) == DDP_OK)
+            s = ddp_optim_step(o);
+    }
+    if (rank != 0 && (s != DDP_OK || ddp_join(w) != DDP_OK)) {
+        printf("    rank %d: %s\n", rank, ddp_error_string());
+        bad = 1;
+    }
+    if (rank == 0 && (s != DDP_ERR_DESYNC || !strstr(ddp_error_string(), "has left the job") ||
+                      !strstr(ddp_error_string(), no_destroy ? "ended without calling ddp_destroy after 27 collectives"
+                                                             : "it called ddp_destroy after 27 collectives"))) {
+        printf("    rank 0, trained after joining: %s: %s\n", ddp_status_name(s), ddp_error_string());
+        bad = 1;
+    }
+    if (rank != 0 && no_destroy) return 0; /* the process ends with its group open */
+    ddp_wrapper_destroy(w);
+    ddp_optim_destroy(o);
+    ddp_model_destroy(m);
+    ddp_destroy(pg);
+    return bad ? 13 : 0;
+}
+static void join_too_early(void) {
+    static const int destroy = 0, no_destroy = 1;
+    CHECK_OK(ddp_spawn(JOIN_W, join_too_early_rank, (void*)&destroy));
+    CHECK_OK(ddp_spawn(JOIN_W, join_too_early_rank, (void*)&no_destroy));
+}
+
 /* What ZeRO cannot do here is refused by name: a stage past 3, 16-bit gradients with stage 2, an
    optimizer created before the wrap (it would hold the full state), and a snapshot of a sharded
    state that was not consolidated right before the save. */
@@ -690,7 +744,8 @@ static int zero_refusals_rank(int rank, void* arg) {
     /* consolidated onto rank 1: rank 0 holds only its shard, and rank 1 gets past the check (to the
        missing folder) */
     if (ddp_optim_consolidate(o, 1) != DDP_OK) return 14;
-    if (ddp_snapshot_save(&snap, "/nonexistent/never-written.st") != (rank == 0 ? DDP_ERR_STATE : DDP_ERR_IO)) {
+    if (ddp_snapshot_save(&snap, "/nonexistent/never-written.st") != (rank == 0 ? DDP_ERR_STATE : DDP_ERR_IO) ||
+        (rank == 0 && !strstr(ddp_error_string(), "consolidated onto rank 1"))) {
         printf("    rank %d: saving after a consolidation onto rank 1: %s\n", rank, ddp_error_string());
         bad = 1;
     }
@@ -939,6 +994,65 @@ static void settings_that_differ_across_ranks(void) {
         CHECKF(ddp_spawn(3, settings_rank, (void*)&g_settings[i]) == DDP_OK, "case %zu (%s): %s", i,
                g_settings[i].want ? g_settings[i].want : "no difference", ddp_error_string());
     }
+}
+
+/* The optimizer of a wrapped model is compared across the ranks when it is created, as ddp_wrap's
+   settings are: every rank is told which setting differs, with each value and its ranks, and a
+   next optimizer, the same everywhere, is created as usual. */
+typedef struct optim_case {
+    const char* want; /* NULL: the same everywhere */
+    ddp_optim_desc d, d1; /* ranks 0 and 2; rank 1 */
+} optim_case;
+static const optim_case g_optim_cases[] = {
+    {"kind is sgd on ranks 0, 2; adam on rank 1", {DDP_SGD, 0.1f, 0, 0, 0, 0, 0, 0, 0}, {DDP_ADAM, 0.1f, 0, 0, 0, 0, 0, 0, 0}},
+    {"lr is 0.1 on ranks 0, 2; 0.2 on rank 1", {DDP_SGD, 0.1f, 0, 0, 0, 0, 0, 0, 0}, {DDP_SGD, 0.2f, 0, 0, 0, 0, 0, 0, 0}},
+    {"momentum is 0.9 on ranks 0, 2; 0 on rank 1", {DDP_SGD, 0.1f, 0.9f, 0, 0, 0, 0, 0, 0},
+     {DDP_SGD, 0.1f, 0, 0, 0, 0, 0, 0, 0}},
+    {"weight_decay is 0.01 on ranks 0, 2; 0.1 on rank 1", {DDP_ADAMW, 0, 0, 0, 0, 0, 0, 0, 0},
+     {DDP_ADAMW, 0, 0, 0, 0, 0.1f, 0, 0, 0}},
+    {NULL, {DDP_ADAM, 0, 0, 0, 0, 0, 0, 0, 0}, {DDP_ADAM, 0, 0, 0, 0, 0, 0, 0, 0}},
+};
+static int optim_settings_rank(int rank, void* arg) {
+    const optim_case* c = (const optim_case*)arg;
+    ddp_desc d;
+    ddp_pg* pg;
+    ddp_model* m;
+    ddp_wrapper* w = NULL;
+    ddp_wrap_desc wd;
+    ddp_optim *o = NULL, *next = NULL;
+    ddp_status s;
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CPU;
+    d.timeout_s = 20;
+    if (ddp_init(&d, &pg) != DDP_OK) return 1;
+    m = model_on(ddp_pg_device(pg), 100);
+    memset(&wd, 0, sizeof wd);
+    if (!m || ddp_wrap(pg, m, &wd, &w) != DDP_OK) return 2;
+    s = ddp_optim_create(m, rank == 1 ? &c->d1 : &c->d, &o);
+    if (!c->want ? s != DDP_OK
+                 : s != DDP_ERR_MODEL_MISMATCH || o || !strstr(ddp_error_string(), c->want) ||
+                       !strstr(ddp_error_string(), "the ranks created the optimizer with different settings") ||
+                       !strstr(ddp_error_string(), "the same ddp_optim_desc")) {
+        printf("    rank %d (want %s): ddp_optim_create returned %s: %s\n", rank, c->want ? c->want : "no error",
+               ddp_status_name(s), ddp_error_string());
+        return 3;
+    }
+    if (ddp_optim_create(m, &c->d, &next) != DDP_OK) {
+        printf("    rank %d: the next optimizer, the same on every rank: %s\n", rank, ddp_error_string());
+        return 4;
+    }
+    ddp_optim_destroy(next);
+    ddp_optim_destroy(o);
+    ddp_wrapper_destroy(w);
+    ddp_model_destroy(m);
+    ddp_destroy(pg);
+    return 0;
+}
+static void optimizers_that_differ_across_ranks(void) {
+    size_t i;
+    for (i = 0; i < sizeof g_optim_cases / sizeof g_optim_cases[0]; i++)
+        CHECKF(ddp_spawn(3, optim_settings_rank, (void*)&g_optim_cases[i]) == DDP_OK, "case %zu (%s): %s", i,
+               g_optim_cases[i].want ? g_optim_cases[i].want : "no difference", ddp_error_string());
 }
 
 /* Overlap, proved by order on the recorded timeline (the spans DDP_TRACE writes), with the network
@@ -1208,12 +1322,14 @@ int main(int argc, char** argv) {
     RUN(zero_refusals);
     RUN(join_uneven_inputs);
     RUN(join_refusals);
+    RUN(join_too_early);
     RUN(bucket_assignment);
     RUN(unused_parameter_error);
     RUN(find_unused_parameters);
     RUN(mismatched_models_fail_on_every_rank);
     RUN(mismatched_models_late_rank_told_too);
     RUN(settings_that_differ_across_ranks);
+    RUN(optimizers_that_differ_across_ranks);
     RUN(overlap_by_order);
     h_remove_tree(g_dir);
     return H_EXIT();

@@ -445,13 +445,33 @@ static int fd_limit_server(int to_parent, int from_parent) {
     return 0;
 }
 
+/* A rank that keeps knocking at a busy store, from a thread: its status. */
+static void* knock_until_in(void* arg) {
+    ddp_store_desc d;
+    ddp_store* c = NULL;
+    static ddp_status r;
+    memset(&d, 0, sizeof d);
+    d.host = "127.0.0.1", d.port = *(int*)arg, d.timeout_s = 20, d.token = "tok";
+    r = ddp__store_create(&d, &c);
+    if (r != DDP_OK) printf("    the rank that kept knocking: %s\n", ddp_error_string());
+    ddp__store_destroy(c);
+    return &r;
+}
+
 /* 100 connections from strangers (another process) against a store whose process may hold 48
    descriptors: it must back off and log once instead of retrying accept in a busy loop, keep
-   serving the connection it has, and accept again once descriptors are free. */
+   serving the connection it has, and accept again once descriptors are free. A rank that comes
+   meanwhile is told the store is busy and why (not that some other program holds the port), and
+   keeps trying until its deadline. */
 static void fd_limit_backs_off(void) {
     int up[2], down[2], fds[100], i, port = 0, st = 0, opened = 0;
     char b = 1;
     pid_t pid;
+    pthread_t knocker;
+    void* knocked = NULL;
+    ddp_store_desc d;
+    ddp_store* late = NULL;
+    ddp_status r;
     CHECK(pipe(up) == 0 && pipe(down) == 0);
     fflush(stdout);
     pid = fork();
@@ -470,9 +490,21 @@ static void fd_limit_backs_off(void) {
     }
     CHECKF(opened == 100, "only %d of 100 stranger connections opened", opened);
     CHECK(write(down[1], &b, 1) == 1);
+    memset(&d, 0, sizeof d);
+    d.host = "127.0.0.1", d.port = port, d.timeout_s = 2, d.token = "tok";
+    r = ddp__store_create(&d, &late);
+    CHECKF(r == DDP_ERR_STORE_UNREACHABLE && strstr(ddp_error_string(), "it is busy: the store's process is out of "
+                                                    "file descriptors (ulimit -n 48)"),
+           "a rank that came at the limit got %s: %s", ddp_status_name(r), ddp_error_string());
+    ddp__store_destroy(late);
+    CHECK(pthread_create(&knocker, NULL, knock_until_in, &port) == 0);
     CHECK(read(up[0], &b, 1) == 1 || 1); /* the child's window is over (or it failed) */
+    ddp__sleep(0.5);                     /* the knocker is turned away meanwhile */
     for (i = 0; i < 100; i++)
         if (i < opened && fds[i] >= 0) close(fds[i]);
+    CHECK(pthread_join(knocker, &knocked) == 0);
+    CHECKF(knocked && *(ddp_status*)knocked == DDP_OK, "the rank that kept knocking did not get in after the "
+           "strangers left");
     CHECK(waitpid(pid, &st, 0) == pid);
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the server's process failed check %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     close(up[0]), close(down[1]);

@@ -5,7 +5,7 @@
 
        confusions SCENARIO [--epochs N] [--batch-size N] [--k N] [--sync every|last|first]
                            [--samples N] [--snapshot FILE] [--no-set-epoch] [--resume]
-                           [--find-unused] [--no-log]
+                           [--find-unused] [--no-log] [--no-destroy] [--fail-at-end]
 
    Scenarios (the number is the item of the list in TUTORIAL.md's callouts):
      epochs       3   trains a few epochs and prints the first indices of each epoch's order;
@@ -17,7 +17,9 @@
      barrier      7   trains a few steps, then calls ddp_barrier inside if (rank == 0) (to wait
                       for "the others" after saving a checkpoint) before leaving
      uneven       8   a hand-made split: rank r's shard has 4 + r batches; after the loop every
-                      rank all-reduces its loss for the log (--no-log: goes straight to the end)
+                      rank all-reduces its loss for the log (--no-log: goes straight to the end;
+                      --no-destroy: and returns from main without ddp_destroy; --fail-at-end:
+                      rank 0 then fails a DDP_CHECK, saving to a folder that does not exist)
      eval         12  evaluates --samples samples spread by the distributed sampler: counted
                       naively, and without ddp_sampler_padding
      freeze       13  "freezes" fc1 by clearing its hooks, so DDP never hears of its gradient
@@ -35,13 +37,13 @@ typedef struct options {
     const char* scenario;
     const char* snapshot;
     const char* sync;
-    int epochs, batch_size, k, samples, no_set_epoch, resume, find_unused, no_log;
+    int epochs, batch_size, k, samples, no_set_epoch, resume, find_unused, no_log, no_destroy, fail_at_end;
 } options;
 
 static void usage(void) {
     fprintf(stderr, "usage: confusions epochs|device_rank|gpu_message|barrier|uneven|eval|freeze|accum|speed [--epochs N]\n"
                     "       [--batch-size N] [--k N] [--sync every|last|first] [--samples N] [--snapshot FILE]\n"
-                    "       [--no-set-epoch] [--resume] [--find-unused] [--no-log]\n");
+                    "       [--no-set-epoch] [--resume] [--find-unused] [--no-log] [--no-destroy] [--fail-at-end]\n");
     exit(2);
 }
 
@@ -60,6 +62,8 @@ static options parse(int argc, char** argv) {
         else if (!strcmp(a, "--resume")) o.resume = 1;
         else if (!strcmp(a, "--find-unused")) o.find_unused = 1;
         else if (!strcmp(a, "--no-log")) o.no_log = 1;
+        else if (!strcmp(a, "--no-destroy")) o.no_destroy = 1;
+        else if (!strcmp(a, "--fail-at-end")) o.fail_at_end = 1;
         else if (i + 1 >= argc) usage();
         else if (!strcmp(a, "--epochs")) o.epochs = atoi(argv[++i]);
         else if (!strcmp(a, "--batch-size")) o.batch_size = atoi(argv[++i]);
@@ -254,6 +258,13 @@ static int scenario_uneven(const options* o) {
         if (j.rank == 0) printf("mean loss %.4f\n", loss_sum / (float)(j.world * nb));
     }
     free(idx), free(x), free(y);
+    if (o->fail_at_end && j.rank == 0) { /* "saves a checkpoint" where it cannot */
+        ddp_snapshot snap;
+        memset(&snap, 0, sizeof snap);
+        snap.model = j.model;
+        DDP_CHECK(ddp_snapshot_save(&snap, "no-such-folder/snapshot.safetensors"));
+    }
+    if (o->no_destroy) return 0; /* main returns with the group open, as many programs do */
     job_end(&j);
     return 0;
 }
