@@ -7685,6 +7685,7 @@ DDP__PRIVATE void ddp__server_turn_away(ddp__server* s) {
     struct rlimit rl;
     int k, silent = 0;
     long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : -1;
+    const double wait_until = ddp__now() + 0.05;
     for (k = 0; k < s->nconns; k++) silent += !s->conns[k].hello;
     if (s->reserve_fd < 0) s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* lost last time */
     snprintf(why, sizeof why, "the store's process is out of file descriptors (ulimit -n %ld) with %d connections "
@@ -7695,7 +7696,12 @@ DDP__PRIVATE void ddp__server_turn_away(ddp__server* s) {
         close(s->reserve_fd);
         fd = accept(s->listen_fd, NULL, NULL);
         if (fd >= 0) {
-            while (recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0) { /* the HELLO: read, so close sends no reset */
+            struct pollfd pf;
+            pf.fd = fd, pf.events = POLLIN, pf.revents = 0;
+            /* the HELLO, usually here already: read it, so that the close sends no reset, which could
+               take the answer with it (50 ms per round at most: silent strangers must not stall us) */
+            (void)poll(&pf, 1, ddp__ms_left(wait_until) > 20 ? 20 : ddp__ms_left(wait_until));
+            while (recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0) {
             }
             ddp__put_le32(h, DDP__STORE_MAGIC);
             h[4] = DDP__ST_BUSY, h[5] = h[6] = h[7] = 0;
@@ -7950,19 +7956,21 @@ DDP__PRIVATE ddp_status ddp__store_call(ddp_store* s, int op, const char* key, c
 }
 
 /* HELLO, the first request of a connection. A store out of descriptors answers "busy": then
-   DDP_ERR_STORE_UNREACHABLE, with its reason in busy[] (else busy[0] is 0). */
-DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s, char* busy, size_t nbusy) {
+   DDP_ERR_STORE_UNREACHABLE, with its reason in busy[] (else busy[0] is 0). *closed: 1 when the
+   connection closed without an answer. */
+DDP__PRIVATE ddp_status ddp__store_hello(ddp_store* s, char* busy, size_t nbusy, int* closed) {
     int st = 0;
-    busy[0] = 0;
     unsigned char* msg = NULL;
     uint32_t n = 0;
+    busy[0] = 0, *closed = 0;
     /* A store answers HELLO at once, so no slack: a program on that port that accepts the
        connection but speaks another protocol (or nothing) is found out within the deadline. */
     double t = s->timeout < 5.0 ? s->timeout : 5.0;
     if (ddp__store_call_x(s, DDP__OP_HELLO, NULL, s->token, strlen(s->token), t, 0.0, &st, &msg, &n) != DDP_OK) {
         char why[96];
         if (strstr(ddp_error_string(), "malformed")) snprintf(why, sizeof why, "answered the HELLO in another protocol");
-        else if (strstr(ddp_error_string(), "closed the")) snprintf(why, sizeof why, "closed the connection without answering the HELLO");
+        else if (strstr(ddp_error_string(), "closed the"))
+            snprintf(why, sizeof why, "closed the connection without answering the HELLO"), *closed = 1;
         else snprintf(why, sizeof why, "did not answer the HELLO within %g s (a store answers at once)", t);
         return ddp__fail(DDP_ERR_STORE_REFUSED, "the program listening at %s:%d is not a ddp.h rendezvous store: it "
                          "%s. Another program holds MASTER_PORT (pick another port), or MASTER_ADDR/MASTER_PORT "
@@ -7998,7 +8006,7 @@ DDP__PRIVATE ddp_status ddp__store_create(const ddp_store_desc* desc, ddp_store*
     ddp_store_desc d;
     const char* env;
     double deadline, backoff = 0.01;
-    int last_err = 0, last_gai = 0, warned_name = 0, warned_busy = 0;
+    int last_err = 0, last_gai = 0, warned_name = 0, warned_busy = 0, closed = 0, closes = 0;
     char busy[200];
     ddp_status st;
     *out = NULL;
@@ -8064,7 +8072,17 @@ DDP__PRIVATE ddp_status ddp__store_create(const ddp_store_desc* desc, ddp_store*
             ddp__sleep(deadline - ddp__now() < backoff ? deadline - ddp__now() : backoff);
             backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
         }
-        st = ddp__store_hello(s, busy, sizeof busy);
+        st = ddp__store_hello(s, busy, sizeof busy, &closed);
+        /* A store turning newcomers away may close a connection whose HELLO came after its
+           answer, and the reset can take the answer with it: a close is asked again, a few times
+           (or until the deadline once the store has said it is busy). */
+        if (closed && (warned_busy || closes++ < 3) && ddp__now() + backoff < deadline) {
+            close(s->fd);
+            s->fd = -1;
+            ddp__sleep(backoff);
+            backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
+            continue;
+        }
         if (st == DDP_OK || !busy[0]) break;
         close(s->fd);
         s->fd = -1;
