@@ -177,6 +177,34 @@ static inline const char* lab_marker(const char* out, const char* marker) {
     return s;
 }
 
+/* For a case's deadline message: what it had done (the last call wins), and what "too slow"
+   means for it. Both are lines of the case's output that the student does not see otherwise. */
+static inline void lab_progress(const char* fmt, ...) {
+    va_list ap;
+    printf("@progress ");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+}
+static inline void lab_slow_hint(const char* text) {
+    printf("@slow %s\n", text);
+    fflush(stdout);
+}
+/* The text after the last line that starts with marker, up to its end, into buf ("" if none). */
+static inline const char* lab_last_marker(const char* out, const char* marker, char* buf, size_t cap) {
+    const char *s = lab_marker(out, marker), *last = NULL;
+    while (s) last = s, s = lab_marker(s + 1, marker);
+    buf[0] = 0;
+    if (last) {
+        const char* e = strchr(last, '\n');
+        size_t m = strlen(marker), n = e ? (size_t)(e - last) - m : strlen(last) - m;
+        snprintf(buf, cap, "%.*s", (int)(n < cap ? n : cap - 1), last + m);
+    }
+    return buf;
+}
+
 /* Run fn in a child process with a deadline of timeout_s seconds and print its line. */
 static inline void lab_run(const char* name, void (*fn)(void), double timeout_s) {
     int fds[2], status = 0, timed_out = 0;
@@ -254,8 +282,16 @@ static inline void lab_run(const char* name, void (*fn)(void), double timeout_s)
     if (timed_out) {
         printf("FAIL %s\n", name);
         lab_print_output(out);
-        printf("    did not finish within %.0f s and was stopped: an endless loop, or a process waiting for a "
-               "message nobody sends?\n", timeout_s);
+        char progress[256], slow[300];
+        lab_last_marker(out, "@progress ", progress, sizeof progress);
+        lab_last_marker(out, "@slow ", slow, sizeof slow);
+        if (progress[0] || slow[0])
+            printf("    did not finish within %.0f s and was stopped. %s%s%s%s\n", timeout_s,
+                   progress[0] ? "By then: " : "Nothing it calls had returned yet. ", progress, progress[0] ? ". " : "",
+                   slow[0] ? slow : "Too slow, or stuck?");
+        else
+            printf("    did not finish within %.0f s and was stopped: an endless loop, or a process waiting for a "
+                   "message nobody sends?\n", timeout_s);
         lab_fail++;
     } else if (WIFEXITED(status) && WEXITSTATUS(status) == LAB_SKIP_STATUS && skip_line) {
         const char* e = strchr(skip_line, '\n');

@@ -220,7 +220,10 @@ static double best_by_search(lab_line net, double S, double tau) {
 }
 
 static int expect_best_bucket(lab_line net, double S, double tau) {
-    double b = lab_best_bucket(net, S, tau), best = best_by_search(net, S, tau), t;
+    static int calls;
+    double t0 = lab_now(), b = lab_best_bucket(net, S, tau), best, t;
+    lab_progress("lab_best_bucket returned %d time(s), the last after %.2f s", ++calls, lab_now() - t0);
+    best = best_by_search(net, S, tau);
     if (!(b > 0 && b <= S * (1 + 1e-9))) {
         lab_failf("[rule M4: the best bucket size is in (0, S]] %s, S = %.4g MB, tau = %.4g ns/byte: your best bucket is "
                   "%.6g bytes", fmt_line(net), S / 1e6, tau * 1e9, b);
@@ -234,6 +237,11 @@ static int expect_best_bucket(lab_line net, double S, double tau) {
     return 0;
 }
 
+/* What "too slow" means for lab_best_bucket, said when a case runs out of time. */
+#define SLOW_BEST "Too slow rather than stuck: the reference answers in microseconds. lab_best_bucket should " \
+                  "find the size from where the two costs balance (rule M4) and check a few sizes around it with " \
+                  "lab_step_time, not try every size"
+
 static void exact_best_bucket(void) {
     /* alpha (s), beta (s/byte), S (bytes), tau (s/byte) */
     static const double cases[5][4] = {
@@ -244,6 +252,7 @@ static void exact_best_bucket(void) {
         {1e-3, 4.4e-9, 1e5, 4e-9},              /* one bucket is best */
     };
     int k;
+    lab_slow_hint(SLOW_BEST);
     for (k = 0; k < 5; k++) {
         lab_line net;
         net.alpha_s = cases[k][0], net.beta_s_per_byte = cases[k][1];
@@ -257,6 +266,7 @@ static void random_settings(int best) {
     int k;
     lab_rng_seed(&g, lab_seed(), (uint64_t)(52 + best));
     lab_note("seed %llu (LAB_SEED)", (unsigned long long)lab_seed());
+    if (best) lab_slow_hint(SLOW_BEST);
     for (k = 0; k < (best ? 20 : 40); k++) {
         double S, tau;
         lab_line net = random_setting(&g, &S, &tau);

@@ -9,6 +9,9 @@
 
    THE RULES (the tests check each one and name it when it is broken)
 
+   rule 0  A ring of your own: the data moves only through the send and recv you are given.
+           Nothing of ddp.h's communication (its collectives, its process groups): the tests
+           read your file's symbols and refuse it.
    rule 1  On return, buf[0..n) on every rank holds the sum of every rank's buf[0..n). Nothing
            past buf[n-1] is written.
    rule 2  A ring: rank r sends only to its right neighbour, (r + 1) mod world, and receives only

@@ -254,9 +254,14 @@ static void describe_deadlock(shared* sh, int W, size_t window, double after_s) 
         else if (s == ST_SEND && ld(&sh->link[r].mhead) - ld(&sh->link[r].mtail) >= MAX_Q)
             lab_note("  rank %d is blocked in send(to = %d, count = %llu): %d messages wait in the link, none received",
                      r, peer, c, MAX_Q);
+        else if (s == ST_SEND && d == 0)
+            lab_note("  rank %d is blocked in send(to = %d, count = %llu): none of this message has got in yet, "
+                     "because earlier messages fill the link's %zu float(s), and rank %d is not receiving", r, peer, c,
+                     window, peer);
         else if (s == ST_SEND)
-            lab_note("  rank %d is blocked in send(to = %d, count = %llu), %llu of its floats in the link: the link is "
-                     "full and rank %d is not receiving", r, peer, c, d, peer);
+            lab_note("  rank %d is blocked in send(to = %d, count = %llu): %llu of its floats got in and filled the "
+                     "link's %zu float(s); the rest waits for rank %d, which is not receiving", r, peer, c, d, window,
+                     peer);
         else if (d > 0)
             lab_note("  rank %d is blocked in recv(from = %d, count = %llu) with %llu floats, and no more is on its way",
                      r, peer, c, d);

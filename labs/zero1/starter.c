@@ -26,7 +26,8 @@
            the others and none for the padding past N. SGD with momentum keeps one float per
            owned element, plain SGD (momentum 0) none, Adam two. lab_zero1_state_bytes says how
            many bytes of it the rank holds: owned elements x floats per element x 4, about 1/W
-           of what DDP's optimizer holds.
+           of what DDP's optimizer holds. The tests also measure the heap your create and first
+           step leave in use: the state you report plus the all-gather's buffers, no more.
    rule Z3 torch.optim.SGD's update, of the owned elements only, from p->grad:
                buf = momentum * buf + (1 - dampening) * grad,    w = w - lr * buf
            except at the very first step, where torch sets buf = grad, undamped. Momentum 0:
@@ -37,6 +38,9 @@
    rule Z5 One collective per step: an all-gather of S floats per rank, each rank's shard (the
            last one padded to S): ddp_all_gather(pg, send, recv, S, DDP_F32, NULL) hands every
            rank all W shards, rank 0's first. A rank that owns nothing still takes part.
+   rule Z6 Update only your shard: a rank reads the gradients of the elements it owns and no
+           others (the tests put NaN in the others), and takes every other element's new value
+           from the all-gather.
    Example: parameters of 6, 3, 4 and 2 elements (N = 15) on W = 2 ranks: S = 8. Rank 0 owns flat
      0..7: parameter 0 (first 0, len 6) and parameter 1 (first 0, len 2); rank 1 owns flat 8..14:
      parameter 1 (first 2, len 1), 2 (first 0, len 4) and 3 (first 0, len 2). On W = 7 ranks,

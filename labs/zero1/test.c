@@ -16,6 +16,10 @@
 #include "../lab_test.h"
 
 #include <math.h>
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+#include <malloc.h> /* mallinfo2: how much of the heap is in use */
+#define LAB_HEAP 1
+#endif
 
 #include "ddp.h"
 #include "zero1.h"
@@ -154,6 +158,9 @@ typedef struct rank_result {
     char message[512];
     size_t n;                         /* the model's elements */
     size_t state_bytes;               /* lab_zero1_state_bytes after the last step */
+    long long held;                   /* heap bytes lab_zero1_create and the first lab_zero1_step left
+                                         allocated; -1: not measurable here */
+    long long held_create;            /* ... of which lab_zero1_create */
     float before[MAX_N];              /* the weights before the first step */
     float after[MAX_STEPS][MAX_N];    /* ... after each step */
     long collectives[MAX_STEPS];      /* collectives issued inside lab_zero1_step */
@@ -162,6 +169,9 @@ typedef struct rank_result {
 
 typedef struct run_cfg {
     int world, steps, nsizes;
+    int poison; /* 1: before each step, every gradient outside the rank's shard is set to NaN */
+    int measure; /* 1: one all-gather of S floats before lab_zero1_create, so that ddp.h's own
+                    buffers for it already exist when the heap is measured */
     int sizes[4];
     lab_zero1_desc d;
     rank_result* results;
@@ -197,6 +207,43 @@ static size_t copy_weights(ddp_model* m, float* out) {
     return n;
 }
 
+/* Bytes of the heap in use (this thread's arena, and the large blocks glibc maps on their own), or
+   -1 where that cannot be read: another C library, or a sanitizer's allocator, which mallinfo2
+   does not see (a probe of 1 MiB tells). */
+static long long heap_in_use(void) {
+#ifdef LAB_HEAP
+    static int works = -1;
+    struct mallinfo2 a, b;
+    if (works < 0) {
+        void* probe;
+        a = mallinfo2();
+        probe = malloc((size_t)1 << 20);
+        b = mallinfo2();
+        works = probe && (b.uordblks + b.hblkhd) - (a.uordblks + a.hblkhd) >= ((size_t)1 << 20);
+        free(probe);
+    }
+    if (works) {
+        a = mallinfo2();
+        return (long long)(a.uordblks + a.hblkhd);
+    }
+#endif
+    return -1;
+}
+
+/* Rule Z6's trap: NaN in every gradient this rank does not own. A rank that updates only its
+   shard never reads them; one that updates the whole model writes NaN where the all-gather then
+   has to put the owners' values. */
+static void poison_others(ddp_model* m, int world, int rank) {
+    size_t n = ddp_model_num_elements(m), S, lo, hi, at = 0, k;
+    int i;
+    shard_range(n, world, rank, &S, &lo, &hi);
+    for (i = 0; i < ddp_model_num_params(m); i++) {
+        ddp_param* p = ddp_model_param(m, i);
+        for (k = 0; k < p->count; k++, at++)
+            if (at < lo || at >= hi) p->grad[k] = NAN;
+    }
+}
+
 static int rank_main(int rank, void* arg) {
     const run_cfg* c = (const run_cfg*)arg;
     rank_result* res = &c->results[rank];
@@ -209,6 +256,7 @@ static int rank_main(int rank, void* arg) {
     ddp_status st;
     float x[GLOBAL_B * 16], loss;
     int y[GLOBAL_B], s, per = GLOBAL_B / c->world, feat = c->sizes[0];
+    long long heap0, heap1 = -1;
     memset(&dd, 0, sizeof dd);
     dd.device.type = DDP_DEVICE_CPU;
     dd.timeout_s = 20;
@@ -222,7 +270,21 @@ static int rank_main(int rank, void* arg) {
         return 1;
     }
     res->n = copy_weights(m, res->before);
-    if ((st = lab_zero1_create(pg, m, &c->d, &z)) != DDP_OK || !z) {
+    if (!res->n) res->n = ddp_model_num_elements(m); /* a model too large to keep: its size only */
+    if (c->measure) {
+        size_t S = (ddp_model_num_elements(m) + (size_t)c->world - 1) / (size_t)c->world;
+        float *a = (float*)calloc(S + 1, sizeof(float)), *b = (float*)calloc(S * (size_t)c->world + 1, sizeof(float));
+        st = a && b ? ddp_all_gather(pg, a, b, S, DDP_F32, NULL) : DDP_ERR_OUT_OF_MEMORY;
+        free(a), free(b);
+        if (st != DDP_OK) {
+            snprintf(res->message, sizeof res->message, "the test's own all-gather failed: %s", ddp_error_string());
+            return 1;
+        }
+    }
+    heap0 = heap_in_use();
+    st = lab_zero1_create(pg, m, &c->d, &z);
+    res->held_create = heap0 < 0 ? -1 : heap_in_use() - heap0;
+    if (st != DDP_OK || !z) {
         snprintf(res->message, sizeof res->message, "lab_zero1_create returned %s%s", ddp_status_name(st),
                  st == DDP_OK ? " but no optimizer (*out is NULL)" : "");
         return 1; /* ddp_spawn stops the other ranks */
@@ -236,6 +298,8 @@ static int rank_main(int rank, void* arg) {
                      ddp_error_string());
             return 1;
         }
+        if (c->poison) poison_others(m, c->world, rank);
+        if (s == 0) heap1 = heap_in_use();
         c0 = ddp_pg_collectives(pg);
         ddp_pg_bytes(pg, &sent0, &recv);
         if ((st = lab_zero1_step(z)) != DDP_OK) {
@@ -246,6 +310,7 @@ static int rank_main(int rank, void* arg) {
         ddp_pg_bytes(pg, &sent1, &recv);
         res->collectives[s] = (long)(ddp_pg_collectives(pg) - c0);
         res->sent[s] = (unsigned long long)(sent1 - sent0);
+        if (s == 0) res->held = heap0 < 0 ? -1 : res->held_create + (heap_in_use() - heap1);
         copy_weights(m, res->after[s]);
     }
     res->state_bytes = lab_zero1_state_bytes(z);
@@ -391,6 +456,64 @@ static void expect_state_bytes(const run_cfg* c) {
               : per == 2 && got == owned * 4 ? ": Adam keeps two floats per element, the two moments"
               : got == 0 ? ": no state?"
                          : "");
+}
+
+/* Rule Z2, measured: what a rank's heap holds after its first step, beyond what it held before
+   lab_zero1_create, is at most the state it reports plus the all-gather's buffers (a shard to send
+   and W shards to receive) and 64 KiB for everything small. A rank that keeps the whole model's
+   state while reporting its shard's holds (W - 1) shards more. */
+static void expect_held_bytes(const run_cfg* c) {
+    int per = c->d.kind == LAB_ZERO1_ADAM ? 2 : c->d.momentum != 0.f ? 1 : 0, r;
+    size_t n = c->results[0].n, S = (n + (size_t)c->world - 1) / (size_t)c->world;
+    size_t buffers = ((size_t)c->world + 1) * S * 4;
+    for (r = 0; r < c->world; r++) {
+        const rank_result* res = &c->results[r];
+        long long allowed = (long long)(res->state_bytes + buffers) + 65536;
+        if (res->held < 0) {
+            lab_note("the heap cannot be measured here (mallinfo2: glibc 2.33 or later, no sanitizer); rule Z2 "
+                     "rests on lab_zero1_state_bytes alone");
+            return;
+        }
+        if (res->held > allowed) {
+            lab_failf("[rule Z2: state for your shard only] W = %d, N = %zu, %s: rank %d's lab_zero1_create and first "
+                      "lab_zero1_step left %lld bytes more of the heap in use (create: %lld): more than the state it reports (%zu "
+                      "bytes), the all-gather's buffers ((W + 1) x S floats, %zu bytes) and 64 KiB for the rest. "
+                      "Whole-model state is %zu bytes: does the optimizer keep state outside its shard?",
+                      c->world, n, describe_desc(&c->d), r, res->held, res->held_create, res->state_bytes, buffers,
+                      (size_t)per * n * 4);
+            return;
+        }
+    }
+    lab_note("W = %d, N = %zu, %s: the heap that lab_zero1_create and the first step left in use is within the "
+             "reported state and the all-gather's buffers on every rank (rank 0: %lld bytes, of which create %lld; "
+             "it reports %zu)", c->world, n, describe_desc(&c->d), c->results[0].held, c->results[0].held_create,
+             c->results[0].state_bytes);
+}
+
+static void expect_reference(const run_cfg* c); /* below */
+
+/* Rule Z6: with NaN in every gradient a rank does not own, every rank still ends every step with
+   the whole model's right weights and no NaN: it read only its own gradients, and every other
+   element came from its owner through the all-gather. */
+static void expect_own_shard_only(const run_cfg* c) {
+    size_t n = c->results[0].n, e, S = (n + (size_t)c->world - 1) / (size_t)c->world;
+    int r, s;
+    for (r = 0; r < c->world; r++)
+        for (s = 0; s < c->steps; s++)
+            for (e = 0; e < n; e++)
+                if (isnan(c->results[r].after[s][e])) {
+                    int owner = (int)(e / S);
+                    lab_failf("[rule Z6: update only your shard] W = %d, %s: after step %d rank %d holds NaN in %s "
+                              "(flat %zu, %s): the test set every gradient outside each rank's shard to NaN before "
+                              "lab_zero1_step, so this value was computed from a gradient the rank does not own%s. A "
+                              "rank updates only the elements it owns and takes every other one from the all-gather",
+                              c->world, describe_desc(&c->d), s + 1, r, describe_element(c, e), e,
+                              owner == r ? "in its own shard" : "in another rank's shard",
+                              owner == r ? " (its own shard read outside its range?)"
+                                         : ", and the all-gather's value did not replace it");
+                    return;
+                }
+    expect_reference(c);
 }
 
 /* 1 when a step took an element from `before` to `got` as the unsharded optimizer takes it to
@@ -706,6 +829,28 @@ static void sgd_one_all_gather_per_step(void) {
 
 static void sgd_matches_one_process_1_to_4_ranks(void) { reference_on_1_to_4_ranks(LAB_ZERO1_SGD); }
 
+/* Rule Z6 on 2 and 3 ranks, and rule Z2 measured on 4 ranks of a model of 75,658 elements (the
+   small MLP's state is too small to tell from the heap's other traffic). */
+static void only_own_shard(lab_zero1_kind kind) {
+    int W;
+    for (W = 2; W <= 3; W++) {
+        run_cfg c = mlp(W, 5, kind);
+        c.poison = 1;
+        if (run(&c)) expect_own_shard_only(&c);
+    }
+}
+static void measured_state(lab_zero1_kind kind) {
+    run_cfg c = mlp(4, 1, kind);
+    c.sizes[0] = 16, c.sizes[1] = 512, c.sizes[2] = 128, c.sizes[3] = 10;
+    c.measure = 1;
+    if (run(&c)) {
+        expect_state_bytes(&c);
+        expect_held_bytes(&c);
+    }
+}
+static void sgd_updates_only_its_shard(void) { only_own_shard(LAB_ZERO1_SGD); }
+static void sgd_state_measured_not_reported(void) { measured_state(LAB_ZERO1_SGD); }
+
 /* A model of 2 parameters, 1 -> 2 (4 elements), on 3 ranks (S = 2: rank 2 owns nothing) and on
    4 (S = 1): more ranks than parameters. */
 static void sgd_more_ranks_than_parameters(void) {
@@ -751,6 +896,8 @@ static void adam_first_step(void) {
 }
 
 static void adam_matches_one_process_1_to_4_ranks(void) { reference_on_1_to_4_ranks(LAB_ZERO1_ADAM); }
+static void adam_updates_only_its_shard(void) { only_own_shard(LAB_ZERO1_ADAM); }
+static void adam_state_measured_not_reported(void) { measured_state(LAB_ZERO1_ADAM); }
 
 static void adam_random_from_seed(void) {
     lab_rng g;
@@ -777,10 +924,14 @@ int main(int argc, char** argv) {
     LAB_CASE(sgd_one_all_gather_per_step, 60);
     LAB_CASE(sgd_matches_one_process_1_to_4_ranks, 90);
     LAB_CASE(sgd_more_ranks_than_parameters, 60);
+    LAB_CASE(sgd_updates_only_its_shard, 60);
+    LAB_CASE(sgd_state_measured_not_reported, 60);
     LAB_CASE(sgd_random_from_seed, 60);
     LAB_CASE(adam_state_is_two_floats_per_owned_element, 60);
     LAB_CASE(adam_first_step, 60);
     LAB_CASE(adam_matches_one_process_1_to_4_ranks, 90);
+    LAB_CASE(adam_updates_only_its_shard, 60);
+    LAB_CASE(adam_state_measured_not_reported, 60);
     LAB_CASE(adam_random_from_seed, 60);
     return lab_end();
 }
