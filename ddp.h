@@ -111,6 +111,9 @@
     DDP_PORTABLE         leave out the Linux-only code on Linux too (futexes, /dev/shm, /proc, core
                          binding, PR_SET_PDEATHSIG): the plain POSIX paths that macOS and the BSDs
                          take, so that Linux can run and test them (make test-portable).
+    DDP_NO_FIX_HINTS     the warnings that spell out a training loop's fix (the no_sync off-by-one)
+                         say what went wrong and leave the fix out: an exercise's build, where
+                         finding it is the exercise (labs/ddp_impl.c).
     DDP_MALLOC(n), DDP_FREE(p)
                          host allocator; define both or neither.
     DDP_ASSERT(c)        internal consistency checks (default: assert from <assert.h>).
@@ -405,6 +408,7 @@ DDP_API void ddp_permutation(int n, uint64_t seed, int* out);
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>    /* sched_yield: a poll that leaves the core to whoever finishes the work */
 #include <sys/stat.h> /* fstat: refuse a folder given as a data file */
 #include <time.h>     /* clock_gettime, nanosleep: deadlines and the trace's clock */
 #include <unistd.h>  /* fsync, unlink: atomic snapshot writes */
@@ -5199,11 +5203,16 @@ DDP__PRIVATE ddp_status ddp__nccl_break(ddp_pg* pg, ddp_status s) {
     return ddp__pg_break(pg, s);
 }
 
-/* Poll without burning a core for long: freely for the first millisecond, then sleeping a
-   sixteenth of the time waited so far (10 us to 1 ms), so a wait ends at most about 6% late. */
+/* Poll without burning a core for long: for the first millisecond yielding the core between
+   polls (where ranks outnumber cores, a pure spin keeps the threads that finish the work off it),
+   then sleeping a sixteenth of the time waited so far (10 us to 1 ms), so a wait ends at most
+   about 6% late. */
 DDP__PRIVATE void ddp__nccl_pause(double started) {
     double waited = ddp__now() - started;
-    if (waited < 1e-3) return;
+    if (waited < 1e-3) {
+        sched_yield();
+        return;
+    }
     ddp__sleep(waited / 16 < 1e-5 ? 1e-5 : waited / 16 > 1e-3 ? 1e-3 : waited / 16);
 }
 
@@ -5682,6 +5691,14 @@ DDP__DEF ddp_status ddp_optim_create(ddp_model* m, const ddp_optim_desc* desc, d
     return DDP_OK;
 }
 
+#ifdef DDP_NO_FIX_HINTS
+#define DDP__NO_SYNC_FIX ""
+#else
+#define DDP__NO_SYNC_FIX                                                                                    \
+    " Keep no_sync on for the first K-1 micro-batches and off for the last one: ddp_no_sync(w, k < K - 1) "   \
+    "before each backward."
+#endif
+
 DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
     const ddp_optim_desc* d = &o->d;
     ddp_model* m = o->m;
@@ -5692,10 +5709,9 @@ DDP__DEF ddp_status ddp_optim_step(ddp_optim* o) {
        the others not) steps on gradients the other ranks never saw: the replicas drift apart. */
     if (m->local_backwards > 0 && ddp__first_time(&ddp__warned_no_sync))
         ddp__log(DDP_LOG_WARN, "ddp_optim_step: the last %d backward pass%s ran under ddp_no_sync after the last "
-                "all-reduce, so %s gradients were never averaged across the ranks and the replicas now drift apart. "
-                "Keep no_sync on for the first K-1 micro-batches and off for the last one: ddp_no_sync(w, k < K - 1) "
-                "before each backward. Printed once per process", m->local_backwards,
-                m->local_backwards == 1 ? "" : "es", m->local_backwards == 1 ? "its" : "their");
+                "all-reduce, so %s gradients were never averaged across the ranks and the replicas now drift apart.%s "
+                "Printed once per process", m->local_backwards, m->local_backwards == 1 ? "" : "es",
+                m->local_backwards == 1 ? "its" : "their", DDP__NO_SYNC_FIX);
     if (m->zero && o->z != m->zero)
         return ddp__fail(DDP_ERR_STATE, "ddp_optim_step: the model was wrapped with zero_stage %d after this optimizer "
                          "was created, so its state is not sharded the way the model now is: create the optimizer "

@@ -134,17 +134,33 @@ static __thread cudaError_t fg_last_error;
 static cudaError_t fg_sticky_error;
 static void fg_install_segv(void);
 
+/* getpid() is a system call on every CUDA call otherwise (glibc caches nothing): the pid is kept
+   and forgotten in a forked child, which must find out that it is not the CUDA process. */
+static pid_t fg_self_pid;
+static pthread_once_t fg_self_once = PTHREAD_ONCE_INIT;
+static void fg_forget_pid(void) { __atomic_store_n(&fg_self_pid, 0, __ATOMIC_RELAXED); }
+static void fg_watch_forks(void) { pthread_atfork(NULL, NULL, fg_forget_pid); }
+static pid_t fg_self(void) {
+    pid_t p;
+    pthread_once(&fg_self_once, fg_watch_forks);
+    p = __atomic_load_n(&fg_self_pid, __ATOMIC_RELAXED);
+    if (p == 0) __atomic_store_n(&fg_self_pid, p = getpid(), __ATOMIC_RELAXED);
+    return p;
+}
+
 cudaError_t fg_enter(void) {
-    pid_t me = getpid();
+    pid_t me = fg_self();
     fg_cfg();
-    pthread_mutex_lock(&fg_init_lock);
-    if (fg_pid == 0) {
-        fg_pid = me;
-        fg_install_segv();
+    if (__atomic_load_n(&fg_pid, __ATOMIC_ACQUIRE) == 0) {
+        pthread_mutex_lock(&fg_init_lock);
+        if (fg_pid == 0) {
+            fg_install_segv();
+            __atomic_store_n(&fg_pid, me, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&fg_init_lock);
     }
-    pthread_mutex_unlock(&fg_init_lock);
     /* A child of a process that used CUDA cannot use it (the driver's state is not forkable). */
-    if (fg_pid != me) return cudaErrorInitializationError;
+    if (__atomic_load_n(&fg_pid, __ATOMIC_ACQUIRE) != me) return cudaErrorInitializationError;
     if (fg_cfg()->driver == 0 || fg_cfg()->driver < CUDART_VERSION / 1000 * 1000) return cudaErrorInsufficientDriver;
     if (fg_cfg()->ndev == 0) return cudaErrorNoDevice;
     return fg_sticky_error;

@@ -349,19 +349,21 @@ static cfg base(void) {
 
 static void equivalence_all_worlds_and_buckets(void) {
     const size_t caps[3] = {1, 256, 0}; /* one parameter per bucket; a few per bucket; one bucket */
-    int W, ci, view;
+    int W, ci, view, runs = 0;
     double worst = 0;
     for (W = 1; W <= 4; W++)
         for (ci = 0; ci < 3; ci++)
             for (view = 0; view < 2; view++) {
                 cfg c = base();
                 double e;
+                if (g_gpu && W == 2) continue; /* on GPUs: 1, 3 and 4 ranks (2 takes no NCCL path of its own) */
                 c.cap = c.first = caps[ci];
                 c.view = view;
                 e = equivalence(W, &c, g_gpu ? 1e-4 : 1e-5);
                 if (e > worst) worst = e;
+                runs += !(g_gpu && W > g_gpus); /* equivalence() skips it otherwise */
             }
-    printf("    worst relative L2 difference from one process over 24 runs: %.3g\n", worst);
+    printf("    worst relative L2 difference from one process over %d runs: %.3g\n", runs, worst);
 }
 
 static void equivalence_no_sync_accumulation(void) {
@@ -388,6 +390,7 @@ static void equivalence_zero(void) {
             for (adam = g_gpu || H_TSAN; adam < 2; adam++) /* on GPUs (the stand-in's NCCL), TSan: Adam only */
                 for (ci = 0; ci < (stage == 2 ? 1 : 2); ci++) {
                     cfg c = base();
+                    if (g_gpu && W == 2) continue; /* on GPUs: 1, 3 (uneven shards) and 4 ranks (CI minutes) */
                     c.zero = stage;
                     c.adam = adam;
                     if (adam) c.lr = 0.01f;
