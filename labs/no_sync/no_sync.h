@@ -9,4 +9,9 @@
 ddp_status lab_accumulate_step(ddp_wrapper* w, ddp_model* m, ddp_optim* o, const float* const* x,
                                const int* const* y, int rows, int K);
 
+/* PART 2: one epoch of nb micro-batches (x[i], y[i], i = 0 .. nb-1) with accumulation K: an
+   optimizer step after every K micro-batches, and one after the epoch's last micro-batch. */
+ddp_status lab_accumulate_epoch(ddp_wrapper* w, ddp_model* m, ddp_optim* o, const float* const* x,
+                                const int* const* y, int rows, int nb, int K);
+
 #endif

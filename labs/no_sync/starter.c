@@ -23,9 +23,18 @@
            until it is changed, and the tests follow your steps with a plain backward pass.
    rule N5 The gradient is the plain sum of the micro-batches' gradients: not divided by K (the
            tests' reference does not divide either), nothing lost between micro-batches.
-   The starter passes N1, N3, N4 and N5 already and fails N2: the answer was right, the network
-   paid K times over. Which backward passes must all-reduce, and which need not? The off-by-one
-   here is classic (TUTORIAL.md, chapter 7, shows what it does to the replicas).
+   In part 1 the starter passes N1, N3, N4 and N5 already and fails N2: the answer was right,
+   the network paid K times over. Which backward passes must all-reduce, and which need not? The
+   off-by-one here is classic (TUTORIAL.md, chapter 7, shows what it does to the replicas).
+
+   PART 2 (lab_accumulate_epoch, below): a whole epoch. Its nb micro-batches rarely divide by K:
+   with nb = 7 and K = 3 the steps take 3, 3 and then 1 micro-batch. Rules N1-N5 hold for every
+   step, the short last one included, and:
+   rule N6 No micro-batch is lost: every one of the epoch's micro-batches goes into exactly one
+           optimizer step, and the epoch ends with a step (nothing left over for the next epoch).
+   rule N7 ceil(nb / K) steps per epoch, each with one all-reduce per bucket, the short one too.
+   The tests run 2 epochs on 2 ranks, with nb and K that divide and that do not, and K > nb.
+
    Stuck? labs/no_sync/HINTS.md. Then answer labs/no_sync/QUESTIONS.md. */
 #include "no_sync.h"
 
@@ -42,4 +51,11 @@ ddp_status lab_accumulate_step(ddp_wrapper* w, ddp_model* m, ddp_optim* o, const
         if ((s = ddp_model_backward(m)) != DDP_OK) return s; /* all-reduces, every time */
     }
     return ddp_optim_step(o);
+}
+
+ddp_status lab_accumulate_epoch(ddp_wrapper* w, ddp_model* m, ddp_optim* o, const float* const* x,
+                                const int* const* y, int rows, int nb, int K) {
+    /* TODO: part 2 */
+    (void)w, (void)m, (void)o, (void)x, (void)y, (void)rows, (void)nb, (void)K;
+    return DDP_OK;
 }

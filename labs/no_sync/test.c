@@ -6,7 +6,7 @@
    K micro-batches; the ranks hand their final weights and the wrapper's counters back through
    shared memory. The reference is computed here in one process, without DDP: per step, the sum
    of the gradients of every micro-batch of every rank, divided by WORLD, then the same SGD
-   step. */
+   step. Part 2's cases call lab_accumulate_epoch for EPOCHS epochs of nb micro-batches each. */
 #include "../lab_test.h"
 
 #include <math.h>
@@ -20,6 +20,8 @@
 #define FEAT 5
 #define CLASSES 3
 #define MAX_K 8
+#define MAX_NB 12 /* micro-batches in one epoch (part 2) */
+#define EPOCHS 2
 #define MAX_W 512
 
 typedef struct rank_result {
@@ -33,6 +35,7 @@ typedef struct rank_result {
 
 typedef struct run_cfg {
     int K;
+    int nb; /* part 2: micro-batches per epoch (0: part 1, STEPS calls of lab_accumulate_step) */
     size_t bucket_cap; /* 0: ddp.h's defaults (one bucket for this model) */
     rank_result* results;
 } run_cfg;
@@ -87,10 +90,10 @@ static int rank_main(int rank, void* arg) {
     ddp_optim* o;
     ddp_wrapper* w;
     ddp_wrap_desc wd;
-    float xb[MAX_K][ROWS * FEAT];
-    int yb[MAX_K][ROWS], s, k;
-    const float* xs[MAX_K];
-    const int* ys[MAX_K];
+    float xb[MAX_NB][ROWS * FEAT];
+    int yb[MAX_NB][ROWS], s, k;
+    const float* xs[MAX_NB];
+    const int* ys[MAX_NB];
     memset(&d, 0, sizeof d);
     d.device.type = DDP_DEVICE_CPU;
     d.timeout_s = 20;
@@ -104,8 +107,18 @@ static int rank_main(int rank, void* arg) {
         snprintf(res->message, sizeof res->message, "setting up the model failed: %s", ddp_error_string());
         return 1;
     }
-    for (k = 0; k < c->K; k++) xs[k] = xb[k], ys[k] = yb[k];
-    for (s = 0; s < STEPS; s++) {
+    for (k = 0; k < MAX_NB; k++) xs[k] = xb[k], ys[k] = yb[k];
+    for (s = 0; c->nb > 0 && s < EPOCHS; s++) {
+        ddp_status st;
+        for (k = 0; k < c->nb; k++) micro_batch(100 + s, rank, k, xb[k], yb[k]);
+        st = lab_accumulate_epoch(w, m, o, xs, ys, ROWS, c->nb, c->K);
+        if (st != DDP_OK) {
+            snprintf(res->message, sizeof res->message, "epoch %d: lab_accumulate_epoch returned %s: %s", s + 1,
+                     ddp_status_name(st), ddp_error_string());
+            return 1;
+        }
+    }
+    for (s = 0; c->nb == 0 && s < STEPS; s++) {
         ddp_status st;
         for (k = 0; k < c->K; k++) micro_batch(s, rank, k, xb[k], yb[k]);
         st = lab_accumulate_step(w, m, o, xs, ys, ROWS, c->K);
@@ -169,6 +182,44 @@ static size_t reference(int K, float* out, int variant) {
     return n;
 }
 
+/* Part 2's reference: EPOCHS epochs of nb micro-batches, a step after every K and after the
+   last. Variants (the mistakes of rule N6): 3, the short last step skipped and its gradients
+   dropped; 4, the short last step skipped and its gradients added to the next epoch's first. */
+static size_t reference_epochs(int nb, int K, float* out, int variant) {
+    ddp_model* m = make_model();
+    ddp_optim* o = make_sgd(m);
+    float x[ROWS * FEAT], loss;
+    int y[ROWS], e, i, r, q;
+    size_t j, n;
+    ddp_model_zero_grad(m);
+    for (e = 0; e < EPOCHS; e++)
+        for (i = 0; i < nb; i += K) {
+            int k = nb - i < K ? nb - i : K;
+            if (k < K && variant == 3) {
+                ddp_model_zero_grad(m);
+                continue;
+            }
+            for (q = i; q < i + k; q++)
+                for (r = 0; r < WORLD; r++) {
+                    micro_batch(100 + e, r, q, x, y);
+                    ddp_model_forward(m, x, ROWS);
+                    ddp_loss_cross_entropy(m, y, &loss);
+                    ddp_model_backward(m);
+                }
+            if (k < K && variant == 4) continue; /* left in p->grad for the next step */
+            for (q = 0; q < ddp_model_num_params(m); q++) {
+                ddp_param* p = ddp_model_param(m, q);
+                for (j = 0; j < p->count; j++) p->grad[j] /= (float)WORLD;
+            }
+            ddp_optim_step(o);
+            ddp_model_zero_grad(m);
+        }
+    n = (size_t)copy_weights(m, out);
+    ddp_optim_destroy(o);
+    ddp_model_destroy(m);
+    return n;
+}
+
 /* The largest relative difference between a and b, and where. */
 static double max_rel(const float* a, const float* b, size_t n, size_t* where) {
     size_t i;
@@ -197,7 +248,7 @@ static int run(run_cfg* c) {
 
 static void expect_weights(const run_cfg* c) {
     float ref[MAX_W], alt[MAX_W];
-    size_t n = reference(c->K, ref, 0), worst = 0, w2;
+    size_t n = c->nb ? reference_epochs(c->nb, c->K, ref, 0) : reference(c->K, ref, 0), worst = 0, w2;
     double maxerr;
     int r;
     const rank_result* r0 = &c->results[0];
@@ -213,6 +264,23 @@ static void expect_weights(const run_cfg* c) {
     maxerr = max_rel(r0->weights, ref, n, &worst);
     if (maxerr <= 1e-4) {
         lab_note("K = %d: weights within %.2g (relative) of the reference", c->K, maxerr);
+        return;
+    }
+    if (c->nb) {
+        int tail = c->nb % c->K;
+        if (tail && reference_epochs(c->nb, c->K, alt, 3) == n && max_rel(r0->weights, alt, n, &w2) <= 1e-4)
+            lab_failf("[rule N6: no micro-batch is lost] nb = %d, K = %d: the weights are those of a run whose "
+                      "epochs end after their last full step of %d: the last %d micro-batch(es) of each epoch never "
+                      "reached the optimizer", c->nb, c->K, c->K, tail);
+        else if (tail && reference_epochs(c->nb, c->K, alt, 4) == n && max_rel(r0->weights, alt, n, &w2) <= 1e-4)
+            lab_failf("[rule N6: the epoch ends with a step] nb = %d, K = %d: the weights are those of a run whose "
+                      "last %d micro-batch(es) of an epoch went into the next epoch's first step (and the last "
+                      "epoch's were lost)", c->nb, c->K, tail);
+        else
+            lab_failf("[rule N1: every step on all the micro-batches of all the ranks] nb = %d, K = %d: the weights "
+                      "after %d epochs differ from the reference (steps of K micro-batches, then one of the rest) by "
+                      "up to %.3g relative, at weight %zu: %.9g, reference %.9g", c->nb, c->K, EPOCHS, maxerr, worst,
+                      (double)r0->weights[worst], (double)ref[worst]);
         return;
     }
     if (c->K > 1 && reference(c->K, alt, 1) == n && max_rel(r0->weights, alt, n, &w2) <= 1e-4)
@@ -246,6 +314,50 @@ static void expect_all_reduces(const run_cfg* c) {
            "expects the wrapper as it was", c->K, c->results[0].plain_all_reduces, st->buckets);
     lab_note("K = %d, %d steps, %d bucket(s): %ld all-reduces, %llu bytes handed to all-reduce", c->K, STEPS,
              st->buckets, st->all_reduces, (unsigned long long)st->bytes_reduced);
+}
+
+/* Part 2: the counts of one run of EPOCHS epochs. */
+static void expect_epoch_counts(const run_cfg* c) {
+    const ddp_wrap_stats* st = &c->results[0].stats;
+    int per = (c->nb + c->K - 1) / c->K, full = c->nb / c->K;
+    long want = (long)EPOCHS * per * st->buckets;
+    EXPECT(st->all_reduces == want,
+           "[rule N7: one all-reduce per bucket per step, the short one too] nb = %d, K = %d, %d epochs, %d "
+           "bucket(s): %d step(s) per epoch, so %ld all-reduces expected; the wrapper issued %ld%s", c->nb, c->K,
+           EPOCHS, st->buckets, per, want, st->all_reduces,
+           per > full && st->all_reduces == (long)EPOCHS * full * st->buckets
+               ? ": as many as the full steps alone. What did the backward passes of each epoch's short last step do?"
+           : st->all_reduces == (long)EPOCHS * c->nb * st->buckets ? ": one per micro-batch"
+                                                                    : "");
+    EXPECT(c->results[0].plain_all_reduces == st->buckets,
+           "[rule N4: leave the wrapper synchronising] nb = %d, K = %d: after your epochs, a plain backward pass "
+           "all-reduced %ld bucket(s), expected %d", c->nb, c->K, c->results[0].plain_all_reduces, st->buckets);
+    lab_note("nb = %d, K = %d, %d epochs, %d bucket(s): %ld all-reduces", c->nb, c->K, EPOCHS, st->buckets,
+             st->all_reduces);
+}
+
+static void epoch(int nb, int K, size_t cap) {
+    run_cfg c;
+    memset(&c, 0, sizeof c);
+    c.nb = nb, c.K = K, c.bucket_cap = cap;
+    if (run(&c)) {
+        expect_weights(&c);
+        expect_epoch_counts(&c);
+    }
+}
+
+static void epoch_7_by_3(void) { epoch(7, 3, 0); }                  /* steps of 3, 3, 1 */
+static void epoch_8_by_4_three_buckets(void) { epoch(8, 4, 40); }   /* 4, 4: K divides */
+static void epoch_10_by_4_three_buckets(void) { epoch(10, 4, 40); } /* 4, 4, 2 */
+static void epoch_2_by_5(void) { epoch(2, 5, 0); }                  /* K > nb: one step of 2 */
+static void epoch_random(void) {
+    lab_rng g;
+    int nb, K;
+    lab_rng_seed(&g, lab_seed(), 43);
+    nb = 2 + (int)lab_rng_below(&g, MAX_NB - 1);
+    K = 1 + (int)lab_rng_below(&g, MAX_K);
+    lab_note("seed %llu (LAB_SEED): nb = %d, K = %d", (unsigned long long)lab_seed(), nb, K);
+    epoch(nb, K, lab_rng_below(&g, 2) ? 40 : 0);
 }
 
 static void k4_weights_match_the_reference(void) {
@@ -309,5 +421,10 @@ int main(int argc, char** argv) {
     LAB_CASE(k1_is_a_plain_step, 60);
     LAB_CASE(k3_with_three_buckets, 60);
     LAB_CASE(random_k_and_buckets, 60);
+    LAB_CASE(epoch_7_by_3, 60);
+    LAB_CASE(epoch_8_by_4_three_buckets, 60);
+    LAB_CASE(epoch_10_by_4_three_buckets, 60);
+    LAB_CASE(epoch_2_by_5, 60);
+    LAB_CASE(epoch_random, 60);
     return lab_end();
 }

@@ -16,3 +16,15 @@ ddp_status lab_accumulate_step(ddp_wrapper* w, ddp_model* m, ddp_optim* o, const
     }
     return ddp_optim_step(o); /* the wrapper is left synchronising, as it was found */
 }
+
+/* Part 2: the epoch as steps of K micro-batches, the last one of what remains. */
+ddp_status lab_accumulate_epoch(ddp_wrapper* w, ddp_model* m, ddp_optim* o, const float* const* x,
+                                const int* const* y, int rows, int nb, int K) {
+    ddp_status s;
+    int i;
+    for (i = 0; i < nb; i += K) {
+        int k = nb - i < K ? nb - i : K; /* the epoch's last step may be short */
+        if ((s = lab_accumulate_step(w, m, o, x + i, y + i, rows, k)) != DDP_OK) return s;
+    }
+    return DDP_OK;
+}
