@@ -279,8 +279,10 @@ else
     fi
 fi
 # The handout, packed in a clone of this commit (the working tree may hold edits; the handout is
-# made of committed files only): one top folder, no solution in it, TUTORIAL.md with it, and make,
-# make lab-NAME and make test run inside it; and a starter that differs from the commit is refused.
+# made of committed files only): one top folder, no solution in it, TUTORIAL.md with it, the
+# students' guide (labs/GUIDE.md) and not the instructors' one (labs/README.md), no text naming a
+# wrong solution (labs/solutions/wrong/*/NAME.patch), and make, make lab-NAME and make test run
+# inside it; and a starter that differs from the commit is refused.
 if [ $plain_only = 1 ]; then
     skp lab_handout "$lab_plain_why"
 elif ! command -v git >/dev/null 2>&1 || ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
@@ -296,8 +298,16 @@ else
         [ "$top" = ddp-labs ] || ho+=("the archive's top level is \"$(tr '\n' ' ' <<<"$top")\", not one folder ddp-labs")
         leaked=$(cd "$TMP/unpacked" && find . -path '*solutions*' -o -name '*.patch' -o -path '*answers*' | head -n 3)
         [ -z "$leaked" ] && ! grep -rqs 'Reference solution of lab' "$TMP/unpacked" || ho+=("a solution is in the handout: $leaked")
-        for f in TUTORIAL.md ddp.h Makefile README.md labs/ring/starter.c labs/ring/HINTS.md; do
+        for f in TUTORIAL.md ddp.h Makefile README.md labs/GUIDE.md labs/ring/starter.c labs/ring/HINTS.md; do
             [ -f "$TMP/unpacked/ddp-labs/$f" ] || ho+=("the handout has no $f")
+        done
+        [ -e "$TMP/unpacked/ddp-labs/labs/README.md" ] &&
+            ho+=("the instructors' guide, labs/README.md, is in the handout (it names the wrong solutions)")
+        for w in labs/solutions/wrong/*/*.patch; do
+            [ -f "$w" ] || continue
+            w=${w##*/} w=${w%.patch}
+            named=$(grep -rlF -e "$w" "$TMP/unpacked/ddp-labs" | sed "s|^$TMP/unpacked/||" | head -n 3 | tr '\n' ' ')
+            [ -z "$named" ] || ho+=("the handout names the wrong solution $w, in: ${named% }")
         done
         d="$TMP/unpacked/ddp-labs"
         out=$(make -C "$d" --no-print-directory 2>&1) || ho+=("make in the handout failed: $(tail -n 2 <<<"$out")")
@@ -312,7 +322,7 @@ else
     out=$(cd "$TMP/clone" && make --no-print-directory BUILD="$hb" lab-handout 2>&1) &&
         ho+=("make lab-handout packed an edited starter")
     grep -q 'labs/ring/starter.c' <<<"$out" || ho+=("the refusal does not name the edited starter: $(tail -n 2 <<<"$out")")
-    if [ ${#ho[@]} -eq 0 ]; then ok "lab_handout (one folder ddp-labs/, no solution, make, make lab-sampler and make test run in it; an edited starter refused)"
+    if [ ${#ho[@]} -eq 0 ]; then ok "lab_handout (one folder ddp-labs/, no solution, labs/GUIDE.md and not labs/README.md, no wrong solution named; make, make lab-sampler and make test run in it; an edited starter refused)"
     else bad lab_handout "${ho[@]}"; fi
 fi
 
