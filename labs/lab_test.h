@@ -110,9 +110,8 @@ static inline void lab_need_loopback(void) {
     close(cli);
 }
 
-/* The seed of the randomized cases: LAB_SEED from the environment, else 1. Students see the
-   cases of seed 1 (and may try any other); an instructor who grades with a seed of their own
-   runs cases nobody has seen:  make lab-ring LAB_FILE=their.c LAB_SEED=8231 */
+/* The seed of the randomized cases: LAB_SEED from the environment, else 1. Every seed must
+   pass: LAB_SEED=7 make lab-NAME tries another. */
 static inline uint64_t lab_seed(void) {
     const char* v = getenv("LAB_SEED");
     return v && *v ? (uint64_t)strtoull(v, NULL, 10) : 1;

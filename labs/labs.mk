@@ -1,4 +1,4 @@
-# Classroom labs (labs/README.md), included by the top Makefile.
+# Classroom labs (labs/GUIDE.md; instructors: labs/README.md), included by the top Makefile.
 #   make lab-NAME                 build labs/NAME/starter.c with the lab's tests and run them
 #   make lab-NAME LAB_FILE=my.c   the same with your own file
 #   make lab-NAME SOLUTION=1      the same with the reference solution, labs/solutions/NAME.c

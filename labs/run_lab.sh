@@ -105,7 +105,7 @@ fi
 "$bin" ${LAB_CASES:-} | tee "$BUILD/labs/$name-$kind.out"
 rc=${PIPESTATUS[0]}
 # One line per run in $BUILD/labs/NAME-runs.log: when, which file, the counts. From the first line
-# to the first with "0 failed" is how long the lab took (labs/README.md, "How long").
+# to the first with "0 failed" is how long the lab took (labs/GUIDE.md, "How long").
 if [ -z "${LAB_CASES:-}" ] && [ -z "$WRONG" ]; then
     printf '%s %s %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "$file" \
         "$(tail -n 1 "$BUILD/labs/$name-$kind.out")" >> "$BUILD/labs/$name-runs.log"
