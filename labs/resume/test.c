@@ -254,13 +254,15 @@ static void check_saves(int every) {
     for (i = every; every > 0 && i <= end; i += every) due[nd++] = i;
     same = ns == nd;
     for (i = 0; same && i < ns; i++) same = saved[i] == due[i];
+    if (nd == 0) snprintf(b, sizeof b, "none yet (the first is due after step %d)", every);
+    else steps_list(due, nd, b, 200);
     if (!same && ns == 0)
         lab_failf("[rule RS2: save every save_every steps] up to step %ld of the first run, with save_every = %d, nothing was "
-                  "written at %s; snapshots were due after steps %s", end, every, g_path, steps_list(due, nd, b, 200));
+                  "written at %s; snapshots were due after steps: %s", end, every, g_path, b);
     else if (!same)
         lab_failf("[rule RS2: save every save_every steps] up to step %ld of the first run, with save_every = %d, a new snapshot "
-                  "appeared at %s during steps %s; they were due after steps %s", end, every, g_path,
-                  steps_list(saved, ns, a, 200), steps_list(due, nd, b, 200));
+                  "appeared at %s during steps %s; they were due after steps: %s", end, every, g_path,
+                  steps_list(saved, ns, a, 200), b);
 }
 
 /* A small data set that a model can learn: the class is the largest of three linear scores. */
