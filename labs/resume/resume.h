@@ -6,7 +6,8 @@
 
 typedef struct lab_resume_opts {
     const ddp_dataset* data;   /* the training set */
-    const char* snapshot_path; /* where the snapshot lives */
+    const char* snapshot_path; /* where the newest snapshot lives */
+    const char* previous_path; /* where the one saved before it lives (rule RS6) */
     int save_every;            /* save after every save_every optimizer steps; 0: never */
     int epochs, batch_size;
     uint64_t seed;             /* the model's initial weights and the sampler's shuffles */

@@ -11,9 +11,9 @@
    (the declarations under >>snapshot in ddp.h say what each call does). THE RULES (the tests
    name the one you break):
 
-   rule RS1 Resume: when a snapshot exists at o->snapshot_path, the run carries on from it: its
-            first step is the one after the snapshot's, in the epoch the snapshot was taken in.
-            No snapshot: start from the beginning.
+   rule RS1 Resume: when a snapshot exists, the run carries on from it: its first step is the one
+            after the snapshot's, in the epoch the snapshot was taken in. No snapshot: start from
+            the beginning.
    rule RS2 Save every o->save_every optimizer steps (never when it is 0), once the step is
             complete: the snapshot taken "at step 10" holds the state after step 10.
    rule RS3 The snapshot holds every piece of state the next step reads. The weights, certainly.
@@ -23,9 +23,16 @@
             exactly the weights of a run that was never killed.
    rule RS5 Call lab_after_step(step, model) after every step with the true step number (1 for
             the first step ever, also in a resumed run) and lab_finished(model) at the end.
+   rule RS6 Keep two snapshots: o->snapshot_path holds the newest, o->previous_path the one saved
+            before it. A file on disk can be damaged (a failing disk, a copy cut short), and a
+            crash can land in the middle of a save, whatever a save does: resume from the newest
+            snapshot that loads whole; when none does, start from the beginning. Think about
+            what each moment of your save leaves on disk if the process dies right then.
 
    The tests use a small made-up data set: 4 epochs of 6 batches, a snapshot every 5 or 6 steps,
-   kills mid-epoch, right after a save, before the first save, twice, and after an epoch's end.
+   kills mid-epoch, right after a save, before the first save, twice, and after an epoch's end;
+   and between a kill and the restart they damage the newest snapshot, cut it short, or leave
+   the files as a crash in the middle of a save can leave them.
    Stuck? labs/resume/HINTS.md. Then answer labs/resume/QUESTIONS.md. */
 #include <string.h>
 
@@ -57,7 +64,7 @@ void lab_train(const lab_resume_opts* o) {
     DDP_CHECK(ddp_sampler_init(&sampler, o->data->n, &sd));
     DDP_CHECK(ddp_loader_init(&loader, o->data, &(ddp_loader_desc){.batch_size = o->batch_size}));
 
-    /* TODO (1): resume from o->snapshot_path when a snapshot is there. */
+    /* TODO (1): resume from the newest snapshot that loads (rules RS1, RS6). */
 
     for (epoch = start_epoch; epoch <= o->epochs; epoch++) {
         ddp_sampler_set_epoch(&sampler, epoch);
@@ -69,7 +76,7 @@ void lab_train(const lab_resume_opts* o) {
             DDP_CHECK(ddp_model_backward(model));
             DDP_CHECK(ddp_optim_step(optim));
             step++;
-            /* TODO (2): every o->save_every steps, save a snapshot to o->snapshot_path. */
+            /* TODO (2): every o->save_every steps, save a snapshot (rules RS2, RS3, RS6). */
             lab_after_step(step, model);
         }
     }

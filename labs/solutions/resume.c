@@ -1,8 +1,16 @@
 /* Reference solution of lab "resume" (labs/resume/starter.c). Instructors only: it is not in the
    handout (make lab-handout leaves labs/solutions out).   check it:  make lab-resume SOLUTION=1 */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "resume.h"
+
+/* Load `path` into *snap if a snapshot is there and it loads whole (ddp_snapshot_load checks the
+   length, the header and the checksum, and changes nothing unless all of it is right). */
+static int load_whole(ddp_snapshot* snap, const char* path) {
+    return ddp_snapshot_exists(path) == 1 && ddp_snapshot_load(snap, path) == DDP_OK;
+}
 
 void lab_train(const lab_resume_opts* o) {
     ddp_model* model;
@@ -13,7 +21,7 @@ void lab_train(const lab_resume_opts* o) {
     ddp_optim_desc od;
     ddp_sampler_desc sd;
     ddp_snapshot snap;
-    int sizes[3], epoch, start_epoch = 1, n;
+    int sizes[3], epoch, start_epoch = 1, n, newest_whole = 0;
     long step = 0;
     const float* x;
     const int* y;
@@ -35,8 +43,9 @@ void lab_train(const lab_resume_opts* o) {
        sampler's epoch, the loader's position in the epoch; and our own counters */
     memset(&snap, 0, sizeof snap);
     snap.model = model, snap.optim = optim, snap.sampler = &sampler, snap.loader = &loader;
-    if (ddp_snapshot_exists(o->snapshot_path)) {
-        DDP_CHECK(ddp_snapshot_load(&snap, o->snapshot_path));
+    /* the newest snapshot that loads: the one at snapshot_path, else the one before it */
+    newest_whole = load_whole(&snap, o->snapshot_path);
+    if (newest_whole || load_whole(&snap, o->previous_path)) {
         start_epoch = snap.epoch; /* the epoch it was taken in: the loader skips what was done */
         step = snap.step;
     }
@@ -54,7 +63,17 @@ void lab_train(const lab_resume_opts* o) {
             /* (2) after the optimizer step, when the state is whole */
             if (o->save_every > 0 && step % o->save_every == 0) {
                 snap.epoch = epoch, snap.step = step;
+                /* (3) the newest becomes the previous one, then the new one is written (atomically:
+                   ddp_snapshot_save writes a temporary file and renames it). A crash between the two
+                   leaves nothing at snapshot_path and this snapshot at previous_path, which the
+                   restart finds. A newest that did not load is not moved over the good previous one:
+                   the save replaces it. */
+                if (newest_whole && rename(o->snapshot_path, o->previous_path) != 0) {
+                    fprintf(stderr, "cannot move %s to %s\n", o->snapshot_path, o->previous_path);
+                    exit(1);
+                }
                 DDP_CHECK(ddp_snapshot_save(&snap, o->snapshot_path));
+                newest_whole = 1;
             }
             lab_after_step(step, model);
         }
