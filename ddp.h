@@ -1566,6 +1566,7 @@ DDP__PRIVATE const ddp__backend_vt* ddp__nccl_vt(void); /* >>nccl */
 #if DDP__MPI
 DDP__PRIVATE const ddp__backend_vt* ddp__mpi_vt(void); /* >>mpi */
 DDP__PRIVATE ddp_status ddp__mpi_join(const ddp_desc* d, ddp_pg* pg); /* >>mpi */
+DDP__PRIVATE void ddp__mpi_leave(ddp_pg* pg); /* >>mpi */
 #endif
 
 DDP__DEF int ddp_rank(const ddp_pg* pg) { return pg->rank; }
@@ -1796,6 +1797,9 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
            out of ddp_init, or reading a key, would find the store gone (torchrun's exit barrier). */
         int64_t left = 0;
         if (pg->vt == ddp__cpu_vt()) ddp__cpu_leave(pg, DDP__LEFT_DESTROY);
+#if DDP__MPI
+        if (pg->vt == ddp__mpi_vt()) ddp__mpi_leave(pg);
+#endif
         deadline = ddp__now() + pg->timeout;
         if (ddp__store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
             if (pg->rank != 0) wait_store = 1;
@@ -10394,11 +10398,19 @@ DDP__PRIVATE const ddp__backend_vt* ddp__cpu_vt(void) { return &ddp__cpu_backend
    with 2 bytes per element on the wire. An average is a sum divided once by the world size at the
    end. GPU buffers are staged through host memory: copied down at submit, back up when done.
 
+   Headers: MPI pairs collectives by their order alone, so ranks that call different ones would
+   pair an all-gather with an all-reduce: wrong numbers, MPI_ERR_TRUNCATE, or a heap overrun
+   inside MPI. So each collective first all-gathers every rank's 32-byte header (the CPU ring's:
+   kind, sequence number, count, dtype, op or root) on a second communicator, and its data go to
+   MPI only once every header matches; otherwise the ranks fail with DDP_ERR_DESYNC naming both
+   calls, and nothing touches the buffers. ddp_destroy all-gathers a "leaving" header, so a rank
+   still calling a collective learns that the others have left. The cost: one small all-gather
+   per collective, in flight with the others.
+
    Progress: Open MPI advances a non-blocking collective only inside MPI calls (it has no progress
    thread), so a bucket all-reduce issued during backward mostly runs in ddp_work_wait: less overlap
-   than the CPU backend's thread gives. Nor is there a ring header: ranks that call different
-   collectives are caught only under DDP_DEBUG=DETAIL (or by the timeout). ddp_pg_bytes stays 0:
-   MPI does not say how many bytes its algorithms moved.
+   than the CPU backend's thread gives. ddp_pg_bytes stays 0: MPI does not say how many bytes its
+   algorithms moved.
 */
 #if defined(DDP_MPI)
 #if !defined(OMPI_SKIP_MPICXX)
@@ -10416,6 +10428,10 @@ DDP__PRIVATE ddp_status ddp__env_master_port(const ddp_desc* d, ddp_env* e);
 
 typedef struct ddp__mpi_op { /* one collective in flight */
     ddp_work* w;
+    unsigned char hdr[32];   /* this rank's header (>>cpu's ddp__ring_header) */
+    unsigned char* hdrs;     /* every rank's, world x 32 bytes, as the header all-gather fills it */
+    MPI_Request hreq;        /* the header all-gather */
+    int posted;              /* the headers matched and the data collective went to MPI (req) */
     MPI_Request req;
     unsigned char* host;     /* GPU buffers: the host copy, input first, then output (in place: one) */
     size_t out_offset;       /* bytes from host to the output */
@@ -10425,6 +10441,7 @@ typedef struct ddp__mpi_op { /* one collective in flight */
 
 typedef struct ddp__mpi {
     MPI_Comm comm;           /* our duplicate of MPI_COMM_WORLD */
+    MPI_Comm hcomm;          /* another: the headers' all-gathers, ordered apart from the data */
     MPI_Op half[2][2];       /* [f16, bf16][sum, max]: the user-defined reductions */
     ddp__mpi_op *head, *tail; /* in flight, in issue order */
     int stuck;               /* a collective failed or timed out and is still pending in MPI */
@@ -10600,7 +10617,7 @@ DDP__PRIVATE ddp_status ddp__mpi_join(const ddp_desc* d, ddp_pg* pg) {
     if (!started) ddp__mpi_started = 1;
     m = (ddp__mpi*)ddp__calloc(sizeof *m);
     if (!m) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the MPI state failed");
-    m->comm = MPI_COMM_NULL;
+    m->comm = m->hcomm = MPI_COMM_NULL;
     for (i = 0; i < 2; i++)
         for (j = 0; j < 2; j++) m->half[i][j] = MPI_OP_NULL;
     pg->mpi = m; /* from here on ddp_destroy cleans up, and finalizes MPI if we started it */
@@ -10626,6 +10643,10 @@ DDP__PRIVATE ddp_status ddp__mpi_join(const ddp_desc* d, ddp_pg* pg) {
     if (err != MPI_SUCCESS) return ddp__fail_mpi(err, "MPI_Comm_idup", __LINE__);
     DDP__TRY(ddp__mpi_poll(m, &req, deadline, timeout, "duplicating MPI_COMM_WORLD (ddp_init: every rank calls it)"));
     DDP__MPI_TRY(MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN)); /* errors come back as codes */
+    err = MPI_Comm_idup(m->comm, &m->hcomm, &req);
+    if (err != MPI_SUCCESS) return ddp__fail_mpi(err, "MPI_Comm_idup", __LINE__);
+    DDP__TRY(ddp__mpi_poll(m, &req, deadline, timeout, "duplicating MPI_COMM_WORLD (ddp_init: every rank calls it)"));
+    DDP__MPI_TRY(MPI_Comm_set_errhandler(m->hcomm, MPI_ERRORS_RETURN));
     gethostname(me, sizeof me - 1);
     DDP__TRY(ddp__mpi_placement(pg, me, deadline, timeout));
     DDP__TRY(ddp__mpi_store(d, pg, me, deadline, timeout));
@@ -10677,57 +10698,127 @@ DDP__PRIVATE ddp_status ddp__mpi_stage_in(ddp_pg* pg, ddp__mpi_op* o, const void
     return ddp__copy_now(ddp__cpu(), o->host, pg->device, src, in_bytes);
 }
 
-DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
+/* Every rank's header is in and matches this one's: hand the data collective to MPI. */
+DDP__PRIVATE ddp_status ddp__mpi_post(ddp_pg* pg, ddp__mpi_op* o) {
     static const char* const calls[] = {"", "MPI_Iallreduce", "MPI_Ibcast", "MPI_Iallgather",
                                         "MPI_Ireduce_scatter_block"};
     ddp__mpi* m = (ddp__mpi*)pg->mpi;
-    const size_t es = ddp_dtype_size(w->dtype), W = (size_t)pg->world;
+    const ddp_work* w = o->w;
     const int reduces = w->kind == DDP__ALL_REDUCE || w->kind == DDP__REDUCE_SCATTER;
-    const int in_place = w->kind == DDP__ALL_REDUCE || w->kind == DDP__BROADCAST;
-    const size_t in_bytes = w->count * es * (w->kind == DDP__REDUCE_SCATTER ? W : 1);
-    const size_t out_bytes = w->count * es * (w->kind == DDP__ALL_GATHER ? W : 1);
     MPI_Datatype type = w->dtype == DDP_F32 ? MPI_FLOAT : MPI_UINT16_T;
     MPI_Op op = w->op == DDP_MAX ? MPI_MAX : MPI_SUM;
-    const void* in = w->send;
-    void* out = w->buf;
+    const void* in = o->host ? o->host : w->send;
+    void* out = o->host ? o->host + o->out_offset : w->buf;
     const int cnt = (int)w->count;
-    ddp__mpi_op* o;
     int err;
-    if (w->count > (size_t)INT_MAX)
-        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s of %zu elements: MPI counts are int, so the mpi backend takes at "
-                         "most %d elements per rank; split the buffer", ddp__coll_name(w->kind), w->count, INT_MAX);
     if (w->dtype != DDP_F32 && reduces) op = m->half[w->dtype == DDP_BF16][w->op == DDP_MAX];
-    o = (ddp__mpi_op*)ddp__calloc(sizeof *o);
-    if (!o) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating an MPI request failed");
-    o->w = w;
-    o->req = MPI_REQUEST_NULL;
-    if (pg->device.type == DDP_DEVICE_CUDA) {
-        ddp_status s = ddp__mpi_stage_in(pg, o, in_place ? w->buf : w->send, in_place ? out_bytes : in_bytes,
-                                         out_bytes, in_place);
-        if (s != DDP_OK) {
-            DDP_FREE(o->host);
-            DDP_FREE(o);
-            return s;
-        }
-        in = o->host;
-        out = o->host + o->out_offset;
-    }
     switch (w->kind) {
     case DDP__ALL_REDUCE: err = MPI_Iallreduce(MPI_IN_PLACE, out, cnt, type, op, m->comm, &o->req); break;
     case DDP__BROADCAST: err = MPI_Ibcast(out, cnt, type, w->root, m->comm, &o->req); break;
     case DDP__ALL_GATHER: err = MPI_Iallgather(in, cnt, type, out, cnt, type, m->comm, &o->req); break;
     default: err = MPI_Ireduce_scatter_block(in, out, cnt, type, op, m->comm, &o->req); break;
     }
+    if (err != MPI_SUCCESS) return ddp__fail_mpi(err, calls[w->kind], __LINE__);
+    o->posted = 1;
+    return DDP_OK;
+}
+
+/* The headers of o are in: DDP_OK when every rank's equals this rank's; else the desync, or the
+   news that a rank has left the job (its header is a leaving one), as the CPU ring words them. */
+DDP__PRIVATE ddp_status ddp__mpi_compare(ddp_pg* pg, ddp__mpi_op* o) {
+    char a[96], b[96];
+    int r;
+    for (r = 0; r < pg->world; r++) {
+        const unsigned char* theirs = o->hdrs + 32 * (size_t)r;
+        if (r == pg->rank || memcmp(theirs, o->hdr, 32) == 0) continue;
+        if (ddp__ring_is_leave(theirs)) return ddp__ring_left_job(pg, o->w, r, theirs);
+        ddp__ring_header_text(o->hdr, a, sizeof a);
+        ddp__ring_header_text(theirs, b, sizeof b);
+        return ddp__fail(DDP_ERR_DESYNC, "desync: this rank (%d) calls %s, but rank %d calls %s. Every rank must call "
+                         "the same collectives in the same order with the same sizes: look for a collective inside "
+                         "an if on the rank", pg->rank, a, r, b);
+    }
+    return DDP_OK;
+}
+
+/* Hand MPI, in issue order, the data of the collectives whose headers are in and match. With a
+   deadline (> 0), wait for the headers of the collectives up to and including `until` (NULL: all);
+   otherwise stop at the first whose headers are not in yet. A mismatch breaks the group; header
+   all-gathers still pending after it would stay inside MPI (m->stuck). */
+DDP__PRIVATE ddp_status ddp__mpi_post_ready(ddp_pg* pg, ddp__mpi_op* until, double deadline) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    ddp__mpi_op* o;
+    int waiting = deadline > 0;
+    for (o = m->head; o; o = o->next) {
+        ddp_status s = DDP_OK;
+        if (!o->posted) {
+            if (waiting) {
+                char what[128];
+                ddp__fingerprint(o->w, what, sizeof what);
+                s = ddp__mpi_poll(m, &o->hreq, deadline, pg->timeout, what);
+            } else {
+                int flag = 0, err = MPI_Test(&o->hreq, &flag, MPI_STATUS_IGNORE);
+                if (err != MPI_SUCCESS) m->stuck = 1, s = ddp__fail_mpi(err, "MPI_Test", __LINE__);
+                else if (!flag) return DDP_OK;
+            }
+            if (s == DDP_OK) s = ddp__mpi_compare(pg, o);
+            if (s == DDP_OK) s = ddp__mpi_post(pg, o);
+            if (s != DDP_OK) {
+                ddp__mpi_op* later;
+                for (later = o->next; later; later = later->next) m->stuck |= later->hreq != MPI_REQUEST_NULL;
+                ddp__flight_note(pg, o->w, DDP__FL_FAILED);
+                if (s == DDP_ERR_TIMEOUT) ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
+                return ddp__pg_break(pg, s);
+            }
+        }
+        if (o == until) waiting = 0;
+    }
+    return DDP_OK;
+}
+
+DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    const size_t es = ddp_dtype_size(w->dtype), W = (size_t)pg->world;
+    const int in_place = w->kind == DDP__ALL_REDUCE || w->kind == DDP__BROADCAST;
+    const size_t in_bytes = w->count * es * (w->kind == DDP__REDUCE_SCATTER ? W : 1);
+    const size_t out_bytes = w->count * es * (w->kind == DDP__ALL_GATHER ? W : 1);
+    ddp__mpi_op* o;
+    int err;
+    if (w->count > (size_t)INT_MAX)
+        return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s of %zu elements: MPI counts are int, so the mpi backend takes at "
+                         "most %d elements per rank; split the buffer", ddp__coll_name(w->kind), w->count, INT_MAX);
+    o = (ddp__mpi_op*)ddp__calloc(sizeof *o);
+    if (!o) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating an MPI request failed");
+    o->w = w;
+    o->req = o->hreq = MPI_REQUEST_NULL;
+    o->hdrs = (unsigned char*)ddp__malloc(32 * W);
+    if (!o->hdrs) {
+        DDP_FREE(o);
+        return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes for the ranks' headers failed", 32 * W);
+    }
+    if (pg->device.type == DDP_DEVICE_CUDA) {
+        ddp_status s = ddp__mpi_stage_in(pg, o, in_place ? w->buf : w->send, in_place ? out_bytes : in_bytes,
+                                         out_bytes, in_place);
+        if (s != DDP_OK) {
+            DDP_FREE(o->host);
+            DDP_FREE(o->hdrs);
+            DDP_FREE(o);
+            return s;
+        }
+    }
+    ddp__ring_header(w, o->hdr);
+    err = MPI_Iallgather(o->hdr, 32, MPI_BYTE, o->hdrs, 32, MPI_BYTE, m->hcomm, &o->hreq);
     if (err != MPI_SUCCESS) {
         DDP_FREE(o->host);
+        DDP_FREE(o->hdrs);
         DDP_FREE(o);
-        return ddp__pg_break(pg, ddp__fail_mpi(err, calls[w->kind], __LINE__));
+        return ddp__pg_break(pg, ddp__fail_mpi(err, "MPI_Iallgather(headers)", __LINE__));
     }
     if (m->tail) m->tail->next = o;
     else m->head = o;
     m->tail = o;
     ddp__flight_note(pg, w, DDP__FL_RUNNING);
-    return DDP_OK;
+    return ddp__mpi_post_ready(pg, NULL, 0); /* this one's, and earlier ones', if the headers are in */
 }
 
 /* MPI finished o: divide for an average, copy a staged result up to the GPU, mark it done. */
@@ -10741,6 +10832,8 @@ DDP__PRIVATE ddp_status ddp__mpi_complete(ddp_pg* pg, ddp__mpi_op* o) {
     if (o->host && n) s = ddp__copy_now(pg->device, w->buf, ddp__cpu(), out, n * ddp_dtype_size(w->dtype));
     DDP_FREE(o->host);
     o->host = NULL;
+    DDP_FREE(o->hdrs);
+    o->hdrs = NULL;
     o->done = 1;
     ddp__flight_note(pg, w, s == DDP_OK ? DDP__FL_DONE : DDP__FL_FAILED);
     return s == DDP_OK ? DDP_OK : ddp__pg_break(pg, s);
@@ -10752,7 +10845,9 @@ DDP__PRIVATE ddp_status ddp__mpi_complete(ddp_pg* pg, ddp__mpi_op* o) {
 DDP__PRIVATE ddp_status ddp__mpi_progress(ddp_pg* pg, ddp__mpi_op* until, double deadline) {
     ddp__mpi* m = (ddp__mpi*)pg->mpi;
     ddp__mpi_op* o;
+    DDP__TRY(ddp__mpi_post_ready(pg, until, deadline));
     for (o = m->head; o; o = o->next) {
+        if (!o->posted) return DDP_OK; /* its headers are not in yet (no deadline) */
         if (!o->done) {
             ddp_status s = DDP_OK;
             if (deadline > 0) {
@@ -10805,6 +10900,44 @@ DDP__PRIVATE ddp_status ddp__mpi_wait(ddp_pg* pg, ddp_work* w) {
     return DDP_OK;
 }
 
+/* ddp_destroy: finish what is in flight, then all-gather a leaving header on the headers'
+   communicator. A rank still in a collective that the others never call gets it in place of
+   their headers and fails with DDP_ERR_DESYNC ("rank N has left the job"), instead of pairing
+   with whatever MPI call comes next; this rank names that collective. Every rank's ddp_destroy
+   takes part; a rank that never calls it costs the others DDP_TIMEOUT here. */
+DDP__PRIVATE void ddp__mpi_leave(ddp_pg* pg) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    ddp_work leave;
+    unsigned char h[32], *all;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int r;
+    if (!m || m->stuck || pg->broken) return;
+    if (m->head && ddp__mpi_progress(pg, NULL, ddp__now() + pg->timeout) != DDP_OK) return;
+    all = (unsigned char*)ddp__malloc(32 * (size_t)pg->world);
+    if (!all) return;
+    memset(&leave, 0, sizeof leave);
+    leave.kind = DDP__LEAVE, leave.seq = pg->seq + 1, leave.count = (size_t)pg->seq;
+    leave.op = (ddp_reduce_op)DDP__LEFT_DESTROY;
+    ddp__ring_header(&leave, h);
+    if (MPI_Iallgather(h, 32, MPI_BYTE, all, 32, MPI_BYTE, m->hcomm, &req) != MPI_SUCCESS) {
+        DDP_FREE(all);
+        return;
+    }
+    if (ddp__mpi_poll(m, &req, ddp__now() + pg->timeout, pg->timeout,
+                      "ddp_destroy's goodbye to the other ranks (every rank's ddp_destroy takes part)") != DDP_OK) {
+        ddp__log(DDP_LOG_WARN, "ddp_destroy: %s", ddp_error_string()); /* `all` stays: MPI may still write it */
+        return;
+    }
+    for (r = 0; r < pg->world; r++)
+        if (r != pg->rank && !ddp__ring_is_leave(all + 32 * (size_t)r)) {
+            char b[96];
+            ddp__ring_header_text(all + 32 * (size_t)r, b, sizeof b);
+            ddp__log(DDP_LOG_WARN, "ddp_destroy: rank %d is calling %s, which this rank (leaving after %llu "
+                    "collectives) never calls: it is told so (DDP_ERR_DESYNC)", r, b, (unsigned long long)pg->seq);
+        }
+    DDP_FREE(all);
+}
+
 /* ddp__work_test on the mpi backend: MPI_Test the collectives in flight, in issue order. A
    failure reports *done = 1; ddp_work_wait then returns the error. */
 DDP__PRIVATE ddp_status ddp__mpi_test(ddp_pg* pg, ddp_work* w, int* done) {
@@ -10836,12 +10969,14 @@ DDP__PRIVATE void ddp__mpi_destroy(ddp_pg* pg) {
     while ((o = m->head) != NULL) {
         m->head = o->next;
         DDP_FREE(o->host);
+        DDP_FREE(o->hdrs);
         DDP_FREE(o);
     }
     for (i = 0; i < 2; i++)
         for (j = 0; j < 2; j++)
             if (m->half[i][j] != MPI_OP_NULL) MPI_Op_free(&m->half[i][j]);
     if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
+    if (m->hcomm != MPI_COMM_NULL) MPI_Comm_free(&m->hcomm);
     DDP_FREE(m);
     if (ddp__mpi_groups == 0 && ddp__mpi_started) {
         ddp__mpi_started = 0;

@@ -203,6 +203,55 @@ static int timeout_main(void) {
     return 0;
 }
 
+/* Ranks that call different collectives. MPI pairs collectives by their order alone: rank 1's
+   all-gather of 3 floats against the others' all-reduce of 10 ended in MPI_ERR_TRUNCATE or a heap
+   overrun inside MPI. The headers' all-gather comes first: every rank fails with DDP_ERR_DESYNC
+   naming both calls, and no buffer is touched. */
+static int disagree_main(int rank, void* arg) {
+    ddp_pg* pg;
+    float x[10], out[3 * 8 + 1];
+    int bad = 0, i;
+    ddp_status s;
+    char want[64];
+    (void)arg;
+    if (init_mpi(&pg) != DDP_OK) return printf("    rank %d: ddp_init failed: %s\n", rank, ddp_error_string()), 1;
+    for (i = 0; i < 10; i++) x[i] = (float)(rank + i);
+    for (i = 0; i < 3 * 8 + 1; i++) out[i] = -7.f;
+    s = rank == 1 ? ddp_all_gather(pg, x, out, 3, DDP_F32, NULL) : ddp_all_reduce(pg, x, 10, DDP_F32, DDP_SUM, NULL);
+    snprintf(want, sizeof want, "but rank %d calls %s #", rank == 1 ? 0 : 1, rank == 1 ? "all_reduce" : "all_gather");
+    if (s != DDP_ERR_DESYNC || !strstr(ddp_error_string(), want)) {
+        printf("    rank %d: %s, want DDP_ERR_DESYNC with \"%s\": %s\n", rank, ddp_status_name(s), want, ddp_error_string());
+        bad++;
+    }
+    for (i = 0; i < 10; i++) bad += x[i] != (float)(rank + i);
+    for (i = 0; i < 3 * 8 + 1; i++) bad += out[i] != -7.f;
+    ddp_destroy(pg);
+    return bad;
+}
+
+/* A collective that rank 0 alone calls (a ZeRO-3 forward on one rank, ddp_full_params on one):
+   the others have finished and call ddp_destroy, whose leaving header reaches rank 0 in place of
+   theirs, so rank 0 is told at once, instead of pairing with the next MPI call anybody makes. */
+static int lone_main(int rank, void* arg) {
+    ddp_pg* pg;
+    float x[4] = {1, 2, 3, 4}, out[4 * 8];
+    int bad = 0;
+    (void)arg;
+    if (init_mpi(&pg) != DDP_OK) return printf("    rank %d: ddp_init failed: %s\n", rank, ddp_error_string()), 1;
+    bad += ddp_barrier(pg) != DDP_OK;
+    if (rank == 0) {
+        ddp_status s = ddp_all_gather(pg, x, out, 4, DDP_F32, NULL);
+        const char* want = "has left the job (it called ddp_destroy after ";
+        if (s != DDP_ERR_DESYNC || !strstr(ddp_error_string(), want) || !strstr(ddp_error_string(), "calls all_gather #")) {
+            printf("    rank 0: %s, want DDP_ERR_DESYNC with \"%s\" and the all_gather: %s\n", ddp_status_name(s), want,
+                   ddp_error_string());
+            bad++;
+        }
+    }
+    ddp_destroy(pg);
+    return bad;
+}
+
 /* ZeRO and uneven inputs over MPI's own collectives: the weights match one process that applies
    the same rule. Rank r's batch of step t is drawn from the seed (r, t); each step of the one
    process sums the gradients of the ranks that train in it and divides by the world size. With
@@ -397,6 +446,8 @@ int main(int argc, char** argv) {
     mpi_case("mpi_collectives_in_flight_complete_in_order", in_flight_main, NULL);
     if (g_world == 2) mpi_case("mpi_misuse_refused", misuse_main, NULL); /* its check assumes 2 ranks */
     mpi_case("mpi_settings_that_differ_named", settings_main, NULL);
+    mpi_case("mpi_different_collectives_desync", disagree_main, NULL);
+    mpi_case("mpi_lone_collective_told", lone_main, NULL);
     {
         int stages[3] = {1, 2, 3}, uneven = -1;
         mpi_case("mpi_zero1_equals_one_process", sharding_main, &stages[0]);
