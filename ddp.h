@@ -10698,6 +10698,23 @@ DDP__PRIVATE ddp_status ddp__mpi_stage_in(ddp_pg* pg, ddp__mpi_op* o, const void
     return ddp__copy_now(ddp__cpu(), o->host, pg->device, src, in_bytes);
 }
 
+/* One of o's requests (its headers' or its data's): with a deadline (> 0) poll it until it is
+   done, else test it once; *done says which. */
+DDP__PRIVATE ddp_status ddp__mpi_step(ddp_pg* pg, ddp__mpi_op* o, MPI_Request* req, double deadline, int* done) {
+    ddp__mpi* m = (ddp__mpi*)pg->mpi;
+    int err;
+    *done = 1;
+    if (deadline > 0) {
+        char what[128];
+        ddp__fingerprint(o->w, what, sizeof what);
+        return ddp__mpi_poll(m, req, deadline, pg->timeout, what);
+    }
+    err = MPI_Test(req, done, MPI_STATUS_IGNORE);
+    if (err == MPI_SUCCESS) return DDP_OK;
+    m->stuck = 1;
+    return ddp__fail_mpi(err, "MPI_Test", __LINE__);
+}
+
 /* Every rank's header is in and matches this one's: hand the data collective to MPI. */
 DDP__PRIVATE ddp_status ddp__mpi_post(ddp_pg* pg, ddp__mpi_op* o) {
     static const char* const calls[] = {"", "MPI_Iallreduce", "MPI_Ibcast", "MPI_Iallgather",
@@ -10750,17 +10767,10 @@ DDP__PRIVATE ddp_status ddp__mpi_post_ready(ddp_pg* pg, ddp__mpi_op* until, doub
     ddp__mpi_op* o;
     int waiting = deadline > 0;
     for (o = m->head; o; o = o->next) {
-        ddp_status s = DDP_OK;
         if (!o->posted) {
-            if (waiting) {
-                char what[128];
-                ddp__fingerprint(o->w, what, sizeof what);
-                s = ddp__mpi_poll(m, &o->hreq, deadline, pg->timeout, what);
-            } else {
-                int flag = 0, err = MPI_Test(&o->hreq, &flag, MPI_STATUS_IGNORE);
-                if (err != MPI_SUCCESS) m->stuck = 1, s = ddp__fail_mpi(err, "MPI_Test", __LINE__);
-                else if (!flag) return DDP_OK;
-            }
+            int in = 0;
+            ddp_status s = ddp__mpi_step(pg, o, &o->hreq, waiting ? deadline : 0, &in);
+            if (s == DDP_OK && !in) return DDP_OK;
             if (s == DDP_OK) s = ddp__mpi_compare(pg, o);
             if (s == DDP_OK) s = ddp__mpi_post(pg, o);
             if (s != DDP_OK) {
@@ -10849,16 +10859,9 @@ DDP__PRIVATE ddp_status ddp__mpi_progress(ddp_pg* pg, ddp__mpi_op* until, double
     for (o = m->head; o; o = o->next) {
         if (!o->posted) return DDP_OK; /* its headers are not in yet (no deadline) */
         if (!o->done) {
-            ddp_status s = DDP_OK;
-            if (deadline > 0) {
-                char what[128];
-                ddp__fingerprint(o->w, what, sizeof what);
-                s = ddp__mpi_poll(m, &o->req, deadline, pg->timeout, what);
-            } else {
-                int flag = 0, err = MPI_Test(&o->req, &flag, MPI_STATUS_IGNORE);
-                if (err != MPI_SUCCESS) m->stuck = 1, s = ddp__fail_mpi(err, "MPI_Test", __LINE__);
-                else if (!flag) return DDP_OK;
-            }
+            int finished = 0;
+            ddp_status s = ddp__mpi_step(pg, o, &o->req, deadline, &finished);
+            if (s == DDP_OK && !finished) return DDP_OK;
             if (s != DDP_OK) {
                 ddp__flight_note(pg, o->w, DDP__FL_FAILED);
                 if (s == DDP_ERR_TIMEOUT) ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
