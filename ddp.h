@@ -10936,7 +10936,8 @@ DDP__PRIVATE void ddp__mpi_leave(ddp_pg* pg) {
             char b[96];
             ddp__ring_header_text(all + 32 * (size_t)r, b, sizeof b);
             ddp__log(DDP_LOG_WARN, "ddp_destroy: rank %d is calling %s, which this rank (leaving after %llu "
-                    "collectives) never calls: it is told so (DDP_ERR_DESYNC)", r, b, (unsigned long long)pg->seq);
+                    "collectives) never calls: that rank fails with DDP_ERR_DESYNC, unless it has timed out on it "
+                    "already", r, b, (unsigned long long)pg->seq);
         }
     DDP_FREE(all);
 }
