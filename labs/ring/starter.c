@@ -26,6 +26,12 @@
    rule 6  A chunk that fits in the window goes as one message (do not cut what need not be cut;
            an empty chunk need not be sent at all).
    rule 7  No deadlock, whatever the window, down to a window of 1 float.
+   rule 8  What a ring sends, element by element (any chunk order, any cut into messages): in the
+           reduce-scatter a rank sends for element p its own buf[p] (where p's trip starts) or
+           what it received for p plus its own buf[p]; in the all-gather it sends p's complete
+           sum, which it has just completed or received. Each element's partial sums go once
+           around the ring (through world-1 ranks), then its sum once around. The tests know
+           every rank's data and check every float sent (in the cases with n <= 4096).
    world == 1 must work too (nothing to send).
 
    THE TRAP (rule 7). send() returns only once its message is in the link, and the link holds
@@ -38,7 +44,7 @@
    PART 2 (lab_ring_all_reduce_pipelined, below). Real rings (NCCL's, for one) cut every chunk
    into pieces and keep the link busy: while a rank adds piece p that it just received, piece
    p+1 of what it sends is already on the wire. Here the link holds 2 * piece floats: room for
-   two pieces, a double buffer. Rules 1-3, 5 and 7 as above, and:
+   two pieces, a double buffer. Rules 1-3, 5, 7 and 8 as above, and:
    rule P1 No message is larger than `piece` floats.
    rule P2 Each chunk goes as ceil(len / piece) messages.
    rule P3 One piece in flight: within each step, before a rank waits for piece p, it has already

@@ -11,7 +11,27 @@
    receiver's link is empty), nothing can ever change again: that is a deadlock, reported at
    once with what every rank waits for. Then the checks: every rank's result, and the traffic
    (who sent to whom, how many messages, how many floats, in which order), each failure naming
-   the rule of starter.c it breaks. */
+   the rule of starter.c it breaks.
+
+   What the messages hold (rule 8), checked float by float in cases with n <= CONTENT_N. There
+   the data say where they come from: rank q's buf[p] is 64p + q + 1, so a sum over L
+   consecutive ranks r, r-1, ..., r-L+1 of buf[p] is 64Lp plus a remainder below 64 (the sum of
+   q + 1 over those ranks: at most 36 for 8 ranks, and different for every L), and from the value
+   alone and its sender the tests read p and L, or see that it is no such sum (0 never is).
+   This makes no assumption about which chunk goes at which step, or how chunks are cut into
+   messages: only about what a ring's floats are. In send, every float must be, for some p,
+     - L = 1: the sender's own buf[p] (the first hop of p's reduce-scatter),
+     - 1 < L < world: its own buf[p] plus the sum over L-1 ranks that it has already received
+       for p from its left neighbour (what it received, plus its own),
+     - L = world: p's complete sum, once it has received either the sum of the world-1 others
+       for p (to add its own to) or the complete sum (to pass on),
+   and no rank sends two partial sums of one p, nor its complete sum twice. After the run, every
+   p's partial sums went out from exactly world-1 ranks, and its complete sum from world-1. These
+   hold for any correct ring (every chunk order, pieces of any size, either deadlock fix,
+   part 2), and together they force each p's traffic to be a ring's: a chain of world-1 partial
+   sums that grows by one rank per hop, then world-1 copies of the sum, each forwarded from one
+   received. Junk of the right sizes, or sums computed some other way and sent in a ring's
+   shape, fail them. */
 #include "../lab_test.h"
 
 #include <sched.h>
@@ -24,6 +44,7 @@
 #define MAX_EV 8192  /* non-empty sends and receives logged per rank, in order */
 #define GUARD 16     /* floats past buf[n-1] that must stay untouched */
 #define SENTINEL 12345.0f
+#define CONTENT_N 4096 /* rule 8 (what the messages hold) is checked up to this n */
 
 enum { ST_RUN, ST_SEND, ST_RECV, ST_DONE };
 
@@ -59,6 +80,10 @@ static shared* g_sh;
 static float* g_data;                /* link r's ring buffer: g_data + r * g_window */
 static int g_rank, g_world;
 static size_t g_n, g_window, g_piece; /* g_piece > 0: part 2 */
+/* rule 8, where n <= CONTENT_N (NULL otherwise): bit L-1 of g_sent[r * n + p] says that rank r
+   sent p's sum over L ranks ending at r; g_got[r * n + p] the same for what r received */
+static uint16_t *g_sent, *g_got;
+static int g_encoded; /* set before the fork: the data are value()'s encoded form (see the top) */
 
 static void rank_die(const char* fmt, ...) {
     va_list ap;
@@ -107,6 +132,99 @@ static void set_call(int state, int peer, size_t count) {
     bump();
 }
 
+/* The sum of q + 1 over the L ranks r, r-1, ..., r-L+1 (mod W): a float's remainder mod 64. */
+static long long ranks_part(int r, int L, int W) {
+    long long s = 0;
+    int j;
+    for (j = 0; j < L; j++) s += (long long)((r - j + W * 2) % W) + 1;
+    return s;
+}
+
+/* v as a sum over L consecutive ranks ending at r of buf[p] (the encoded data): 1 and *p, *L
+   when it is one, 0 when no p < n and L <= W give v. */
+static int decode(float v, int r, int W, size_t n, size_t* p, int* L) {
+    double d = (double)v;
+    long long iv, rest;
+    int l;
+    if (!(d >= 1.0 && d < 16777216.0) || (double)(long long)d != d) return 0;
+    iv = (long long)d;
+    for (l = 1; l <= W; l++)
+        if (iv % 64 == ranks_part(r, l, W)) {
+            rest = (iv - iv % 64) / 64;
+            if (rest % l || (size_t)(rest / l) >= n) return 0;
+            *p = (size_t)(rest / l), *L = l;
+            return 1;
+        }
+    return 0;
+}
+
+static float encoded_sum(size_t p, int r, int L, int W) { return (float)(64 * (long long)p * L + ranks_part(r, L, W)); }
+
+/* What L's are set in a mask, as "1, 3" (sums over 1 and 3 ranks), or "nothing". */
+static const char* which_sums(uint16_t mask, int W, char* out, size_t size) {
+    int l, k = 0;
+    out[0] = 0;
+    for (l = 1; l <= W; l++)
+        if (mask & (1u << (l - 1))) k += snprintf(out + k, size - (size_t)k, "%s%d", k ? ", " : "", l);
+    if (!k) snprintf(out, size, "nothing");
+    return out;
+}
+
+/* Rule 8, in send: every float is a sum the ring can send now (see the top of this file). */
+static void check_content(const float* data, size_t count, int nsend) {
+    int W = g_world, r = g_rank, left = (g_rank + W - 1) % W;
+    size_t j, p, q;
+    int L, LL;
+    char have[64];
+    for (j = 0; j < count; j++) {
+        uint16_t *sent, got;
+        if (!decode(data[j], r, W, g_n, &p, &L)) {
+            /* what it could have been: the neighbour's position in this message, one further */
+            for (q = 0; q < count; q++)
+                if (q != j && decode(data[q], r, W, g_n, &p, &L) && (q < j || p >= q - j) && p + j - q < g_n) break;
+            if (q < count)
+                rank_die("[rule 8: what a ring sends] rank %d's send #%d (to = %d, count = %zu), float %zu: %g is no "
+                         "value a ring sends; float %zu of the message is buf[%zu]'s sum over %d rank(s), so this one "
+                         "would be buf[%zu]'s: %g. Every float a rank sends is, for some element p, its own buf[p], "
+                         "its own plus what it received for p, or p's complete sum (here rank q's buf[p] = 64p + q + 1)",
+                         r, nsend, (r + 1) % W, count, j, (double)data[j], q, p, L, p + j - q,
+                         (double)encoded_sum(p + j - q, r, L, W));
+            rank_die("[rule 8: what a ring sends] rank %d's send #%d (to = %d, count = %zu), float %zu: %g is no value "
+                     "a ring sends, and no float of that message is one. Every float a rank sends is, for some element "
+                     "p, its own buf[p], its own plus what it received for p, or p's complete sum (here rank q's buf[p] "
+                     "= 64p + q + 1, so rank %d's first message could hold its own buf[p] = %g, %g, ...)", r, nsend,
+                     (r + 1) % W, count, j, (double)data[j], r, (double)encoded_sum(0, r, 1, W),
+                     (double)encoded_sum(1, r, 1, W));
+        }
+        sent = &g_sent[(size_t)r * g_n + p];
+        got = g_got[(size_t)r * g_n + p];
+        if (L > 1 && L < W && !(got & (1u << (L - 2))))
+            rank_die("[rule 8: what a ring sends] rank %d's send #%d (to = %d, count = %zu), float %zu: %g is buf[%zu]'s "
+                     "sum over %d ranks (%d and the %d before it), but rank %d has not received that sum over the %d "
+                     "before it from rank %d (for buf[%zu] it received sums over: %s): in the reduce-scatter a rank "
+                     "adds its own value to what it received", r, nsend, (r + 1) % W, count, j, (double)data[j], p, L,
+                     r, L - 1, r, L - 1, left, p, which_sums(got, W, have, sizeof have));
+        if (L == W && !(got & (1u << (W - 2))) && !(got & (1u << (W - 1))))
+            rank_die("[rule 8: what a ring sends] rank %d's send #%d (to = %d, count = %zu), float %zu: %g is buf[%zu]'s "
+                     "complete sum, but rank %d has received from rank %d for buf[%zu] neither the sum of the other %d "
+                     "ranks nor the complete sum (it received sums over: %s rank(s)): a rank sends a sum it holds "
+                     "because the ring brought it", r, nsend, (r + 1) % W, count, j, (double)data[j], p, r, left, p,
+                     W - 1, which_sums(got, W, have, sizeof have));
+        if (L < W)
+            for (LL = 1; LL < W; LL++)
+                if (*sent & (1u << (LL - 1)))
+                    rank_die("[rule 8: what a ring sends] rank %d's send #%d (to = %d, count = %zu), float %zu: %g is "
+                             "buf[%zu]'s sum over %d rank(s), and rank %d already sent buf[%zu]'s sum over %d: in the "
+                             "reduce-scatter each element passes through a rank once", r, nsend, (r + 1) % W, count, j,
+                             (double)data[j], p, L, r, p, LL);
+        if (L == W && (*sent & (1u << (W - 1))))
+            rank_die("[rule 8: what a ring sends] rank %d's send #%d (to = %d, count = %zu), float %zu: %g is buf[%zu]'s "
+                     "complete sum, which rank %d already sent once: in the all-gather each sum passes through a rank "
+                     "once", r, nsend, (r + 1) % W, count, j, (double)data[j], p, r);
+        *sent |= (uint16_t)(1u << (L - 1));
+    }
+}
+
 static void harness_send(int to, const float* data, size_t count) {
     rank_info* me = &g_sh->rank[g_rank];
     int right = (g_rank + 1) % g_world;
@@ -126,6 +244,7 @@ static void harness_send(int to, const float* data, size_t count) {
         rank_die("[rule P1: pieces of at most `piece` floats] send(to = %d, count = %zu): piece = %zu", to, count,
                  g_piece);
     me->sends++;
+    if (g_sent && count) check_content(data, count, me->sends);
     me->floats_sent += count;
     if (count > me->biggest) me->biggest = count;
     if (count) {
@@ -193,6 +312,14 @@ static void harness_recv(int from, float* data, size_t count) {
         data += k, left -= (size_t)k;
         st(&me->call_done, count - left);
         bump();
+    }
+    if (g_got) { /* rule 8: what rank `from` sent, it checked; note what this rank now holds */
+        size_t j, p;
+        int l;
+        const float* in = data - count;
+        for (j = 0; j < count; j++)
+            if (decode(in[j], leftn, g_world, g_n, &p, &l))
+                g_got[(size_t)g_rank * g_n + p] |= (uint16_t)(1u << (l - 1));
     }
     st(&L->mtail, ld(&L->mtail) + 1);
     set_call(ST_RUN, -1, 0);
@@ -273,8 +400,13 @@ static void describe_deadlock(shared* sh, int W, size_t window, double after_s) 
 
 /* ---- one run ------------------------------------------------------------------------------------ */
 
-/* Rank r's element i: small multiples of 1/4, so every sum is exact in any order. */
-static float value(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 13) % 17) - 8) + 0.25f * (float)r; }
+/* Rank r's element i. Where rule 8 is checked (n <= CONTENT_N), 64i + r + 1: integers below
+   2^19, whose sums over ranks say which element and which ranks they hold (see the top). Larger
+   cases: small multiples of 1/4. Either way every sum is exact in any order. */
+static float value(int r, size_t i) {
+    if (g_encoded) return (float)(64 * (long long)i + r + 1);
+    return (float)((int)((i * 7 + (size_t)r * 13) % 17) - 8) + 0.25f * (float)r;
+}
 
 static size_t clen(size_t n, int W, int c) { return n * (size_t)(c + 1) / (size_t)W - n * (size_t)c / (size_t)W; }
 
@@ -293,6 +425,12 @@ static int run_ring(int W, size_t n, size_t window, size_t piece) {
     if (piece) window = 2 * piece;
     data = (float*)lab_shared(window * sizeof(float) * (size_t)W);
     if (!sh || !result || !data) LAB_SKIP("cannot map shared memory: %s", strerror(errno));
+    g_encoded = n <= CONTENT_N, g_sent = g_got = NULL;
+    if (g_encoded && n > 0) {
+        g_sent = (uint16_t*)lab_shared(2 * n * (size_t)W * sizeof(uint16_t));
+        if (!g_sent) LAB_SKIP("cannot map shared memory: %s", strerror(errno));
+        g_got = g_sent + n * (size_t)W;
+    }
     fflush(NULL);
     for (r = 0; r < W; r++) {
         pid[r] = fork();
@@ -402,6 +540,25 @@ static int run_ring(int W, size_t n, size_t window, size_t piece) {
            "[rule 5: the ranks together send exactly 2(world-1) * n floats] world = %d, n = %zu: they sent %llu, "
            "expected %llu: each phase moves every chunk world-1 times", W, n, (unsigned long long)total,
            (unsigned long long)(2 * (uint64_t)(W - 1) * n));
+    if (g_sent && W > 1 && lab_failed_checks == before) { /* rule 8: each element's traffic is a ring's */
+        size_t bad = 0, first = 0;
+        int fp = 0, ft = 0;
+        for (i = 0; i < n; i++) {
+            int partials = 0, totals = 0;
+            for (r = 0; r < W; r++) {
+                uint16_t m = g_sent[(size_t)r * n + i];
+                partials += (m & ((1u << (W - 1)) - 1)) != 0, totals += (m >> (W - 1)) & 1;
+            }
+            if ((partials != W - 1 || totals != W - 1) && bad++ == 0) first = i, fp = partials, ft = totals;
+        }
+        EXPECT(bad == 0,
+               "[rule 8: what a ring sends] world = %d, n = %zu: partial sums of buf[%zu] went out from %d rank(s) "
+               "and its complete sum from %d, expected world-1 = %d of each (%zu element(s) like this): the "
+               "reduce-scatter carries each element once around the ring, one more rank's value added at each hop, "
+               "and the all-gather carries its sum once around", W, n, first, fp, ft, W - 1, bad);
+    } else if (!g_encoded && W > 1) {
+        lab_note("(rule 8, what the messages hold, is checked only up to n = %d)", CONTENT_N);
+    }
     if (!piece && window >= (n + (size_t)W - 1) / (size_t)W && W > 1) { /* rule 6: every chunk fits */
         int msgs = 0;
         size_t want = 2 * (size_t)(W - 1) * (n < (size_t)W ? n : (size_t)W);
