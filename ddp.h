@@ -7419,7 +7419,11 @@ DDP__PRIVATE ddp_status ddp__timeout(double from_desc, double* out) {
 
 /* ---- the server ------------------------------------------------------------------------------------ */
 
-typedef struct ddp__kv { char* key; unsigned char* val; uint32_t len; } ddp__kv;
+/* A key under ddp/live/ belongs to the connection that set it (owner: its serial number), and goes
+   when that connection closes: a rank's sign of life, which outlasts it by no more than its socket
+   (ddp__agree frees the slot of a rank whose connection has closed, on any host). */
+#define DDP__LIVE_PREFIX "ddp/live/"
+typedef struct ddp__kv { char* key; unsigned char* val; uint32_t len; uint64_t owner; } ddp__kv;
 
 typedef struct ddp__sconn {
     int fd;
@@ -7431,6 +7435,7 @@ typedef struct ddp__sconn {
     uint32_t op, klen, vlen, timeout_ms;
     int parked;         /* a GET or WAIT waiting for keys */
     double deadline;
+    uint64_t serial;    /* this connection's number (from 1), the owner of its ddp/live/ keys */
     char peer[64];
 } ddp__sconn;
 
@@ -7451,6 +7456,7 @@ typedef struct ddp__server {
     long accept_fails;    /* failed accepts since the first of this episode; 0: none */
     int reserve_fd;       /* /dev/null, held so that a newcomer can be told "busy" at the limit */
     int accept_episodes;  /* episodes so far: only the first is a warning, later ones are INFO */
+    uint64_t serials;     /* connections accepted so far */
 } ddp__server;
 
 DDP__PRIVATE ddp__kv* ddp__kv_find(ddp__server* s, const char* key, size_t klen) {
@@ -7482,6 +7488,7 @@ DDP__PRIVATE int ddp__kv_set(ddp__server* s, const char* key, size_t klen, const
         memcpy(e->key, key, klen);
         e->key[klen] = 0;
         e->val = NULL;
+        e->owner = 0;
         s->nkv++;
     }
     if (e->val) DDP_FREE(e->val);
@@ -7492,7 +7499,14 @@ DDP__PRIVATE int ddp__kv_set(ddp__server* s, const char* key, size_t klen, const
 
 DDP__PRIVATE void ddp__sconn_close(ddp__server* s, int i, const char* why) {
     ddp__sconn* c = &s->conns[i];
+    int k;
     if (why) ddp__log(DDP_LOG_WARN, "store: dropped the connection from %s: %s", c->peer, why);
+    for (k = s->nkv - 1; k >= 0; k--) /* its ddp/live/ keys go with it */
+        if (s->kv[k].owner == c->serial) {
+            DDP_FREE(s->kv[k].key);
+            DDP_FREE(s->kv[k].val);
+            s->kv[k] = s->kv[--s->nkv];
+        }
     close(c->fd);
     if (c->body) DDP_FREE(c->body);
     s->conns[i] = s->conns[--s->nconns];
@@ -7569,6 +7583,8 @@ DDP__PRIVATE int ddp__serve(ddp__server* s, ddp__sconn* c) {
     switch (c->op) {
     case DDP__OP_SET:
         if (ddp__kv_set(s, key, c->klen, val, c->vlen) != 0) return ddp__sreply(c, DDP__ST_BAD, "out of memory", 13);
+        if (c->klen > strlen(DDP__LIVE_PREFIX) && !memcmp(key, DDP__LIVE_PREFIX, strlen(DDP__LIVE_PREFIX)))
+            ddp__kv_find(s, key, c->klen)->owner = c->serial;
         return ddp__sreply(c, DDP__ST_OK, NULL, 0);
     case DDP__OP_ADD: {
         ddp__kv* e = ddp__kv_find(s, key, c->klen);
@@ -7841,6 +7857,7 @@ static void* ddp__server_main(void* arg) {
                 memset(c, 0, sizeof *c);
                 c->fd = fd;
                 c->since = ddp__now();
+                c->serial = ++s->serials;
                 ddp__peer_name(fd, c->peer, sizeof c->peer);
             }
         }
@@ -8605,8 +8622,15 @@ DDP__PRIVATE ddp_status ddp__claim(ddp_pg* pg, const char* key, const char* valu
    explanation instead of waiting out the timeout. A slot once taken stays taken: a second process
    for one rank (or one node of a launcher) is refused with who holds it, and the job goes on. */
 #define DDP__JOIN_REPORT_S 5.0 /* seconds between rank 0's first reports of who is missing */
+/* The store key of the sign of life of the process `who` ("pid P on host H|pid namespace") that
+   claims rank `rank`: a ddp/live/ key, gone when that process's store connection closes. */
+DDP__PRIVATE void ddp__live_key(int rank, const char* who, char* out, size_t n) {
+    snprintf(out, n, DDP__LIVE_PREFIX "%d/%016llx", rank,
+             (unsigned long long)ddp__fnv1a((const unsigned char*)who, strlen(who)));
+}
+
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
-    char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?";
+    char key[64], mine[64], theirs[64], me[320], holder[320], host[256] = "?", live[64];
     const char* abort_key[1] = {"ddp/abort"};
     const char* launch = getenv("DDP_LAUNCH_ID");
     int i, present, taken = 0;
@@ -8635,6 +8659,9 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
 #endif
         snprintf(me, sizeof me, "pid %ld on host %.200s|%s", (long)getpid(), host, ns);
     }
+    /* the sign of life first, so that a claim never stands without one while its holder lives */
+    ddp__live_key(pg->rank, me, live, sizeof live);
+    DDP__TRY(ddp_store_set(pg->store, live, "1", 1));
     snprintf(key, sizeof key, "ddp/claim/%d", pg->rank);
     DDP__TRY(ddp__claim(pg, key, me, holder, sizeof holder, &taken));
     if (taken && strchr(holder, '|') && !strcmp(strchr(holder, '|'), strchr(me, '|'))) {
@@ -8646,6 +8673,24 @@ DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg) {
             kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
             ddp__log(DDP_LOG_WARN, "rank %d's slot was held by pid %ld on this host, which no longer runs: this "
                      "process takes it over", pg->rank, pid);
+            DDP__TRY(ddp_store_set(pg->store, key, me, strlen(me)));
+            taken = 0;
+        }
+    }
+    if (taken) {
+        /* A holder anywhere whose connection to the store has closed (killed on another host):
+           its sign of life went with the connection, so the slot is free. */
+        const char* k[1];
+        int alive = 1;
+        ddp__live_key(pg->rank, holder, live, sizeof live);
+        k[0] = live;
+        DDP__TRY(ddp__store_check(pg->store, k, 1, &alive));
+        if (!alive) {
+            char who[320];
+            snprintf(who, sizeof who, "%s", holder);
+            who[strcspn(who, "|")] = 0;
+            ddp__log(DDP_LOG_WARN, "rank %d's slot was held by %s, whose connection to the store has closed (it died "
+                     "or was killed during the rendezvous): this process takes it over", pg->rank, who);
             DDP__TRY(ddp_store_set(pg->store, key, me, strlen(me)));
             taken = 0;
         }

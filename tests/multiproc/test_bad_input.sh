@@ -393,32 +393,50 @@ verdict duplicate_rank_in_rendezvous duplicate_rank_in_rendezvous \
     ${more[@]+"${more[@]}"}
 
 # Rank 1 killed during the rendezvous (world size 3, rank 2 not started yet; SIGKILL, as the OOM
-# killer sends), then started again by hand: its slot is free again (the process holding it is gone
-# from this host), the replacement takes it and the job trains; every rank ends with status 0, long
-# before DDP_TIMEOUT. (It was refused, "pid N holds rank 1", and ranks 0 and 2 waited the timeout.)
-free_port P
-run_bg dead_rank0 40 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
-A=$BG
-run_bg dead_rank1 40 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
-B=$BG
-wait_port "$P" 5
-sleep 0.5   # rank 1 has claimed its slot
-dead_pid=$(prog_pid dead_rank1)
-kill -KILL "$dead_pid" 2>/dev/null; wait "$B" 2>/dev/null
-run_bg dead_rank1_again 40 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
-B=$BG
-run_fg slot_of_a_dead_rank_taken_over 40 RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
-wait "$A"; rcA=$?
-wait "$B"; rcB=$?
-el=$(awk "BEGIN{printf \"%.1f\", $T1 - $T0}")
-if [ $RC -eq 0 ] && [ $rcA -eq 0 ] && [ $rcB -eq 0 ] && awk "BEGIN{exit !($el < 10 + $COMPAT_SLACK)}" &&
-   grep -q "rank 1's slot was held by pid ${dead_pid:-?} on this host, which no longer runs: this process takes it over" \
-       "$TMP/dead_rank1_again.err"; then
-    ok "slot_of_a_dead_rank_taken_over (the job trained; rank 2 done after $el s, DDP_TIMEOUT 15)"
+# killer sends), then started again by hand: its slot is free again, the replacement takes it and
+# the job trains; every rank ends with status 0, long before DDP_TIMEOUT. (It was refused, "pid N
+# holds rank 1", and ranks 0 and 2 waited the timeout.)
+# slot_taken_over CASE MESSAGE [WRAPPER...]: that, with rank 1 started under WRAPPER; the
+# replacement must say MESSAGE (a grep pattern; @PID@ stands for the killed process's pid).
+slot_taken_over() {
+    local name=$1 msg=$2 dead A B rcA rcB el
+    shift 2
+    free_port P
+    run_bg "${name}_r0" 40 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+    A=$BG
+    run_bg "${name}_r1" 40 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$@" "$EX" "${ARGS[@]}"
+    B=$BG
+    wait_port "$P" 5
+    sleep 1   # rank 1 has claimed its slot
+    dead=$(prog_pid "${name}_r1")
+    kill -KILL "$dead" 2>/dev/null; wait "$B" 2>/dev/null
+    run_bg "${name}_again" 40 RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+    B=$BG
+    run_fg "$name" 40 RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+    wait "$A"; rcA=$?
+    wait "$B"; rcB=$?
+    el=$(awk "BEGIN{printf \"%.1f\", $T1 - $T0}")
+    if [ $RC -eq 0 ] && [ $rcA -eq 0 ] && [ $rcB -eq 0 ] && awk "BEGIN{exit !($el < 10 + $COMPAT_SLACK)}" &&
+       grep -q "${msg//@PID@/${dead:-?}}" "$TMP/${name}_again.err"; then
+        ok "$name (the job trained; rank 2 done after $el s, DDP_TIMEOUT 15)"
+    else
+        bad "$name" "ranks 0, 1 (started again), 2 ended with status $rcA, $rcB, $RC after $el s (want 0, 0, 0, well before DDP_TIMEOUT=15)" \
+            "rank 1 started again: $(first_line "$TMP/${name}_again.err")" "rank 0: $(first_line "$TMP/${name}_r0.err")" \
+            "rank 2: $(first_line "$TMP/$name.err")"
+    fi
+}
+# on this host: the holder's pid no longer runs
+slot_taken_over slot_of_a_dead_rank_taken_over \
+    "rank 1's slot was held by pid @PID@ on this host, which no longer runs: this process takes it over"
+# on "another host": rank 1 in a pid namespace of its own (unshare --pid), where its pid means
+# nothing to the others, so only its store connection can tell that it is gone: its sign of life
+# (a store key tied to that connection) goes with it
+if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null 2>&1 || ! unshare --pid --fork --kill-child true >/dev/null 2>&1; then
+    skp slot_of_a_dead_rank_on_another_host_taken_over "needs root and util-linux's unshare --pid --kill-child, to run rank 1 as if on another host"
 else
-    bad slot_of_a_dead_rank_taken_over "ranks 0, 1 (started again), 2 ended with status $rcA, $rcB, $RC after $el s (want 0, 0, 0, well before DDP_TIMEOUT=15)" \
-        "rank 1 started again: $(first_line "$TMP/dead_rank1_again.err")" "rank 0: $(first_line "$TMP/dead_rank0.err")" \
-        "rank 2: $(first_line "$TMP/slot_of_a_dead_rank_taken_over.err")"
+    slot_taken_over slot_of_a_dead_rank_on_another_host_taken_over \
+        "rank 1's slot was held by pid [0-9]* on host .*, whose connection to the store has closed (it died or was killed during the rendezvous): this process takes it over" \
+        unshare --pid --fork --kill-child
 fi
 
 # Two launches of ddprun on one port with one DDP_JOB_TOKEN: job B starts while job A is still in
