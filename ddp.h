@@ -10477,6 +10477,7 @@ typedef struct ddp__mpi_op { /* one collective in flight */
     unsigned char* hdrs;     /* every rank's, world x 32 bytes, as the header all-gather fills it */
     MPI_Request hreq;        /* the header all-gather */
     int posted;              /* the headers matched and the data collective went to MPI (req) */
+    ddp_status failed;       /* it never will: the group broke before (done is then 1 too) */
     MPI_Request req;
     unsigned char* host;     /* GPU buffers: the host copy, input first, then output (in place: one) */
     size_t out_offset;       /* bytes from host to the output */
@@ -10819,11 +10820,16 @@ DDP__PRIVATE ddp_status ddp__mpi_post_ready(ddp_pg* pg, ddp__mpi_op* until, doub
             if (s == DDP_OK) s = ddp__mpi_compare(pg, o);
             if (s == DDP_OK) s = ddp__mpi_post(pg, o);
             if (s != DDP_OK) {
-                ddp__mpi_op* later;
-                for (later = o->next; later; later = later->next) m->stuck |= later->hreq != MPI_REQUEST_NULL;
+                ddp__mpi_op* q;
                 ddp__flight_note(pg, o->w, DDP__FL_FAILED);
                 if (s == DDP_ERR_TIMEOUT) ddp__flight_dump(pg, DDP_LOG_ERROR, "a collective timed out");
-                return ddp__pg_break(pg, s);
+                s = ddp__pg_break(pg, s);
+                /* neither this one nor any later one will reach MPI: each fails at its wait */
+                for (q = o; q; q = q->next) {
+                    m->stuck |= q->hreq != MPI_REQUEST_NULL;
+                    q->failed = s, q->posted = q->done = 1;
+                }
+                return s;
             }
         }
         if (o == until) waiting = 0;
@@ -10873,7 +10879,10 @@ DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
     else m->head = o;
     m->tail = o;
     ddp__flight_note(pg, w, DDP__FL_RUNNING);
-    return ddp__mpi_post_ready(pg, NULL, 0); /* this one's, and earlier ones', if the headers are in */
+    /* this one's data, and earlier ones', if their headers are in; a failure there breaks the group
+       and reaches each collective it stopped at its wait (w stays with its caller) */
+    (void)ddp__mpi_post_ready(pg, NULL, 0);
+    return DDP_OK;
 }
 
 /* MPI finished o: divide for an average, copy a staged result up to the GPU, mark it done. */
@@ -10935,8 +10944,11 @@ DDP__PRIVATE ddp_status ddp__mpi_wait(ddp_pg* pg, ddp_work* w) {
     ddp__mpi* m = (ddp__mpi*)pg->mpi;
     ddp__mpi_op *o = ddp__mpi_find(m, w), **pp;
     if (m->stuck) return ddp__mpi_stuck(pg);
+    ddp_status s, failed;
     if (!o) return ddp__fail(DDP_ERR_STATE, "ddp_work_wait: this work is not in flight on the mpi backend");
-    DDP__TRY(ddp__mpi_progress(pg, o, ddp__now() + pg->timeout));
+    s = ddp__mpi_progress(pg, o, ddp__now() + pg->timeout);
+    if (!o->done) return s; /* still inside MPI: the group is stuck */
+    /* finished, or failed before reaching MPI: either way its work goes back to the caller now */
     for (pp = &m->head; *pp != o; pp = &(*pp)->next) {}
     *pp = o->next;
     if (m->tail == o) {
@@ -10944,8 +10956,12 @@ DDP__PRIVATE ddp_status ddp__mpi_wait(ddp_pg* pg, ddp_work* w) {
         while (last && last->next) last = last->next;
         m->tail = last;
     }
+    failed = o->failed;
+    DDP_FREE(o->host);
+    DDP_FREE(o->hdrs);
     DDP_FREE(o);
-    return DDP_OK;
+    if (s != DDP_OK) return s;
+    return failed ? ddp__fail(failed, "%s", pg->broken_msg) : DDP_OK;
 }
 
 /* ddp_destroy: finish what is in flight, then all-gather a leaving header on the headers'
