@@ -87,6 +87,11 @@ if [ ${#got[@]} -eq 4 ] && [ "${got[0]}" = first ] && [ -z "${got[1]}" ] && [ "$
 else bad compat_read_lines "${#got[@]} lines: $(printf '[%s] ' "${got[@]}")"; fi
 
 # ---- processes, with procps (ps, pgrep) and without it (Linux's /proc), as a fresh Debian has none --
+# proc_state PID: the first letter of its state (Z: a zombie), from /proc or ps
+proc_state() {
+    if [ -r "/proc/$1/stat" ]; then sed 's/.*) //' "/proc/$1/stat" | cut -c1
+    else ps -o stat= -p "$1" 2>/dev/null | tr -d ' ' | cut -c1; fi
+}
 mark="compat-proc-$$-$RANDOM"
 for way in procps no_procps; do
     if [ $way = procps ] && ! command -v pgrep >/dev/null 2>&1; then
@@ -96,13 +101,20 @@ for way in procps no_procps; do
         skp compat_processes_no_procps "this system has no /proc, and needs none: it has ps and pgrep"; continue
     fi
     [ $way = no_procps ] && COMPAT_NO_PROCPS=1
-    # a sleeper whose command line holds the mark, and a zombie: the exec'd sleep never reaps its child
+    # a sleeper whose command line holds the mark, and a zombie: the exec'd sleep never reaps its child.
+    # Waited for until it is one (at most 5 s): on a busy machine a fixed pause read the last round's
+    # pid, already reaped, before this round's shell had written its own.
     sh -c 'sleep 30; :' "$mark" &
     holder=$!
-    sh -c 'sleep 0.1 & echo $! >"$1"; exec sleep 5' sh "$TMP/zombie" &
+    rm -f "$TMP/zombie"
+    sh -c 'sleep 0.3 & echo $! >"$1"; exec sleep 8' sh "$TMP/zombie" &
     zparent=$!
-    sleep 0.5
-    zombie=$(cat "$TMP/zombie" 2>/dev/null)
+    zombie=""
+    for _ in $(seq 100); do
+        zombie=$(cat "$TMP/zombie" 2>/dev/null)
+        [ -n "$zombie" ] && [ "$(proc_state "$zombie")" = Z ] && break
+        sleep 0.05
+    done
     found=$(procs_matching "$mark" | tr '\n' ' ')
     why=()
     proc_alive $$ || why+=("proc_alive says this shell ($$) is not running")
