@@ -89,7 +89,7 @@ else bad compat_read_lines "${#got[@]} lines: $(printf '[%s] ' "${got[@]}")"; fi
 # ---- processes, with procps (ps, pgrep) and without it (Linux's /proc), as a fresh Debian has none --
 # proc_state PID: the first letter of its state (Z: a zombie), from /proc or ps
 proc_state() {
-    if [ -r "/proc/$1/stat" ]; then sed 's/.*) //' "/proc/$1/stat" | cut -c1
+    if [ -r "/proc/$1/stat" ]; then sed 's/.*) //' "/proc/$1/stat" | cut -c1  # portable: Linux; elsewhere ps
     else ps -o stat= -p "$1" 2>/dev/null | tr -d ' ' | cut -c1; fi
 }
 mark="compat-proc-$$-$RANDOM"
