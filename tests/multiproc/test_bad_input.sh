@@ -440,16 +440,21 @@ else
 fi
 
 # Two launches of ddprun on one port with one DDP_JOB_TOKEN: job B starts while job A is still in
-# rendezvous (A's rank 1 starts 3 s late). B's rank 1 must not take A's free rank 1: it is refused
-# as another launch's, and job A trains with its own rank 1 and ends with status 0. (B's rank 0
-# starts 2 s late, so that its own failure, the port in use, does not stop B's rank 1 first.)
+# rendezvous (A's rank 1 starts only once B has ended: $GO, at most 30 s). B's rank 1 must not take
+# A's free rank 1: it is refused as another launch's, and job A trains with its own rank 1 and ends
+# with status 0. (B's rank 0 waits 20 s, so that its own failure, the port in use, cannot stop B's
+# rank 1 first; ddprun stops it when rank 1 fails.) Waiting on events, not on fixed delays: under
+# make sanitize on a busy machine, a program takes seconds to start, and with A's rank 1 started
+# 3 s late job A could end before B's rank 1 reached it, which then trained as B's (status 0).
+GO=$TMP/launch_a.go
 free_port P
-run_bg launch_a 60 DDP_JOB_TOKEN=same DDP_TIMEOUT=15 -- "$DDPRUN" --master-addr 127.0.0.1 --master-port $P --nproc-per-node 2 \
-    sh -c 'if [ "$RANK" = 1 ]; then sleep 3; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
+run_bg launch_a 60 DDP_JOB_TOKEN=same DDP_TIMEOUT=40 GO="$GO" -- "$DDPRUN" --master-addr 127.0.0.1 --master-port $P --nproc-per-node 2 \
+    sh -c 'if [ "$RANK" = 1 ]; then i=0; while [ ! -e "$GO" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
 A=$BG
-wait_port "$P" 5
+wait_port "$P" 20
 run_fg second_launch_same_token 60 DDP_JOB_TOKEN=same DDP_TIMEOUT=15 -- "$DDPRUN" --master-addr 127.0.0.1 --master-port $P \
-    --nproc-per-node 2 sh -c 'if [ "$RANK" = 0 ]; then sleep 2; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
+    --nproc-per-node 2 sh -c 'if [ "$RANK" = 0 ]; then sleep 20; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
+touch "$GO"
 wait "$A"; rcA=$?
 more=()
 [ $rcA -eq 0 ] || more+=("job A ended with status $rcA, want 0: $(first_line "$TMP/launch_a.err")")
@@ -458,15 +463,18 @@ verdict second_launch_same_token second_launch_same_token \
     "rank 1\]: .*DDP_ERR_STORE_REFUSED: .*another launch" 0 30 ${more[@]+"${more[@]}"}
 
 # A process started by hand with the job's token and DDP_LAUNCH_ID set but empty (a script that
-# exports it from an unset variable) reaches a ddprun job in rendezvous (its rank 1 starts 3 s
-# late): refused as another launch's rank, not let in to take rank 1; the job trains, status 0.
+# exports it from an unset variable) reaches a ddprun job in rendezvous (its rank 1 starts once
+# that process has ended, as above): refused as another launch's rank, not let in to take rank 1;
+# the job trains, status 0.
+GO=$TMP/launch_c.go
 free_port P
-run_bg launch_c 60 DDP_JOB_TOKEN=same DDP_TIMEOUT=15 -- "$DDPRUN" --master-addr 127.0.0.1 --master-port $P --nproc-per-node 2 \
-    sh -c 'if [ "$RANK" = 1 ]; then sleep 3; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
+run_bg launch_c 60 DDP_JOB_TOKEN=same DDP_TIMEOUT=40 GO="$GO" -- "$DDPRUN" --master-addr 127.0.0.1 --master-port $P --nproc-per-node 2 \
+    sh -c 'if [ "$RANK" = 1 ]; then i=0; while [ ! -e "$GO" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; fi; exec "$0" "$@"' "$EX" "${ARGS[@]}"
 A=$BG
-wait_port "$P" 5
+wait_port "$P" 20
 run_fg empty_launch_id_refused 30 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$P DDP_JOB_TOKEN=same DDP_LAUNCH_ID= \
     DDP_TIMEOUT=15 -- "$EX" "${ARGS[@]}"
+touch "$GO"
 wait "$A"; rcA=$?
 more=()
 [ $rcA -eq 0 ] || more+=("the ddprun job ended with status $rcA, want 0: $(first_line "$TMP/launch_c.err")")
