@@ -9961,18 +9961,22 @@ DDP__PRIVATE int ddp__ring_is_leave(const unsigned char h[32]) {
     return ddp__le64(h) == (DDP__RING_MAGIC | (uint64_t)DDP__LEAVE << 32);
 }
 
-/* Our header against the left neighbour's: DDP_OK, or the desync (or the neighbour's leaving). */
-DDP__PRIVATE ddp_status ddp__ring_compare(ddp_pg* pg, ddp_work* w, const unsigned char mine[32],
-                                          const unsigned char theirs[32]) {
-    const int left = ddp__mod(pg->rank - 1, pg->world);
+/* Our header against rank `who`'s: DDP_OK, or the desync (or that rank's leaving). The ring
+   compares with its left neighbour's; the MPI backend with every rank's. */
+DDP__PRIVATE ddp_status ddp__header_compare(ddp_pg* pg, ddp_work* w, const unsigned char mine[32],
+                                            const unsigned char theirs[32], int who) {
     char a[96], b[96];
-    if (ddp__ring_is_leave(theirs)) return ddp__ring_left_job(pg, w, left, theirs);
+    if (ddp__ring_is_leave(theirs)) return ddp__ring_left_job(pg, w, who, theirs);
     if (memcmp(mine, theirs, 32) == 0) return DDP_OK;
     ddp__ring_header_text(mine, a, sizeof a);
     ddp__ring_header_text(theirs, b, sizeof b);
     return ddp__fail(DDP_ERR_DESYNC, "desync: this rank (%d) calls %s, but rank %d calls %s. Every rank must call "
                      "the same collectives in the same order with the same sizes: look for a collective inside "
-                     "an if on the rank", pg->rank, a, left, b);
+                     "an if on the rank", pg->rank, a, who, b);
+}
+DDP__PRIVATE ddp_status ddp__ring_compare(ddp_pg* pg, ddp_work* w, const unsigned char mine[32],
+                                          const unsigned char theirs[32]) {
+    return ddp__header_compare(pg, w, mine, theirs, ddp__mod(pg->rank - 1, pg->world));
 }
 
 DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
@@ -10789,18 +10793,9 @@ DDP__PRIVATE ddp_status ddp__mpi_post(ddp_pg* pg, ddp__mpi_op* o) {
 /* The headers of o are in: DDP_OK when every rank's equals this rank's; else the desync, or the
    news that a rank has left the job (its header is a leaving one), as the CPU ring words them. */
 DDP__PRIVATE ddp_status ddp__mpi_compare(ddp_pg* pg, ddp__mpi_op* o) {
-    char a[96], b[96];
     int r;
-    for (r = 0; r < pg->world; r++) {
-        const unsigned char* theirs = o->hdrs + 32 * (size_t)r;
-        if (r == pg->rank || memcmp(theirs, o->hdr, 32) == 0) continue;
-        if (ddp__ring_is_leave(theirs)) return ddp__ring_left_job(pg, o->w, r, theirs);
-        ddp__ring_header_text(o->hdr, a, sizeof a);
-        ddp__ring_header_text(theirs, b, sizeof b);
-        return ddp__fail(DDP_ERR_DESYNC, "desync: this rank (%d) calls %s, but rank %d calls %s. Every rank must call "
-                         "the same collectives in the same order with the same sizes: look for a collective inside "
-                         "an if on the rank", pg->rank, a, r, b);
-    }
+    for (r = 0; r < pg->world; r++)
+        if (r != pg->rank) DDP__TRY(ddp__header_compare(pg, o->w, o->hdr, o->hdrs + 32 * (size_t)r, r));
     return DDP_OK;
 }
 
