@@ -1405,7 +1405,8 @@ DDP_API uint64_t ddp_pg_collectives(const ddp_pg* pg);
 /* buf[0..count) = op over all ranks of their buf (sum, average or maximum). */
 DDP_API ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
                                   ddp_work** work);
-/* recv[r*count .. (r+1)*count) = rank r's send[0..count), for every r. */
+/* recv[r*count .. (r+1)*count) = rank r's send[0..count), for every r. In place: send at recv +
+   rank*count; any other overlap is refused (as for reduce-scatter, where recv may be send + rank*count). */
 DDP_API ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
                                   ddp_work** work);
 /* recv[0..count) = op over all ranks of their send[rank*count .. (rank+1)*count). */
@@ -1551,7 +1552,7 @@ DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* 
 DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w); /* >>signals */
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg); /* >>signals */
 DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out); /* >>launch */
-DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg); /* >>bind */
+DDP__PRIVATE ddp_status ddp__bind_cores(ddp_pg* pg); /* >>bind */
 DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg, int how); /* >>cpu */
 DDP__PRIVATE ddp_status ddp__cpu_run(ddp_pg* pg, ddp_work* w); /* >>cpu */
 DDP__PRIVATE void* ddp__comm_main(void* arg); /* >>cpu */
@@ -1729,7 +1730,8 @@ DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     if (s == DDP_OK) s = ddp__pick_backend(&d, pg->device, &pg->backend);
     if (s == DDP_OK && want.type != DDP_DEVICE_AUTO && pg->backend == DDP_BACKEND_NCCL) s = ddp__nccl_gpu_own(pg);
     if (s != DDP_OK) goto fail;
-    ddp__bind_cores(pg); /* now that this rank's GPU, and so its NUMA node, is known */
+    s = ddp__bind_cores(pg); /* now that this rank's GPU, and so its NUMA node, is known */
+    if (s != DDP_OK) goto fail;
 #if DDP__CUDA
     if (pg->backend == DDP_BACKEND_NCCL) pg->vt = ddp__nccl_vt();
     else
@@ -1835,10 +1837,35 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
 
 /* ---- the collectives' common entrance -------------------------------------------------------------- */
 
+/* All-gather and reduce-scatter read and write buffers of different sizes: W*count elements on one
+   side, count on the other. NCCL defines only two layouts: the buffers apart, or the small one being
+   this rank's own slot of the large one (in place: all-gather's send is recv + rank*count,
+   reduce-scatter's recv is send + rank*count). Other overlaps are undefined there; they are refused
+   on every backend, so that a program that runs on the CPU also runs on GPUs. *in_place says which
+   of the two layouts (the mpi backend hands MPI a copy then: MPI allows no aliasing). */
+DDP__PRIVATE ddp_status ddp__layout(const ddp_pg* pg, int kind, const void* buf, const void* send, size_t count,
+                                    ddp_dtype dtype, int* in_place) {
+    const uintptr_t part = (uintptr_t)(count * ddp_dtype_size(dtype)), whole = part * (uintptr_t)pg->world;
+    const uintptr_t big = (uintptr_t)(kind == DDP__ALL_GATHER ? buf : send);
+    const uintptr_t small = (uintptr_t)(kind == DDP__ALL_GATHER ? send : buf);
+    const char* name = kind == DDP__ALL_GATHER ? "send" : "recv";
+    *in_place = 0;
+    if ((kind != DDP__ALL_GATHER && kind != DDP__REDUCE_SCATTER) || count == 0) return DDP_OK;
+    *in_place = small == big + (uintptr_t)pg->rank * part;
+    if (*in_place || small + part <= big || big + whole <= small) return DDP_OK;
+    return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: send and recv overlap (%s starts %ld bytes into %s's %lu), but "
+                     "not in the in-place layout, where %s = %s + rank * count (here %lu bytes in, rank %d): NCCL "
+                     "leaves any other overlap undefined. Give %s a buffer of its own, or put it at this rank's slot",
+                     ddp__coll_name(kind), name, (long)(small - big), kind == DDP__ALL_GATHER ? "recv" : "send",
+                     (unsigned long)whole, name, kind == DDP__ALL_GATHER ? "recv" : "send",
+                     (unsigned long)((uintptr_t)pg->rank * part), pg->rank, name);
+}
+
 DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const void* send, size_t count,
                                         ddp_dtype dtype, ddp_reduce_op op, int root, int lazy, ddp_work** work) {
     ddp_work* w;
     ddp_status s;
+    int in_place;
     if (work) *work = NULL;
     if (dtype == DDP_DTYPE_DEFAULT) dtype = DDP_F32;
     if (ddp_dtype_size(dtype) == 0)
@@ -1849,6 +1876,7 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "broadcast: root %d is not a rank (0..%d)", root, pg->world - 1);
     if (count > 0 && (!buf || ((kind == DDP__ALL_GATHER || kind == DDP__REDUCE_SCATTER) && !send)))
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s: a buffer is NULL", ddp__coll_name(kind));
+    DDP__TRY(ddp__layout(pg, kind, buf, send, count, dtype, &in_place));
     pthread_mutex_lock(&pg->lock); /* the communication thread sets broken under it */
     s = pg->broken;
     if (s != DDP_OK) {
@@ -6354,8 +6382,9 @@ done:
 /*      DDP_SHM_SLOT_STREAM_BELOW  all-reduces smaller than this write their shared-memory slots  */
 /*                              past the caches, which the reading core fetches faster (512 KiB;  */
 /*                              0: never).                                                        */
-/*      DDP_BIND=core|none      ranks on one machine each keep to their own share of its cores   */
-/*                              (Linux; core, the default, when there is a core per local rank).  */
+/*      DDP_BIND=core|none      ranks on one machine each keep to their own share of its cores    */
+/*                              (Linux; core, the default, when there is a core per local rank;   */
+/*                              a set of CPUs a launcher gave one rank alone is kept whole).      */
 /*      DDP_RING_PIECE_BYTES    size of the pieces the CPU ring pipelines (1 MiB).                */
 /*                                                                                                */
 /* ############################################################################################## */
@@ -9274,6 +9303,19 @@ DDP__PRIVATE int ddp__shm_dead_neighbour(ddp_pg* pg) {
     return -1;
 }
 
+/* Rank q has left the job (its `left` says how, `made` after how many collectives): w is a
+   collective it never called. */
+DDP__PRIVATE ddp_status ddp__shm_left_job(ddp_pg* pg, ddp_work* w, int q) {
+    const ddp__shm_rank* o = ddp__shm_rank_of(pg, q);
+    unsigned char theirs[32];
+    ddp_work leave;
+    memset(&leave, 0, sizeof leave);
+    leave.kind = DDP__LEAVE, leave.count = (size_t)o->made;
+    leave.op = (ddp_reduce_op)__atomic_load_n(&o->left, __ATOMIC_ACQUIRE);
+    ddp__ring_header(&leave, theirs);
+    return ddp__ring_left_job(pg, w, q, theirs);
+}
+
 /* Wait until rank q has finished phase `target` of collective w. */
 DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32_t target, double deadline) {
     ddp__shm_rank* o = ddp__shm_rank_of(pg, q);
@@ -9307,17 +9349,15 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
            read here with acquire) and long before it exits, so one more look at the counter
            tells "it finished, then left" (no error) from "it left without this collective". */
         if (__atomic_load_n(&o->left, __ATOMIC_ACQUIRE)) {
-            unsigned char theirs[32];
-            ddp_work leave;
             if (ddp__shm_reached(o, target)) break;
-            memset(&leave, 0, sizeof leave);
-            leave.kind = DDP__LEAVE, leave.count = (size_t)o->made;
-            leave.op = (ddp_reduce_op)__atomic_load_n(&o->left, __ATOMIC_ACQUIRE);
-            ddp__ring_header(&leave, theirs);
-            return ddp__ring_left_job(pg, w, q, theirs);
+            return ddp__shm_left_job(pg, w, q);
         }
         if ((dead = ddp__shm_dead_neighbour(pg)) >= 0) {
             if (ddp__shm_reached(o, target)) break;
+            /* a neighbour that left the job properly and has since exited (the rank waited for, q,
+               may be slower to leave): said as its leaving, not as a death */
+            if (__atomic_load_n(&ddp__shm_rank_of(pg, dead)->left, __ATOMIC_ACQUIRE))
+                return ddp__shm_left_job(pg, w, dead);
             return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (end of stream): that rank "
                              "has probably died; look at its output", ddp__coll_name(w->kind),
                              (unsigned long long)w->seq, dead);
@@ -10733,7 +10773,8 @@ DDP__PRIVATE ddp_status ddp__mpi_connect(ddp_pg* pg) {
 }
 
 /* GPU buffers: wait for the kernels writing the input (an event on the producer's stream), then
-   copy it into host memory, where MPI will work. */
+   copy it into host memory, where MPI will work. Host buffers in the in-place layout of all-gather
+   or reduce-scatter are copied too: MPI's own in-place forms differ from NCCL's. */
 DDP__PRIVATE ddp_status ddp__mpi_stage_in(ddp_pg* pg, ddp__mpi_op* o, const void* src, size_t in_bytes,
                                           size_t out_bytes, int in_place) {
     ddp_event* ready = NULL;
@@ -10839,7 +10880,7 @@ DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
     const size_t in_bytes = w->count * es * (w->kind == DDP__REDUCE_SCATTER ? W : 1);
     const size_t out_bytes = w->count * es * (w->kind == DDP__ALL_GATHER ? W : 1);
     ddp__mpi_op* o;
-    int err;
+    int err, aliased;
     if (w->count > (size_t)INT_MAX)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s of %zu elements: MPI counts are int, so the mpi backend takes at "
                          "most %d elements per rank; split the buffer", ddp__coll_name(w->kind), w->count, INT_MAX);
@@ -10852,7 +10893,8 @@ DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
         DDP_FREE(o);
         return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes for the ranks' headers failed", 32 * W);
     }
-    if (pg->device.type == DDP_DEVICE_CUDA) {
+    (void)ddp__layout(pg, w->kind, w->buf, w->send, w->count, w->dtype, &aliased); /* checked on entry */
+    if (pg->device.type == DDP_DEVICE_CUDA || aliased) {
         ddp_status s = ddp__mpi_stage_in(pg, o, in_place ? w->buf : w->send, in_place ? out_bytes : in_bytes,
                                          out_bytes, in_place);
         if (s != DDP_OK) {
@@ -11065,8 +11107,16 @@ DDP__PRIVATE const ddp__backend_vt* ddp__mpi_vt(void) { return &ddp__mpi_backend
    local ranks whose GPUs sit there too. Only when every rank can have a core of its own;
    DDP_BIND=none leaves placement to the system. The raw system call needs no _GNU_SOURCE. Threads
    already running (a BLAS library's, the store's) are moved too; threads started later inherit
-   the mask. */
+   the mask.
+   A launcher may have placed the ranks already (SLURM's --cpu-bind, mpirun's --bind-to, taskset or
+   numactl in a wrapper): the ranks compare their masks through the store, and only ranks that
+   share one mask exactly split it among themselves. A mask that no other local rank has is this
+   rank's own and is kept whole (dividing it again by the number of local ranks would leave a rank
+   a fraction of the cores it was given); masks that overlap without being equal are someone
+   else's plan, kept too. */
 #define DDP__BIND_MAXCPU 1024
+#define DDP__BIND_WORDS 16 /* a mask as unsigned longs: 1024 CPUs on a 64-bit machine, 512 on 32 */
+enum { DDP__BIND_SPLIT, DDP__BIND_OWN, DDP__BIND_OVERLAP };
 typedef struct ddp__cpu_core {
     int cpu;  /* a CPU number */
     int core; /* its physical core: CPUs with the same value are hyper-threads of one core */
@@ -11110,6 +11160,42 @@ DDP__PRIVATE int ddp__bind_plan(const ddp__cpu_core* cpus, int n, const unsigned
     return m;
 }
 
+/* What local rank `lr` of `lws` does, from every local rank's mask (masks[r]): DDP__BIND_SPLIT,
+   with *index of *group the ranks that share its mask exactly; DDP__BIND_OWN when no other rank
+   has a CPU of its mask (the launcher gave it these CPUs alone); DDP__BIND_OVERLAP when another
+   rank's mask shares some CPUs without being the same. */
+DDP__PRIVATE int ddp__bind_group(const unsigned long (*masks)[DDP__BIND_WORDS], int lws, int lr, int* index, int* group) {
+    int r, w, overlap = 0;
+    *index = 0, *group = 0;
+    for (r = 0; r < lws; r++) {
+        if (!memcmp(masks[r], masks[lr], sizeof masks[r])) {
+            *index += r < lr;
+            ++*group;
+            continue;
+        }
+        for (w = 0; w < DDP__BIND_WORDS; w++) overlap |= (masks[r][w] & masks[lr][w]) != 0;
+    }
+    return overlap ? DDP__BIND_OVERLAP : *group > 1 ? DDP__BIND_SPLIT : DDP__BIND_OWN;
+}
+
+/* A mask as a CPU list with ranges ("0-3,8"), as sysfs and taskset -c write them. */
+DDP__PRIVATE void ddp__mask_text(const unsigned long* mask, char* out, size_t cap) {
+    const int bits = (int)(8 * sizeof mask[0]);
+    size_t len = 0;
+    int i, first = -1;
+    out[0] = 0;
+    for (i = 0; i <= DDP__BIND_WORDS * bits; i++) {
+        int on = i < DDP__BIND_WORDS * bits && (mask[i / bits] >> (i % bits) & 1);
+        if (on && first < 0) first = i;
+        if (!on && first >= 0) {
+            if (len + 24 < cap)
+                len += (size_t)snprintf(out + len, cap - len, first == i - 1 ? "%s%d" : "%s%d-%d", len ? "," : "",
+                                        first, i - 1);
+            first = -1;
+        }
+    }
+}
+
 #if DDP__LINUX && defined(SYS_sched_setaffinity)
 /* The CPUs near GPU `dev` (its PCI device's local_cpulist) into flags; 0 when unknown. */
 DDP__PRIVATE int ddp__gpu_near(int dev, unsigned char* flags) {
@@ -11144,21 +11230,46 @@ DDP__PRIVATE const char* ddp__bind_env(void) {
     return env;
 }
 
-DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
+DDP__PRIVATE ddp_status ddp__bind_cores(ddp_pg* pg) {
 #if DDP__LINUX && defined(SYS_sched_setaffinity)
-    unsigned long mask[16], mine[16];
+    unsigned long mask[DDP__BIND_WORDS], mine[DDP__BIND_WORDS], (*masks)[DDP__BIND_WORDS];
     const int bits = (int)(8 * sizeof mask[0]);
     ddp__cpu_core cpus[DDP__BIND_MAXCPU];
     unsigned char near[DDP__BIND_MAXCPU], other[DDP__BIND_MAXCPU];
-    int chosen[DDP__BIND_MAXCPU], n = 0, m, i, lr = pg->env.local_rank, lws = pg->env.local_world_size;
-    int index = lr, group = lws, use_near = 0;
-    char list[256] = "";
-    const char* env = ddp__bind_env();
+    int chosen[DDP__BIND_MAXCPU], n = 0, m, i, r, lr = pg->env.local_rank, lws = pg->env.local_world_size;
+    int index = 0, group = 0, use_near = 0, kind;
+    char list[256] = "", given[256], key[384], host[256] = "?";
+    const char *env = ddp__bind_env(), *plural = "";
+    ddp_status s = DDP_OK;
+    size_t got;
     DIR* dir;
-    if ((env && (!strcmp(env, "none") || !strcmp(env, "0"))) || lws < 2 || lr < 0 || lr >= lws) return;
+    if (lws < 2 || lr < 0 || lr >= lws) return DDP_OK;
     memset(mask, 0, sizeof mask);
-    if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) return;
-    for (i = 0; i < 16 * bits && i < DDP__BIND_MAXCPU; i++) {
+    if (syscall(SYS_sched_getaffinity, 0, sizeof mask, mask) < 0) memset(mask, 0xff, sizeof mask);
+    /* every local rank's mask, also where this one binds nothing (its neighbours wait for it) */
+    gethostname(host, sizeof host - 1);
+    snprintf(key, sizeof key, "ddp/cpus/%s/%d/%d", host, pg->env.node_rank, lr);
+    DDP__TRY(ddp_store_set(pg->store, key, mask, sizeof mask));
+    if (env && (!strcmp(env, "none") || !strcmp(env, "0"))) return DDP_OK;
+    masks = (unsigned long(*)[DDP__BIND_WORDS])ddp__calloc((size_t)lws * sizeof *masks);
+    if (!masks) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %d CPU masks failed", lws);
+    for (r = 0; r < lws && s == DDP_OK; r++) {
+        snprintf(key, sizeof key, "ddp/cpus/%s/%d/%d", host, pg->env.node_rank, r);
+        s = ddp_store_get(pg->store, key, masks[r], sizeof masks[r], &got);
+    }
+    kind = s == DDP_OK ? ddp__bind_group((const unsigned long(*)[DDP__BIND_WORDS])masks, lws, lr, &index, &group) : 0;
+    DDP_FREE(masks);
+    if (s != DDP_OK) return s;
+    ddp__mask_text(mask, given, sizeof given);
+    if (strchr(given, ',') || strchr(given, '-')) plural = "s";
+    if (kind != DDP__BIND_SPLIT) {
+        ddp__log(DDP_LOG_INFO, "kept CPU%s %s as given: %s; only local ranks that share one set split it",
+                 plural, given, kind == DDP__BIND_OWN
+                 ? "no other rank of this machine has them (a launcher's binding: SLURM --cpu-bind, mpirun --bind-to)"
+                 : "other ranks of this machine have some of them in a different set (taskset or numactl per rank)");
+        return DDP_OK;
+    }
+    for (i = 0; i < DDP__BIND_WORDS * bits && i < DDP__BIND_MAXCPU; i++) {
         char path[96];
         FILE* f;
         int pkg = 0, core = -1;
@@ -11176,11 +11287,12 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
         cpus[n].cpu = i;
         cpus[n++].core = core < 0 ? -1 - i : pkg * 65536 + core; /* unknown: the CPU is its own core */
     }
-    if (n < lws) return; /* fewer cores than local ranks (or mpirun bound us already): share them */
-    /* On a GPU whose neighbours are known, and when this rank can tell every local rank's GPU (each
-       sees them all), the group is the local ranks whose GPUs have the same neighbours. */
-    if (pg->device.type == DDP_DEVICE_CUDA && ddp__cuda_device_count() >= lws && ddp__gpu_near(pg->device.index, near) > 0) {
-        int r, gpus = ddp__cuda_device_count();
+    /* On a GPU whose neighbours are known, when all local ranks share the mask and this rank can
+       tell every local rank's GPU (each sees them all), the group is the local ranks whose GPUs
+       have the same neighbours. */
+    if (group == lws && pg->device.type == DDP_DEVICE_CUDA && ddp__cuda_device_count() >= lws &&
+        ddp__gpu_near(pg->device.index, near) > 0) {
+        int gpus = ddp__cuda_device_count();
         use_near = 1, index = 0, group = 0;
         for (r = 0; r < lws; r++) {
             if (r == lr || (ddp__gpu_near(r % gpus, other) > 0 && !memcmp(other, near, sizeof near))) {
@@ -11190,8 +11302,15 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
         }
     }
     m = ddp__bind_plan(cpus, n, use_near ? near : NULL, index, group, chosen);
-    if (m == 0 && use_near) m = ddp__bind_plan(cpus, n, NULL, lr, lws, chosen); /* too few cores near the GPU */
-    if (m == 0) return;
+    if (m == 0 && use_near) { /* too few cores near the GPU: a share of the whole set, which all share */
+        use_near = 0, index = lr, group = lws;
+        m = ddp__bind_plan(cpus, n, NULL, index, group, chosen);
+    }
+    if (m == 0) {
+        ddp__log(DDP_LOG_INFO, "not bound: %d local ranks share CPU%s %s, fewer cores than ranks", group,
+                 plural, given);
+        return DDP_OK;
+    }
     memset(mine, 0, sizeof mine);
     for (i = 0; i < m; i++) {
         size_t len = strlen(list);
@@ -11205,11 +11324,14 @@ DDP__PRIVATE void ddp__bind_cores(ddp_pg* pg) {
         closedir(dir);
     }
     syscall(SYS_sched_setaffinity, 0, sizeof mine, mine);
-    ddp__log(DDP_LOG_INFO, "bound to CPU%s %s%s (DDP_BIND=none leaves placement to the system)", m == 1 ? "" : "s", list,
-            use_near ? ", next to this rank's GPU" : "");
+    ddp__log(DDP_LOG_INFO, "bound to CPU%s %s%s, share %d of %d of CPU%s %s (DDP_BIND=none leaves placement to the "
+             "system)", m == 1 ? "" : "s", list, use_near ? ", next to this rank's GPU" : "", index + 1, group,
+             plural, given);
+    return DDP_OK;
 #else
     (void)pg;
     (void)ddp__bind_env();
+    return DDP_OK;
 #endif
 }
 

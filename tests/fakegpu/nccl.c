@@ -966,14 +966,31 @@ FG_EXPORT ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count,
     return fg_call(FG_BC, send, recv, count, dt, ncclSum, root, 0, comm, stream);
 }
 
+/* NCCL defines two layouts for the collectives whose buffers differ in size: apart, or in place
+   (the small buffer at this rank's slot of the large one). Real NCCL does not check; an overlap
+   off the in-place layout is undefined there (wrong data or not), so the stand-in refuses it as
+   the misuse it is instead of happening to compute the right answer. */
+static ncclResult_t fg_layout(const char* api, const void* big, const void* small, size_t count, ncclDataType_t dt,
+                              ncclComm_t c) {
+    const uintptr_t part = count * fg_esize(dt), b = (uintptr_t)big, s = (uintptr_t)small;
+    const uintptr_t whole = c && fg_comm_live(c) ? part * (uintptr_t)c->nranks : part;
+    const int rank = c && fg_comm_live(c) ? c->rank : 0;
+    if (count == 0 || s == b + (uintptr_t)rank * part || s + part <= b || b + whole <= s) return ncclSuccess;
+    return fg_fail(c, ncclInvalidUsage, "%s: the buffers overlap off the in-place layout (the %s buffer starts %ld "
+                   "bytes into the other; in place it starts at rank %d's slot, %lu bytes in): undefined in NCCL", api,
+                   api[4] == 'A' ? "send" : "recv", (long)(s - b), rank, (unsigned long)((uintptr_t)rank * part));
+}
+
 FG_EXPORT ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t dt, ncclComm_t comm,
                                      cudaStream_t stream) {
-    return fg_call(FG_AG, send, recv, count, dt, ncclSum, 0, 0, comm, stream);
+    ncclResult_t r = fg_layout("ncclAllGather", recv, send, count, dt, comm);
+    return r != ncclSuccess ? r : fg_call(FG_AG, send, recv, count, dt, ncclSum, 0, 0, comm, stream);
 }
 
 FG_EXPORT ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t dt, ncclRedOp_t op,
                                          ncclComm_t comm, cudaStream_t stream) {
-    return fg_call(FG_RS, send, recv, count, dt, op, 0, 0, comm, stream);
+    ncclResult_t r = fg_layout("ncclReduceScatter", send, recv, count, dt, comm);
+    return r != ncclSuccess ? r : fg_call(FG_RS, send, recv, count, dt, op, 0, 0, comm, stream);
 }
 
 FG_EXPORT ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm,

@@ -418,6 +418,10 @@ static int nccl_rank_main(int rank, int W) {
     cudaMemcpyAsync(h, d2, 8 * 4, cudaMemcpyDeviceToHost, s);
     cudaStreamSynchronize(s);
     for (i = 0; i < 8; i++) bad += h[i] != (float)(100 * ((rank + W - 1) % W) + i);
+    /* buffers that overlap off the in-place layout (send 4 bytes into recv; in place is rank*64):
+       undefined in NCCL, refused here */
+    if (ncclAllGather((char*)d2 + 4, d2, 16, ncclFloat32, c, s) != ncclInvalidUsage) return 21;
+    if (ncclReduceScatter(d2, (char*)d2 + 4, 16, ncclFloat32, ncclSum, c, s) != ncclInvalidUsage) return 22;
     if (ncclCommDestroy(c) != ncclSuccess) return 19;
     return bad ? 20 : 0;
 }

@@ -3,6 +3,7 @@
 # shared-memory segment (the default); DDP_TRANSPORT=tcp forces the TCP ring; a segment that cannot
 # be made falls back to TCP, or fails clearly when shared memory was asked for; the segment's name
 # is gone once the ranks have opened it, so nothing is left in /dev/shm, even after a rank is killed.
+# Last, how the ranks of one machine share its cores (DDP_BIND) under CPU masks set beforehand.
 #   bash tests/multiproc/test_transport.sh BUILD_DIR        (about 15 s)
 set -u
 BUILD=${1:-build}
@@ -175,6 +176,42 @@ else
     if [ $rc -ne 0 ] && grep -q "DDP_TRANSPORT=shm, but rank 0 cannot use shared memory: reserving" "$TMP/full2.txt"; then
         ok shm_full_fails_when_asked
     else bad shm_full_fails_when_asked "exit status $rc" "$(grep -E 'ERR|shm' "$TMP/full2.txt" | head -n 4)"; fi
+fi
+
+# ---- core binding (DDP_BIND, Linux): local ranks split only a CPU set they share; a set that a
+# launcher gave one rank alone (SLURM --cpu-bind, mpirun --bind-to) is kept whole. taskset plays the
+# launcher: around ddprun (one set for both ranks), or in a wrapper per rank (a set each).
+bind_skip= cpus=()
+if [ "${DDP_TEST_PORTABLE:-0}" = 1 ]; then bind_skip="the portable build binds nothing (macOS has no CPU masks)"
+elif ! command -v taskset >/dev/null 2>&1; then bind_skip="no taskset (util-linux) to give the ranks CPU masks"
+else
+    for part in $(taskset -pc $$ 2>/dev/null | sed 's/.*: //' | tr ',' ' '); do   # "0-3,6": the first two CPUs
+        for ((c = ${part%-*}; c <= ${part#*-} && ${#cpus[@]} < 2; c++)); do cpus+=("$c"); done
+    done
+    [ ${#cpus[@]} -lt 2 ] && bind_skip="this process may use ${#cpus[@]} CPU, and the cases need 2"
+fi
+if [ -n "$bind_skip" ]; then
+    for c in bind_own_sets_kept bind_one_shared_cpu_not_split bind_shared_set_split; do skp "$c" "$bind_skip"; done
+else
+    c0=${cpus[0]} c1=${cpus[1]}
+    DDP_DEBUG=INFO C0=$c0 C1=$c1 with_timeout 60 "$DDPRUN" --standalone --nproc-per-node 2 sh -c \
+        'if [ "$LOCAL_RANK" = 0 ]; then c=$C0; else c=$C1; fi; exec taskset -c $c "$0" "$@"' "$PERF" -b 4K -e 4K -n 1 -w 0 >"$TMP/own.txt" 2>&1
+    if checked "$TMP/own.txt" && grep -q "^\[rank 0\]: .*kept CPU $c0 as given: no other rank of this machine has them" "$TMP/own.txt" &&
+       grep -q "^\[rank 1\]: .*kept CPU $c1 as given: no other rank" "$TMP/own.txt" && ! grep -q "bound to" "$TMP/own.txt"; then
+        ok "bind_own_sets_kept (CPU $c0 and CPU $c1, one per rank)"
+    else bad bind_own_sets_kept "$(grep -E 'kept|bound|wrong|ERR' "$TMP/own.txt" | head -n 4)"; fi
+    DDP_DEBUG=INFO with_timeout 60 taskset -c "$c1" "$DDPRUN" --standalone --nproc-per-node 2 "$PERF" -b 4K -e 4K -n 1 -w 0 >"$TMP/one.txt" 2>&1
+    if checked "$TMP/one.txt" && [ "$(grep -c "not bound: 2 local ranks share CPU $c1, fewer cores than ranks" "$TMP/one.txt")" = 2 ]; then
+        ok bind_one_shared_cpu_not_split
+    else bad bind_one_shared_cpu_not_split "$(grep -E 'kept|bound|wrong|ERR' "$TMP/one.txt" | head -n 4)"; fi
+    # both CPUs shared: each rank takes one, or (two threads of one core) neither is bound
+    DDP_DEBUG=INFO with_timeout 60 taskset -c "$c0,$c1" "$DDPRUN" --standalone --nproc-per-node 2 "$PERF" -b 4K -e 4K -n 1 -w 0 >"$TMP/two.txt" 2>&1
+    got0=$(sed -n "s/^\[rank 0\]: .*bound to CPU \([0-9]*\), share 1 of 2 of CPUs .*/\1/p" "$TMP/two.txt")
+    got1=$(sed -n "s/^\[rank 1\]: .*bound to CPU \([0-9]*\), share 2 of 2 of CPUs .*/\1/p" "$TMP/two.txt")
+    if checked "$TMP/two.txt" && { { [ -n "$got0" ] && [ -n "$got1" ] && [ "$got0" != "$got1" ]; } ||
+       [ "$(grep -c "not bound: 2 local ranks share CPUs" "$TMP/two.txt")" = 2 ]; }; then
+        ok "bind_shared_set_split (ranks 0 and 1 on CPU ${got0:-none} and CPU ${got1:-none})"
+    else bad bind_shared_set_split "$(grep -E 'kept|bound|wrong|ERR' "$TMP/two.txt" | head -n 4)"; fi
 fi
 
 echo "$pass passed, $fail failed, $skip skipped"

@@ -643,6 +643,66 @@ static void bind_plan_whole_cores_near_the_gpu(void) {
            out[0]);
 }
 
+/* Masks a launcher set before ddp_init (ddp__bind_group): only local ranks that share one mask
+   exactly split it; a mask of a rank's own (SLURM --cpu-bind, mpirun --bind-to) is kept whole, and
+   so is one that overlaps another rank's without being equal. Each mask as a CPU list. */
+static void set_mask(unsigned long* m, const char* cpus) {
+    unsigned char flags[DDP__BIND_MAXCPU];
+    const int bits = (int)(8 * sizeof m[0]);
+    int i;
+    memset(m, 0, DDP__BIND_WORDS * sizeof m[0]);
+    ddp__cpulist(cpus, flags);
+    for (i = 0; i < DDP__BIND_MAXCPU && i < DDP__BIND_WORDS * bits; i++)
+        if (flags[i]) m[i / bits] |= 1ul << (i % bits);
+}
+static void bind_group_respects_the_launcher(void) {
+    unsigned long masks[4][DDP__BIND_WORDS];
+    ddp__cpu_core cpus[48];
+    char text[256];
+    int r, k, index, group, out[48], m, n;
+    /* SLURM, --cpus-per-task=12 --cpu-bind=cores on a 48-CPU node: each of the 4 ranks keeps its 12 */
+    for (r = 0; r < 4; r++) {
+        snprintf(text, sizeof text, "%d-%d", 12 * r, 12 * r + 11);
+        set_mask(masks[r], text);
+    }
+    for (r = 0; r < 4; r++) {
+        k = ddp__bind_group((const unsigned long(*)[DDP__BIND_WORDS])masks, 4, r, &index, &group);
+        CHECKF(k == DDP__BIND_OWN && group == 1, "SLURM per-task masks: rank %d got kind %d, group %d; want its own "
+               "mask kept (kind %d)", r, k, group, DDP__BIND_OWN);
+        ddp__mask_text(masks[r], text, sizeof text);
+        CHECKF(atoi(text) == 12 * r && strchr(text, '-') && atoi(strchr(text, '-') + 1) == 12 * r + 11,
+               "rank %d's mask reads \"%s\", want %d-%d", r, text, 12 * r, 12 * r + 11);
+    }
+    /* taskset -c 0-7 around a launcher of 4 ranks: all share 0-7, and rank r takes CPUs 2r, 2r+1 */
+    for (r = 0; r < 4; r++) set_mask(masks[r], "0-7");
+    for (r = 0; r < 8; r++) cpus[r].cpu = r, cpus[r].core = r;
+    for (r = 0; r < 4; r++) {
+        k = ddp__bind_group((const unsigned long(*)[DDP__BIND_WORDS])masks, 4, r, &index, &group);
+        m = ddp__bind_plan(cpus, 8, NULL, index, group, out);
+        CHECKF(k == DDP__BIND_SPLIT && index == r && group == 4 && m == 2 && out[0] == 2 * r && out[1] == 2 * r + 1,
+               "one shared mask 0-7: rank %d got kind %d, share %d of %d, %d CPUs from %d; want CPUs %d and %d", r, k,
+               index, group, m, m ? out[0] : -1, 2 * r, 2 * r + 1);
+    }
+    /* numactl per socket: ranks 0-1 on CPUs 0-63, ranks 2-3 on 64-127 (the mask's second word on a
+       64-bit machine): each pair splits its own socket */
+    set_mask(masks[0], "0-63"), set_mask(masks[1], "0-63"), set_mask(masks[2], "64-127"), set_mask(masks[3], "64-127");
+    for (r = 0; r < 4; r++) {
+        k = ddp__bind_group((const unsigned long(*)[DDP__BIND_WORDS])masks, 4, r, &index, &group);
+        CHECKF(k == DDP__BIND_SPLIT && index == r % 2 && group == 2, "a mask per socket: rank %d got kind %d, share "
+               "%d of %d; want share %d of 2", r, k, index, group, r % 2);
+    }
+    for (n = 0; n < 48; n++) cpus[n].cpu = 64 + n, cpus[n].core = n; /* the first 48 of the second socket */
+    m = ddp__bind_plan(cpus, 48, NULL, 1, 2, out);
+    CHECKF(m == 24 && out[0] == 88, "rank 3, second of the second socket: %d CPUs from %d, want 24 from 88", m, out[0]);
+    /* taskset per rank with overlapping sets: someone else's plan, kept */
+    set_mask(masks[0], "0-7"), set_mask(masks[1], "4-11");
+    k = ddp__bind_group((const unsigned long(*)[DDP__BIND_WORDS])masks, 2, 1, &index, &group);
+    CHECKF(k == DDP__BIND_OVERLAP, "masks 0-7 and 4-11: kind %d, want kept as overlapping (%d)", k, DDP__BIND_OVERLAP);
+    set_mask(masks[0], "0-3,8,10-11");
+    ddp__mask_text(masks[0], text, sizeof text);
+    CHECKF(!strcmp(text, "0-3,8,10-11"), "a mask as text: \"%s\", want \"0-3,8,10-11\"", text);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/ddp_test_env_XXXXXX");
     if (!mkdtemp(g_tmp)) {
@@ -650,6 +710,7 @@ int main(void) {
         return 1;
     }
     RUN(bind_plan_whole_cores_near_the_gpu);
+    RUN(bind_group_respects_the_launcher);
     RUN(env_default_single_process);
     RUN(env_precedence);
     RUN(env_torchrun);

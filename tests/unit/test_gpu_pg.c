@@ -30,6 +30,38 @@ static char g_why[256];
 /* Rank r's element i: small integers, exact in every dtype and in every sum here. */
 static float value(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 3) % 17) - 8); }
 
+/* An all-gather from ag_send into ag_recv (W*n), then a reduce-scatter from rs_send (W*n) into
+   rs_recv, of f32 GPU buffers, checked on the host (n*W floats of room). Returns failures. */
+static int gather_and_scatter(ddp_pg* pg, float* host, void* ag_send, void* ag_recv, void* rs_send, void* rs_recv,
+                              size_t n, const char* how) {
+    const ddp_device cpu = {DDP_DEVICE_CPU, 0}, dev = ddp_pg_device(pg);
+    const int W = ddp_world_size(pg), me = ddp_rank(pg);
+    size_t i;
+    int r;
+    for (i = 0; i < n; i++) host[i] = value(me, i);
+    ddp_copy(dev, ag_send, cpu, host, n * 4, NULL);
+    if (ddp_all_gather(pg, ag_send, ag_recv, n, DDP_F32, NULL) != DDP_OK) return 1;
+    ddp_copy(cpu, host, dev, ag_recv, n * 4 * (size_t)W, NULL);
+    for (i = 0; i < n * (size_t)W; i++)
+        if (host[i] != value((int)(i / n), i % n)) {
+            printf("    rank %d %sall_gather wrong\n", me, how);
+            return 1;
+        }
+    for (i = 0; i < n * (size_t)W; i++) host[i] = value(me, i);
+    ddp_copy(dev, rs_send, cpu, host, n * 4 * (size_t)W, NULL);
+    if (ddp_reduce_scatter(pg, rs_send, rs_recv, n, DDP_F32, DDP_SUM, NULL) != DDP_OK) return 1;
+    ddp_copy(cpu, host, dev, rs_recv, n * 4, NULL);
+    for (i = 0; i < n; i++) {
+        double want = 0;
+        for (r = 0; r < W; r++) want += value(r, (size_t)me * n + i);
+        if (host[i] != want) {
+            printf("    rank %d %sreduce_scatter wrong\n", me, how);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* One rank: every collective with GPU buffers, checked on the host. Returns failures. */
 static int gpu_rank(int rank, void* arg) {
     ddp_desc d;
@@ -99,19 +131,16 @@ static int gpu_rank(int rank, void* arg) {
         if (ddp__broadcast(pg, dbuf, n, DDP_F32, W - 1, NULL) != DDP_OK) bad++;
         ddp_copy(cpu, host, ddp_pg_device(pg), dbuf, n * 4, NULL);
         for (i = 0; i < n; i++) if (host[i] != value(W - 1, i)) { bad++; printf("    rank %d broadcast wrong\n", rank); break; }
-        for (i = 0; i < n; i++) host[i] = value(ddp_rank(pg), i);
-        ddp_copy(ddp_pg_device(pg), dbuf, cpu, host, n * 4, NULL);
-        if (ddp_all_gather(pg, dbuf, dbuf2, n, DDP_F32, NULL) != DDP_OK) bad++;
-        ddp_copy(cpu, host, ddp_pg_device(pg), dbuf2, n * 4 * (size_t)W, NULL);
-        for (i = 0; i < n * (size_t)W; i++) if (host[i] != value((int)(i / n), i % n)) { bad++; printf("    rank %d all_gather wrong\n", rank); break; }
-        for (i = 0; i < n * (size_t)W; i++) host[i] = value(ddp_rank(pg), i);
-        ddp_copy(ddp_pg_device(pg), dbuf, cpu, host, n * 4 * (size_t)W, NULL);
-        if (ddp_reduce_scatter(pg, dbuf, dbuf2, n, DDP_F32, DDP_SUM, NULL) != DDP_OK) bad++;
-        ddp_copy(cpu, host, ddp_pg_device(pg), dbuf2, n * 4, NULL);
-        for (i = 0; i < n; i++) {
-            double want = 0;
-            for (r = 0; r < W; r++) want += value(r, (size_t)ddp_rank(pg) * n + i);
-            if (host[i] != want) { bad++; printf("    rank %d reduce_scatter wrong\n", rank); break; }
+        bad += gather_and_scatter(pg, host, dbuf, dbuf2, dbuf, dbuf2, n, "");
+    }
+    /* NCCL's in-place layouts on GPU buffers (all-gather's send at this rank's slot of recv,
+       reduce-scatter's recv at this rank's slot of send), and an overlap off them refused */
+    {
+        float* mine = (float*)dbuf2 + (size_t)ddp_rank(pg) * n;
+        bad += gather_and_scatter(pg, host, mine, dbuf2, dbuf2, mine, n, "in-place ");
+        if (ddp_all_gather(pg, mine + 1, dbuf2, n, DDP_F32, NULL) != DDP_ERR_INVALID_ARGUMENT) {
+            bad++;
+            printf("    rank %d: all_gather with send one element past its slot of recv was not refused\n", rank);
         }
     }
     /* a collective polled with ddp__work_test is reported done (within a generous bound), without a wait */

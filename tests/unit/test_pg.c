@@ -129,6 +129,52 @@ static long big_collectives(ddp_pg* pg, size_t n, unsigned char* buf, unsigned c
     return bad;
 }
 
+/* NCCL's in-place layouts, right on every backend: all-gather with send at this rank's slot of
+   recv, reduce-scatter with recv at this rank's slot of send (the slots of the others are left as
+   they were by reduce-scatter only where the backend works on a copy, so they are not checked). Any
+   other overlap is refused with DDP_ERR_INVALID_ARGUMENT, naming the layout, and the group goes on. */
+static long in_place_layouts(ddp_pg* pg, unsigned char* buf, ddp_dtype t, size_t n, ddp_reduce_op op) {
+    const int W = ddp_world_size(pg), me = ddp_rank(pg);
+    const size_t es = ddp_dtype_size(t);
+    char what[96];
+    long bad = 0;
+    size_t i;
+    int r;
+    snprintf(what, sizeof what, "in-place all_gather %s n=%zu", ddp__dtype_name(t), n);
+    memset(buf, 0x7f, (size_t)W * n * es);
+    fill(buf + (size_t)me * n * es, n, me, (size_t)me * n, ++g_case, t);
+    if (ddp_all_gather(pg, buf + (size_t)me * n * es, buf, n, t, NULL) != DDP_OK) {
+        printf("    rank %d %s: %s\n", me, what, ddp_error_string());
+        return 1;
+    }
+    for (r = 0; r < W; r++)
+        for (i = 0; i < n; i++)
+            if (get(buf, (size_t)r * n + i, t) != input_value(r, (size_t)r * n + i, g_case, t)) {
+                if (bad < 3) printf("    rank %d %s: wrong element %zu of rank %d\n", me, what, i, r);
+                bad++;
+            }
+    snprintf(what, sizeof what, "in-place reduce_scatter %s %s n=%zu", ddp__dtype_name(t), ddp__op_name(op), n);
+    fill(buf, (size_t)W * n, me, 0, ++g_case, t);
+    if (ddp_reduce_scatter(pg, buf, buf + (size_t)me * n * es, n, t, op, NULL) != DDP_OK) {
+        printf("    rank %d %s: %s\n", me, what, ddp_error_string());
+        return bad + 1;
+    }
+    bad += check(buf + (size_t)me * n * es, n, W, (size_t)me * n, g_case, t, op, what, me);
+    if (n < 2) return bad;
+    /* one element off the in-place layout: refused on every rank, before anything is sent */
+    if (ddp_all_gather(pg, buf + (size_t)me * n * es + es, buf, n, t, NULL) != DDP_ERR_INVALID_ARGUMENT ||
+        !strstr(ddp_error_string(), "all_gather: send and recv overlap") || !strstr(ddp_error_string(), "in-place")) {
+        printf("    rank %d: all_gather with send one element past its slot of recv: %s\n", me, ddp_error_string());
+        bad++;
+    }
+    if (ddp_reduce_scatter(pg, buf, buf + (size_t)me * n * es + es, n, t, op, NULL) != DDP_ERR_INVALID_ARGUMENT ||
+        !strstr(ddp_error_string(), "reduce_scatter: send and recv overlap")) {
+        printf("    rank %d: reduce_scatter with recv one element past its slot of send: %s\n", me, ddp_error_string());
+        bad++;
+    }
+    return bad;
+}
+
 /* What one rank runs: every collective over every dtype, op and size. Returns the number of
    failures (0 = the rank passes). */
 static int rank_main(int rank, void* arg) {
@@ -214,6 +260,8 @@ static int rank_main(int rank, void* arg) {
             }
         }
     }
+    for (si = 2; si < 4; si++) /* in-place layouts: 7 elements and one not divisible by the world size */
+        for (ti = 0; ti < 3; ti += 2) bad += in_place_layouts(pg, buf, types[ti], sizes[si], ops[si - 2]);
     if (ddp_barrier(pg) != DDP_OK) bad++;
     /* Byte counters: all-reduce sends 2(W-1)/W of the buffer per rank (the CPU ring; MPI does not
        say what its algorithms send). */
