@@ -199,8 +199,11 @@ static uint64_t fg_host_hash(void) {
 }
 
 /* Wait until cond(arg) holds. Returns 0 when it does, -1 when this rank aborted the communicator
-   meanwhile. A peer that exited or aborted sets ncclRemoteError and the wait goes on (a stuck
-   kernel), until abort; the stand-in's own bound ends it with a message. */
+   meanwhile. A peer that exited, or aborted on another host (its connections close), sets
+   ncclRemoteError and the wait goes on (a stuck kernel), until abort; the stand-in's own bound
+   ends it with a message. A peer on this host that aborted while its process runs on is not
+   reported: NCCL's shared-memory and NVLink transports have no connection to close, and the
+   waiting kernel spins until its own rank gives up. */
 static int fg_nccl_wait(struct ncclComm* c, int (*cond)(struct ncclComm*, void*), void* arg, const char* what) {
     double start = fg_now(), next_check = start + 0.05, pause = 1e-6;
     int told = 0;
@@ -212,7 +215,8 @@ static int fg_nccl_wait(struct ncclComm* c, int (*cond)(struct ncclComm*, void*)
             next_check = fg_now() + 0.05;
             for (r = 0; r < c->nranks && !told && c->sh; r++) {
                 if (r == c->rank) continue;
-                if (LD(c->sh->r[r].state) == 3 || (c->sh->r[r].host == c->host && fg_pid_dead(LD(c->sh->r[r].pid)))) {
+                const int here = c->sh->r[r].host == c->host;
+                if ((LD(c->sh->r[r].state) == 3 && !here) || (here && fg_pid_dead(LD(c->sh->r[r].pid)))) {
                     fg_comm_error(c, ncclRemoteError, "%s: rank %d %s", what, r,
                                   LD(c->sh->r[r].state) == 3 ? "aborted the communicator" : "exited");
                     told = 1;

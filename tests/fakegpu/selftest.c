@@ -486,6 +486,56 @@ static void nccl_missing_peer_pends_until_abort(void) {
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
 }
 
+/* Rank 1 aborts its communicator and lives on; rank 0, on the same host, is inside an all-reduce
+   that rank 1 never joined. As over NCCL's shared memory or NVLink, nothing tells rank 0: its
+   collective stays pending (no asynchronous error) until it gives up and aborts too. (The
+   stand-in used to report "rank 1 aborted the communicator" within 50 ms, so the first rank to
+   time out decided what every other rank reported.) */
+static int abort_rank_main(int rank) {
+    ncclComm_t c = NULL;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclResult_t st = ncclInProgress;
+    cudaStream_t s;
+    cudaEvent_t e;
+    float* d;
+    int i;
+    cudaSetDevice(rank);
+    cfg.blocking = 0;
+    if (ncclCommInitRankConfig(&c, 2, g_id, rank, &cfg) != ncclInProgress || settle(c) != ncclSuccess) return 1;
+    if (rank == 1) {
+        if (ncclCommAbort(c) != ncclSuccess) return 2;
+        usleep(800000); /* alive, on this host, while rank 0 waits */
+        return 0;
+    }
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaMalloc((void**)&d, 64 * 4);
+    if (ncclAllReduce(d, d, 64, ncclFloat32, ncclSum, c, s) != ncclInProgress || settle(c) != ncclSuccess) return 3;
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    cudaEventRecord(e, s);
+    for (i = 0; i < 400 && (st == ncclInProgress || st == ncclSuccess); i++) { /* 400 ms */
+        if (ncclCommGetAsyncError(c, &st) != ncclSuccess) return 4;
+        usleep(1000);
+    }
+    if (st != ncclSuccess && st != ncclInProgress) return 5; /* told of the peer's abort */
+    if (cudaEventQuery(e) != cudaErrorNotReady) return 6; /* the collective must still be pending */
+    return ncclCommAbort(c) == ncclSuccess ? 0 : 7;
+}
+static void nccl_peer_abort_not_reported_on_one_host(void) {
+    pid_t pid[2];
+    int r, st;
+    setenv("FAKEGPU_DEVICES", "2", 1);
+    CHECK(ncclGetUniqueId(&g_id) == ncclSuccess);
+    fflush(stdout);
+    for (r = 0; r < 2; r++)
+        if ((pid[r] = fork()) == 0) _exit(abort_rank_main(r));
+    for (r = 0; r < 2; r++) {
+        waitpid(pid[r], &st, 0);
+        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: status %d (5: rank 0 was told of rank 1's abort)", r,
+               WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+    }
+    unsetenv("FAKEGPU_DEVICES");
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     unsetenv("FAKEGPU_DEVICES");
@@ -506,5 +556,6 @@ int main(void) {
     RUN(nccl_nonblocking_refuses_early_reuse);
     RUN(nccl_refuses_two_ranks_on_one_gpu);
     RUN(nccl_missing_peer_pends_until_abort);
+    RUN(nccl_peer_abort_not_reported_on_one_host);
     return H_EXIT();
 }
