@@ -77,7 +77,8 @@
         >>buffers   the two buffers ZeRO's layers take turns in                11
         >>store     the rendezvous store: sockets, its server, its client      2, 4
         >>signals   who has joined; the flight record of the last collectives  9
-                    (SIGUSR1); desync checks; what ddp_init waited for
+                    (SIGUSR1); desync checks; the watchdog over NCCL; what
+                    ddp_init waited for
         >>sums      element-wise sums, four floats at a time
         >>shm       the shared-memory transport between ranks of one machine   10
         >>cpu       the CPU backend: communication thread, queue, connections
@@ -163,8 +164,10 @@
         runs collectives on       its own thread      a CUDA stream       MPI's non-blocking calls
         deadline on every wait    yes                 yes (aborts)        yes (cannot cancel:
                                                                           exit after a timeout)
-        desync caught without     yes (ring header)   no                  no
-          DDP_DEBUG=DETAIL
+        desync caught without     yes (ring header)   at the deadline     no
+          DDP_DEBUG=DETAIL                            (the watchdog)
+        a dead rank named         at once (its        within a second     mpirun ends the job
+                                  socket, its pid)    (the watchdog)
 
     ERRORS
     ======
@@ -1529,6 +1532,8 @@ struct ddp_pg {
     size_t shm_slot_stream;    /* all-reduces smaller than this write their slots with streaming stores */
     void* nccl;                /* the NCCL backend's state */
     void* mpi;                 /* the MPI backend's state (>>mpi) */
+    char* live_keys;           /* the watchdog's list of every rank's sign of life, 64 bytes each */
+    int watch_off;             /* the store stopped answering the watchdog, which then looks no more */
     ddp__flight flight[DDP__FLIGHT_N]; /* the last collectives, slot seq % N; under `lock` */
 };
 
@@ -1551,6 +1556,10 @@ DDP__PRIVATE void ddp__flight_note(ddp_pg* pg, const ddp_work* w, int state); /*
 DDP__PRIVATE void ddp__flight_dump(ddp_pg* pg, ddp_log_level level, const char* why); /* >>signals */
 DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w); /* >>signals */
 DDP__PRIVATE ddp_status ddp__agree(ddp_pg* pg); /* >>signals */
+DDP__PRIVATE ddp_status ddp__watch_peers(ddp_pg* pg, const char* what, const char* told); /* >>signals */
+DDP__PRIVATE ddp_status ddp__watch_count(ddp_pg* pg, unsigned char* gone, double within_s, int* ngone); /* >>signals */
+DDP__PRIVATE ddp_status ddp__deadline_report(ddp_pg* pg, const char* what, const char* told); /* >>signals */
+#define DDP__WATCH_EVERY_S 1.0 /* a long wait asks the watchdog (>>signals) at most this often, in seconds */
 DDP__PRIVATE ddp_status ddp__env_resolve(const ddp_desc* desc, ddp_env* out); /* >>launch */
 DDP__PRIVATE ddp_status ddp__bind_cores(ddp_pg* pg); /* >>bind */
 DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg, int how); /* >>cpu */
@@ -1804,11 +1813,24 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
 #endif
         deadline = ddp__now() + pg->timeout;
         if (ddp__store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
+            double look = ddp__now() + DDP__WATCH_EVERY_S;
+            int ended = 0; /* ranks whose process has ended without leaving: nobody waits for them */
             if (pg->rank != 0) wait_store = 1;
-            while (pg->rank == 0 && left < pg->world && ddp__now() < deadline &&
-                   ddp__store_add(pg->store, "ddp/left", 0, &left) == DDP_OK)
+            while (pg->rank == 0 && left + ended < pg->world && ddp__now() < deadline &&
+                   ddp__store_add(pg->store, "ddp/left", 0, &left) == DDP_OK) {
                 ddp__sleep(0.002);
-            if (left < pg->world && pg->rank == 0)
+                if (ddp__now() >= look) {
+                    unsigned char* gone = (unsigned char*)ddp__calloc((size_t)pg->world);
+                    if (gone && ddp__watch_count(pg, gone, 2.0, &ended) != DDP_OK) ended = 0;
+                    if (gone) DDP_FREE(gone);
+                    look = ddp__now() + DDP__WATCH_EVERY_S;
+                }
+            }
+            if (left < pg->world && pg->rank == 0 && left + ended >= pg->world)
+                ddp__log(DDP_LOG_WARN, "ddp_destroy: %d of the %d ranks ended their process without reaching ddp_destroy "
+                        "(after a failure, or a program that returns from main without it): see their output", ended,
+                        pg->world);
+            else if (left < pg->world && pg->rank == 0)
                 ddp__log(DDP_LOG_WARN, "ddp_destroy: only %lld of %d ranks reached ddp_destroy within %.0f s; the others "
                         "are still inside a collective or have failed (see their output)", (long long)left, pg->world,
                         pg->timeout);
@@ -1829,6 +1851,7 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
     ddp__trace_write(); /* DDP_TRACE: this rank's file, while its rank is still known */
     ddp_free(pg->device, pg->one);
     ddp__store_destroy(pg->store);
+    if (pg->live_keys) DDP_FREE(pg->live_keys);
     pthread_mutex_destroy(&pg->lock);
     pthread_cond_destroy(&pg->cond);
     pthread_cond_destroy(&pg->done_cond);
@@ -5235,6 +5258,24 @@ DDP__PRIVATE ddp_status ddp__nccl_break(ddp_pg* pg, ddp_status s) {
     return ddp__pg_break(pg, s);
 }
 
+/* An error NCCL reported while this rank waited in `what`. A remote or system error usually means
+   a peer has ended: the watchdog (>>signals) names it when its process is gone (its store
+   connection may close a moment after NCCL noticed), else NCCL's own words stand. */
+DDP__PRIVATE ddp_status ddp__nccl_error(ddp_pg* pg, ncclResult_t st, const char* what, int line) {
+    char told[sizeof ddp__err_msg];
+    ddp_status s = ddp__fail_nccl(pg, st, what, line);
+    double until = ddp__now() + 1.0;
+    snprintf(told, sizeof told, "%s", ddp_error_string());
+    if (st == ncclInvalidUsage) return ddp__deadline_report(pg, what, told); /* which ranks call which */
+    if (st != ncclRemoteError && st != ncclSystemError) return s;
+    do {
+        ddp_status w = ddp__watch_peers(pg, what, told);
+        if (w != DDP_OK) return w;
+        ddp__sleep(0.05);
+    } while (ddp__now() < until);
+    return ddp__fail(s, "%s", told);
+}
+
 /* Poll without burning a core for long: for the first millisecond yielding the core between
    polls (where ranks outnumber cores, a pure spin keeps the threads that finish the work off it),
    then sleeping a sixteenth of the time waited so far (10 us to 1 ms), so a wait ends at most
@@ -5252,12 +5293,17 @@ DDP__PRIVATE void ddp__nccl_pause(double started) {
    ncclSuccess), or it reports an error, or the deadline passes: both break the group. */
 DDP__PRIVATE ddp_status ddp__nccl_settle(ddp_pg* pg, double deadline, const char* what) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    double start = ddp__now();
+    double start = ddp__now(), look = start + DDP__WATCH_EVERY_S;
     for (;;) {
         ncclResult_t st = ncclSuccess, r = ncclCommGetAsyncError(n->comm, &st);
         if (r != ncclSuccess) return ddp__nccl_break(pg, ddp__fail_nccl(pg, r, "ncclCommGetAsyncError", __LINE__));
         if (st == ncclSuccess) return DDP_OK;
-        if (st != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, st, what, __LINE__));
+        if (st != ncclInProgress) return ddp__nccl_break(pg, ddp__nccl_error(pg, st, what, __LINE__));
+        if (ddp__now() >= look) { /* the watchdog (>>signals): has a peer's process ended? */
+            ddp_status s = ddp__watch_peers(pg, what, NULL);
+            if (s != DDP_OK) return ddp__nccl_break(pg, s);
+            look = ddp__now() + DDP__WATCH_EVERY_S;
+        }
         if (ddp__now() >= deadline)
             return ddp__nccl_break(pg, ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the communicator "
                                                  "was aborted (a rank is missing, stuck or on another collective)",
@@ -5399,7 +5445,7 @@ DDP__PRIVATE ddp_status ddp__nccl_submit(ddp_pg* pg, ddp_work* w) {
    asynchronous error until e has happened; an error or the deadline breaks the group. */
 DDP__PRIVATE ddp_status ddp__nccl_poll(ddp_pg* pg, ddp_event* e, double deadline, const char* what) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
-    double start = ddp__now();
+    double start = ddp__now(), look = start + DDP__WATCH_EVERY_S;
     for (;;) {
         int done = 0;
         ncclResult_t st = ncclSuccess, r;
@@ -5408,11 +5454,14 @@ DDP__PRIVATE ddp_status ddp__nccl_poll(ddp_pg* pg, ddp_event* e, double deadline
         if (!n->comm) return ddp__fail(DDP_ERR_STATE, "%s: the NCCL communicator was aborted", what);
         r = ncclCommGetAsyncError(n->comm, &st);
         if (r != ncclSuccess) st = r;
-        if (st != ncclSuccess && st != ncclInProgress) return ddp__nccl_break(pg, ddp__fail_nccl(pg, st, what, __LINE__));
-        if (ddp__now() >= deadline)
-            return ddp__nccl_break(pg, ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the NCCL "
-                                                 "communicator was aborted: a rank is stuck, stopped, or calling a "
-                                                 "different collective", what, pg->timeout));
+        if (st != ncclSuccess && st != ncclInProgress) return ddp__nccl_break(pg, ddp__nccl_error(pg, st, what, __LINE__));
+        if (ddp__now() >= look) { /* the watchdog (>>signals): has a peer's process ended? */
+            ddp_status s = ddp__watch_peers(pg, what, NULL);
+            if (s != DDP_OK) return ddp__nccl_break(pg, s);
+            look = ddp__now() + DDP__WATCH_EVERY_S;
+        }
+        /* at the deadline, what does every rank wait in? (names a desync, or the silent ranks) */
+        if (ddp__now() >= deadline) return ddp__nccl_break(pg, ddp__deadline_report(pg, what, NULL));
         ddp__nccl_pause(start);
     }
 }
@@ -6357,7 +6406,7 @@ done:
 /*      >>kernels   GPU kernels compiled at run time by NVRTC; cuBLAS; the CPU matrix product     */
 /*      >>buffers   the two buffers ZeRO's gathered layers and their gradients take turns in      */
 /*      >>store     the rendezvous store: sockets, its server, its client (declared in >>pg)      */
-/*      >>signals   who has joined; the flight record; desync checks; what ddp_init waited for   */
+/*      >>signals   who has joined; the flight record; desync checks; the watchdog; ddp_init     */
 /*      >>sums      element-wise sums, four floats at a time (the ring, shm, the reducer)         */
 /*      >>shm       the shared-memory transport between the ranks of one machine                  */
 /*      >>cpu       the CPU backend: its communication thread, queue and ring connections         */
@@ -7969,6 +8018,7 @@ struct ddp_store {
     char token[128];
     pthread_mutex_t lock; /* one request at a time: the training and communication threads share it */
     ddp__server* server;  /* when this process hosts the store */
+    int gone;             /* a request failed: 1 the connection closed, 2 no reply in time; later ones fail */
 };
 
 /* One request and its reply. *reply (may be NULL) gets DDP_MALLOC'd bytes. */
@@ -7985,6 +8035,10 @@ DDP__PRIVATE ddp_status ddp__store_call_x(ddp_store* s, int op, const char* key,
                          "(DDP_STORE_MAX_KEY %d, DDP_STORE_MAX_VALUE %d)", klen, vlen, DDP_STORE_MAX_KEY,
                          DDP_STORE_MAX_VALUE);
     if (reply) *reply = NULL;
+    if (s->gone) /* a reply that came late would answer the next request: the connection is spent */
+        return ddp__fail(DDP_ERR_STORE_LOST, "the rendezvous store at %s:%d %s before this request (key \"%s\"): the "
+                         "process hosting it (rank 0) is stopped, overloaded, or has exited", s->host, s->port,
+                         s->gone == 2 ? "stopped answering" : "closed the connection", key ? key : "");
     ddp__put_le32(h, DDP__STORE_MAGIC);
     h[4] = DDP__STORE_VERSION & 0xff, h[5] = DDP__STORE_VERSION >> 8;
     h[6] = (unsigned char)op, h[7] = 0;
@@ -8004,6 +8058,7 @@ DDP__PRIVATE ddp_status ddp__store_call_x(ddp_store* s, int op, const char* key,
         if (b && (fail || !reply)) DDP_FREE(b);
         else if (b) *reply = b;
     }
+    if (fail) s->gone = fail == 1 && errno == ETIMEDOUT ? 2 : 1;
     pthread_mutex_unlock(&s->lock);
     if (fail)
         return ddp__fail(DDP_ERR_STORE_LOST, "the rendezvous store at %s:%d %s (key \"%s\"): the process "
@@ -8109,6 +8164,7 @@ DDP__PRIVATE ddp_status ddp__store_create(const ddp_store_desc* desc, ddp_store*
                connection is what the ring publishes, and 127.0.0.1 would be useless to other hosts. */
             s->fd = ddp__sock_connect(s->host, s->port,
                                       ddp__now() + 2.0 < deadline ? ddp__now() + 2.0 : deadline);
+            s->gone = 0; /* a new connection: its requests are in step */
             if (s->fd >= 0) break;
             last_err = errno;
             /* A name that does not resolve is said at once: the retries only help when the name is about
@@ -8316,7 +8372,7 @@ DDP__PRIVATE ddp_status ddp__store_barrier(ddp_store* s, const char* name, int c
 #endif /* DDP__IMPLEMENT */
 
 /* ============================================================================================== */
-/* >>signals: who has joined, the flight record, desync checks, what ddp_init waited for          */
+/* >>signals: who has joined, the flight record, desync checks, the watchdog, ddp_init's waits   */
 /* ============================================================================================== */
 #if DDP__IMPLEMENT
 /* The ranks 0..n-1 whose flag equals `want`, compactly ("0-3, 7, 9-12"), cut short with "..." when
@@ -8628,6 +8684,210 @@ DDP__PRIVATE ddp_status ddp__desync_check(ddp_pg* pg, const ddp_work* w) {
                              (unsigned long long)w->seq, pg->rank, mine, r, theirs);
     }
     return DDP_OK;
+}
+
+DDP__PRIVATE void ddp__live_key(int rank, const char* who, char* out, size_t n); /* below */
+/* ---- the watchdog: signs of life, and what each rank waits in at a deadline ----------------------- */
+/* NCCL tells a rank neither that a peer on its machine has died (its kernel waits on shared memory
+   or NVLink for data that never comes) nor that the ranks called different collectives (a count
+   that differs can hang, or finish with wrong data). So while a wait over NCCL lasts, ddp.h looks
+   for itself, as PyTorch's watchdog thread does for ProcessGroupNCCL: once a second it counts the
+   ranks' signs of life in the store (the ddp/live/ keys, which go when their process's store
+   connection closes, that is when the process ends), and names a rank that is gone; rank 0's own
+   end shows as the store's connection closing. A stopped rank keeps its sign of life: the others
+   wait until the deadline, where each publishes the collective it waits in and reads the others'
+   for a moment, so that the error names the collectives and the ranks. One small request per
+   second per waiting rank, only after the first second of a wait. */
+#define DDP__REPORT_S 2.0 /* at a deadline, how long a rank waits for the others' answers */
+
+/* Every rank's ddp/live/ key (from its claim, which ddp__agree made), into pg->live_keys. */
+DDP__PRIVATE ddp_status ddp__watch_keys(ddp_pg* pg) {
+    char key[48], holder[320];
+    int r;
+    if (pg->live_keys) return DDP_OK;
+    pg->live_keys = (char*)ddp__calloc((size_t)pg->world * 64);
+    if (!pg->live_keys) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "the watchdog's list of %d ranks", pg->world);
+    for (r = 0; r < pg->world; r++) { /* each within 2 s: a stopped rank 0 must not hold the wait */
+        unsigned char* v = NULL;
+        uint32_t n = 0;
+        int st = 0;
+        ddp_status s;
+        snprintf(key, sizeof key, "ddp/claim/%d", r);
+        s = ddp__store_call_x(pg->store, DDP__OP_GET, key, NULL, 0, 2.0, 0.0, &st, &v, &n);
+        memset(holder, 0, sizeof holder);
+        if (v) memcpy(holder, v, n < sizeof holder - 1 ? n : sizeof holder - 1), DDP_FREE(v);
+        if (s == DDP_OK && st != DDP__ST_OK) s = ddp__fail(DDP_ERR_STORE_LOST, "the claim of rank %d is not in the store", r);
+        if (s != DDP_OK) { /* the list is whole or absent */
+            DDP_FREE(pg->live_keys);
+            pg->live_keys = NULL;
+            return s;
+        }
+        ddp__live_key(r, holder, pg->live_keys + (size_t)r * 64, 64);
+    }
+    return DDP_OK;
+}
+
+/* Which ranks' signs of life are gone, as flags (1: gone) in gone[world]; DDP_OK, or the store's
+   failure (pg->store->gone says whether it closed or did not answer within `within_s`). */
+DDP__PRIVATE ddp_status ddp__watch_count(ddp_pg* pg, unsigned char* gone, double within_s, int* ngone) {
+    const char** keys = (const char**)ddp__calloc((size_t)pg->world * sizeof *keys);
+    unsigned char *list = NULL, *rep = NULL;
+    size_t len = 0;
+    uint32_t cnt = 0;
+    int r, st = 0, present = 0;
+    ddp_status s = keys ? ddp__watch_keys(pg) : DDP_ERR_OUT_OF_MEMORY;
+    *ngone = 0;
+    for (r = 0; s == DDP_OK && r < pg->world; r++) keys[r] = pg->live_keys + (size_t)r * 64;
+    if (s == DDP_OK) s = ddp__key_list(keys, pg->world, &list, &len);
+    if (s == DDP_OK) s = ddp__store_call_x(pg->store, DDP__OP_CHECK, "", list, len, within_s, 0.0, &st, &rep, &cnt);
+    if (s == DDP_OK) present = rep && cnt == 4 ? (int)ddp__le32(rep) : 0;
+    if (rep) DDP_FREE(rep);
+    if (list) DDP_FREE(list);
+    for (r = 0; s == DDP_OK && present < pg->world && r < pg->world; r++) { /* rare: find who */
+        int one = 1;
+        s = ddp__store_check(pg->store, keys + r, 1, &one);
+        gone[r] = s == DDP_OK && !one;
+        *ngone += gone[r];
+    }
+    if (keys) DDP_FREE(keys);
+    return s;
+}
+
+/* Called by a wait over NCCL (>>nccl) at most once a second, and at once when NCCL has reported
+   an error (`told`: its text, else NULL): DDP_ERR_PEER_LOST naming a rank whose process has ended
+   while this rank waited in `what`, else DDP_OK (and the wait goes on). */
+DDP__PRIVATE ddp_status ddp__watch_peers(ddp_pg* pg, const char* what, const char* told) {
+    unsigned char* gone;
+    char list[160], holder[320], key[48];
+    size_t got = 0;
+    int n = 0, first = -1, r;
+    ddp_status s;
+    if (!pg->store || pg->world < 2 || pg->watch_off) return DDP_OK;
+    if (!(gone = (unsigned char*)ddp__calloc((size_t)pg->world))) return DDP_OK;
+    s = ddp__watch_count(pg, gone, 2.0, &n);
+    if (s != DDP_OK) {
+        DDP_FREE(gone);
+        if (pg->store->gone == 1) /* the store's connection closed: rank 0, which hosts it, has ended */
+            return ddp__fail(DDP_ERR_PEER_LOST, "%s: rank 0 has ended (the store it hosts closed this rank's "
+                             "connection)%s%s. See rank 0's output for why it stopped", what,
+                             told ? "; NCCL said: " : "", told ? told : "");
+        pg->watch_off = 1; /* stopped answering: rank 0 is stopped or overloaded; the deadline decides */
+        return DDP_OK;
+    }
+    for (r = 0; r < pg->world; r++)
+        if (gone[r] && r != pg->rank && first < 0) first = r;
+    if (first < 0) {
+        DDP_FREE(gone);
+        return DDP_OK;
+    }
+    /* The first rank to notice names the first loss in the store (ddp/lost): a survivor that gives
+       up ends too, and whoever looks later should still name the cause, not the survivors. */
+    {
+        unsigned char one[8], *v = NULL;
+        uint32_t vn = 0;
+        int st = 0, mine = 0;
+        ddp__put_le64(one, 1);
+        if (ddp__store_call_x(pg->store, DDP__OP_ADD, "ddp/lost/count", one, 8, 2.0, 0.0, &st, &v, &vn) == DDP_OK &&
+            v && vn == 8 && ddp__le64(v) == 1) {
+            mine = 1;
+            snprintf(key, sizeof key, "%d", first);
+            ddp__store_call_x(pg->store, DDP__OP_SET, "ddp/lost/first", key, strlen(key), 2.0, 0.0, &st, NULL, NULL);
+        }
+        if (v) DDP_FREE(v), v = NULL;
+        if (!mine && ddp__store_call_x(pg->store, DDP__OP_GET, "ddp/lost/first", NULL, 0, 2.0, 0.0, &st, &v, &vn) ==
+                         DDP_OK && st == DDP__ST_OK && v && vn > 0 && vn < 12) {
+            char num[12];
+            memcpy(num, v, vn);
+            num[vn] = 0;
+            if (atoi(num) >= 0 && atoi(num) < pg->world && atoi(num) != pg->rank) first = atoi(num);
+        }
+        if (v) DDP_FREE(v);
+    }
+    gone[pg->rank] = 0;
+    gone[first] = 0;
+    n = ddp__rank_list(gone, pg->world, 1, list, sizeof list);
+    DDP_FREE(gone);
+    snprintf(key, sizeof key, "ddp/claim/%d", first);
+    memset(holder, 0, sizeof holder);
+    if (ddp_store_get(pg->store, key, holder, sizeof holder - 1, &got) == DDP_OK && strchr(holder, '|'))
+        *strchr(holder, '|') = 0;
+    return ddp__fail(DDP_ERR_PEER_LOST, "%s: rank %d has ended while this rank waited (%s: its connection to the "
+                     "store closed)%s%s%s%s. NCCL does not report a dead peer on one machine; see that rank's output "
+                     "for why it stopped", what, first, holder[0] ? holder : "?", n ? "; since then also rank(s) " : "",
+                     n ? list : "", told ? "; NCCL said: " : "", told ? told : "");
+}
+
+/* At the deadline of a wait in `what`: publish it, read what the other ranks wait in (for up to
+   DDP__REPORT_S), and fail with the finding: DDP_ERR_DESYNC when ranks wait in different
+   collectives, else DDP_ERR_TIMEOUT naming the ranks that did not answer (stopped, or stuck
+   outside ddp.h). Also when NCCL has said the ranks' calls do not match (`told`: its words, which
+   stand when every rank that answers waits in the same collective). */
+DDP__PRIVATE ddp_status ddp__deadline_report(ddp_pg* pg, const char* what, const char* told) {
+    char key[48], *text = NULL, quiet[160] = "", line[1024] = "";
+    unsigned char* flag = NULL;
+    int *group = NULL, r, q, g, n = 0, groups = 0, silent = 0, st = 0;
+    size_t len = 0;
+    double until = ddp__now() + (pg->timeout < DDP__REPORT_S ? pg->timeout : DDP__REPORT_S);
+    snprintf(key, sizeof key, "ddp/waits/%d", pg->rank);
+    if (pg->store && pg->world > 1 && !pg->watch_off && (text = (char*)ddp__calloc((size_t)pg->world * 128)) &&
+        (flag = (unsigned char*)ddp__calloc((size_t)pg->world)) && (group = (int*)ddp__calloc((size_t)pg->world * sizeof *group)) &&
+        ddp__store_call_x(pg->store, DDP__OP_SET, key, what, strlen(what), 1.0, 0.0, &st, NULL, NULL) == DDP_OK) {
+        for (;;) { /* until every rank has answered, or the moment is over */
+            for (r = 0, n = 0; r < pg->world; r++) {
+                int present = 0;
+                size_t got = 0;
+                const char* k = key;
+                if (text[(size_t)r * 128]) { n++; continue; }
+                snprintf(key, sizeof key, "ddp/waits/%d", r);
+                if (ddp__store_check(pg->store, &k, 1, &present) != DDP_OK) break;
+                if (present && ddp_store_get(pg->store, key, text + (size_t)r * 128, 127, &got) == DDP_OK) n++;
+            }
+            if (n == pg->world || ddp__now() >= until) break;
+            ddp__sleep(0.05);
+        }
+        for (r = 0; r < pg->world; r++) { /* ranks that answered the same share a group; -1: no answer */
+            flag[r] = text[(size_t)r * 128] == 0;
+            group[r] = -1;
+            for (q = 0; q < r && !flag[r]; q++)
+                if (group[q] >= 0 && !strcmp(text + (size_t)q * 128, text + (size_t)r * 128)) { group[r] = group[q]; break; }
+            if (!flag[r] && group[r] < 0) group[r] = groups++;
+        }
+        silent = ddp__rank_list(flag, pg->world, 1, quiet, sizeof quiet);
+        for (g = 0; g < groups; g++) { /* "ranks 0, 2: all_reduce #5 (...); rank 1: broadcast #5 (...)" */
+            char ranks[160];
+            int at = -1;
+            for (r = 0; r < pg->world; r++) {
+                flag[r] = group[r] == g;
+                if (flag[r] && at < 0) at = r;
+            }
+            n = ddp__rank_list(flag, pg->world, 1, ranks, sizeof ranks);
+            if (len + 300 < sizeof line)
+                len += (size_t)snprintf(line + len, sizeof line - len, "%srank%s %s in %.127s", g ? "; " : "",
+                                        n > 1 ? "s" : "", ranks, text + (size_t)at * 128);
+        }
+    }
+    if (text) DDP_FREE(text);
+    if (flag) DDP_FREE(flag);
+    if (group) DDP_FREE(group);
+    if (groups > 1 && told)
+        return ddp__fail(DDP_ERR_DESYNC, "the ranks wait in different collectives: %s%s%s. Every rank must call the "
+                         "same collectives in the same order with the same sizes; the NCCL communicator was aborted "
+                         "(NCCL said: %s)", line, silent ? "; no answer from rank(s) " : "", silent ? quiet : "", told);
+    if (told) return ddp__fail(DDP_ERR_NCCL, "%s", told);
+    if (groups > 1)
+        return ddp__fail(DDP_ERR_DESYNC, "the ranks wait in different collectives, so none can finish (NCCL does not "
+                         "check): %s%s%s. Every rank must call the same collectives in the same order with the same "
+                         "sizes; the NCCL communicator was aborted after %.0f s", line,
+                         silent ? "; no answer from rank(s) " : "", silent ? quiet : "", pg->timeout);
+    if (silent)
+        return ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the NCCL communicator was aborted. %s%s"
+                         "rank(s) %s did not say within %.0f s what they wait in: stopped (SIGSTOP, a debugger), stuck "
+                         "outside ddp.h (a long computation, a deadlock), or past this collective without it",
+                         what, pg->timeout, line, line[0] ? "; " : "", quiet, DDP__REPORT_S);
+    return ddp__fail(DDP_ERR_TIMEOUT, "%s did not finish within %.0f s; the NCCL communicator was aborted. %s%s",
+                     what, pg->timeout, groups ? "Every rank waits in it, so the GPUs or the links between them are "
+                     "stuck, or slower than DDP_TIMEOUT allows (NCCL_DEBUG=INFO shows its transports)"
+                     : "A rank is stuck, stopped, or calling a different collective", "");
 }
 
 /* ---- agreeing on the world (ddp_init) ------------------------------------------------------------- */

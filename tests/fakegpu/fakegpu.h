@@ -58,6 +58,7 @@ typedef struct fg_settings {
     int phys[FG_MAX_DEV]; /* visible GPU i is physical GPU phys[i] (CUDA_VISIBLE_DEVICES) */
     uint64_t seed;
     double delay_s, hold_s, wait_s, nccl_delay_s;
+    int nccl_report; /* FAKEGPU_NCCL_REPORT=1: NCCL reports what the hardware does not (nccl.c) */
 } fg_settings;
 const fg_settings* fg_cfg(void);
 

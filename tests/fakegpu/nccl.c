@@ -13,9 +13,14 @@
    ncclInProgress; a background thread puts the work on its stream after a seeded delay; until it
    has, ncclCommGetAsyncError says ncclInProgress and any other call on the communicator fails with
    ncclInvalidArgument, as NCCL's ncclCommEnsureReady does. A peer that never arrives leaves an
-   operation pending; a peer that exits or aborts makes the communicator's error ncclRemoteError,
-   and the operation stays stuck on its stream until this rank calls ncclCommAbort, as a real
-   kernel would. ncclCommDestroy waits for the communicator's work; ncclCommAbort releases it. */
+   operation pending, stuck on its stream until this rank calls ncclCommAbort, as a real kernel
+   would. As on one machine's shared memory or NVLink, nothing is reported when a peer on this
+   host exits or aborts, or when the ranks call different collectives: the operation just stays
+   pending (a peer on another host that aborts closes its connections: ncclRemoteError).
+   FAKEGPU_NCCL_REPORT=1 makes the stand-in kinder, as it was first written: a dead peer on this
+   host gives ncclRemoteError within 50 ms, mismatched collectives ncclInvalidUsage; the fault
+   tests run both ways. ncclCommDestroy waits for the communicator's work; ncclCommAbort releases
+   it. */
 #define _GNU_SOURCE
 #include "fakegpu.h"
 
@@ -199,11 +204,11 @@ static uint64_t fg_host_hash(void) {
 }
 
 /* Wait until cond(arg) holds. Returns 0 when it does, -1 when this rank aborted the communicator
-   meanwhile. A peer that exited, or aborted on another host (its connections close), sets
-   ncclRemoteError and the wait goes on (a stuck kernel), until abort; the stand-in's own bound
-   ends it with a message. A peer on this host that aborted while its process runs on is not
-   reported: NCCL's shared-memory and NVLink transports have no connection to close, and the
-   waiting kernel spins until its own rank gives up. */
+   meanwhile. A peer that aborted on another host (its connections close) sets ncclRemoteError and
+   the wait goes on (a stuck kernel), until abort; the stand-in's own bound ends it with a
+   message. A peer on this host that exited or aborted is not reported: NCCL's shared-memory and
+   NVLink transports have no connection to close, and the waiting kernel spins until its own rank
+   gives up (FAKEGPU_NCCL_REPORT=1: an exited one is reported, as a kinder stand-in would). */
 static int fg_nccl_wait(struct ncclComm* c, int (*cond)(struct ncclComm*, void*), void* arg, const char* what) {
     double start = fg_now(), next_check = start + 0.05, pause = 1e-6;
     int told = 0;
@@ -216,7 +221,8 @@ static int fg_nccl_wait(struct ncclComm* c, int (*cond)(struct ncclComm*, void*)
             for (r = 0; r < c->nranks && !told && c->sh; r++) {
                 if (r == c->rank) continue;
                 const int here = c->sh->r[r].host == c->host;
-                if ((LD(c->sh->r[r].state) == 3 && !here) || (here && fg_pid_dead(LD(c->sh->r[r].pid)))) {
+                if ((LD(c->sh->r[r].state) == 3 && !here) ||
+                    (here && fg_cfg()->nccl_report && fg_pid_dead(LD(c->sh->r[r].pid)))) {
                     fg_comm_error(c, ncclRemoteError, "%s: rank %d %s", what, r,
                                   LD(c->sh->r[r].state) == 3 ? "aborted the communicator" : "exited");
                     told = 1;
@@ -325,11 +331,14 @@ static int fg_all_consumed(struct ncclComm* c, void* arg) {
         if (LD(c->sh->r[r].consumed) < k) return 0;
     return 1;
 }
+/* Every rank has posted collective k, and none that aborted before finishing it: with a peer gone
+   from the middle of a collective, the real kernels wait for ever (its data was posted, but the
+   peer no longer moves it). */
 static int fg_all_posted(struct ncclComm* c, void* arg) {
     uint64_t k = *(uint64_t*)arg;
     int r;
     for (r = 0; r < c->nranks; r++)
-        if (LD(c->sh->r[r].posted) < k) return 0;
+        if (LD(c->sh->r[r].posted) < k || (LD(c->sh->r[r].state) == 3 && LD(c->sh->r[r].consumed) < k)) return 0;
     return 1;
 }
 static int fg_never(struct ncclComm* c, void* arg) {
@@ -380,10 +389,15 @@ static void fg_coll_run(fg_op* op) {
         const fg_desc* d = &c->sh->r[r].desc;
         if (d->kind != t->kind || d->count != t->count || d->dtype != (int32_t)t->dt ||
             (t->kind == FG_BC && d->root != t->root) || ((t->kind == FG_AR || t->kind == FG_RS) && d->op != (int32_t)t->op)) {
-            fg_comm_error(c, ncclInvalidUsage, "collective #%llu: rank %d calls %s(count %llu, type %d, op %d, root %d) "
-                          "but rank %d calls %s(count %zu, type %d, op %d, root %d): the ranks are out of step",
-                          (unsigned long long)t->k, r, fg_kind_name[d->kind], (unsigned long long)d->count, d->dtype,
-                          d->op, d->root, me, fg_kind_name[t->kind], t->count, (int)t->dt, (int)t->op, t->root);
+            if (fg_cfg()->nccl_report)
+                fg_comm_error(c, ncclInvalidUsage, "collective #%llu: rank %d calls %s(count %llu, type %d, op %d, "
+                              "root %d) but rank %d calls %s(count %zu, type %d, op %d, root %d): the ranks are out of "
+                              "step", (unsigned long long)t->k, r, fg_kind_name[d->kind], (unsigned long long)d->count,
+                              d->dtype, d->op, d->root, me, fg_kind_name[t->kind], t->count, (int)t->dt, (int)t->op,
+                              t->root);
+            else
+                fg_trace("nccl rank %d: collective #%llu does not match rank %d's: stuck, unreported", me,
+                         (unsigned long long)t->k, r);
             fg_nccl_wait(c, fg_never, NULL, what); /* stuck, as mismatched kernels would be, until abort */
             return;
         }
@@ -482,9 +496,10 @@ static void fg_p2p_run(fg_op* op) {
         if (fg_nccl_wait(c, fg_chan_full, &ch, what) < 0) return;
         got = c->sh->bytes[t->peer][me];
         if (got != n) {
-            fg_comm_error(c, ncclInvalidUsage, "rank %d receives %zu bytes from rank %d, which sent %zu", me, n, t->peer,
-                          got);
-            fg_nccl_wait(c, fg_never, NULL, what);
+            if (fg_cfg()->nccl_report)
+                fg_comm_error(c, ncclInvalidUsage, "rank %d receives %zu bytes from rank %d, which sent %zu", me, n,
+                              t->peer, got);
+            fg_nccl_wait(c, fg_never, NULL, what); /* unreported on the hardware: stuck until abort */
             return;
         }
         if (n && !(dst = fg_alias(t->recv, n))) {

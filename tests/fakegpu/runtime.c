@@ -34,6 +34,7 @@ static void fg_read_settings(void) {
     const char* vis = getenv("CUDA_VISIBLE_DEVICES");
     int machine = (int)fg_env_num("FAKEGPU_DEVICES", 1), i;
     fg_set.nccl_delay_s = fg_env_num("FAKEGPU_NCCL_DELAY_MS", 0) * 1e-3;
+    fg_set.nccl_report = (int)fg_env_num("FAKEGPU_NCCL_REPORT", 0) != 0;
     if (machine < 0 || machine > FG_MAX_DEV) fg_fatal("FAKEGPU_DEVICES=%d: 0 to %d", machine, FG_MAX_DEV);
     fg_set.ndev = 0;
     if (!vis) {

@@ -5,12 +5,14 @@
 #    ddprun --max-restarts 3: the job must finish, and its final snapshot (weights, Adam state,
 #    counters) must be byte-identical to an uninterrupted run's. SEEDS rounds (default 5).
 # 2. kill -9 a program in the middle of writing a 12 MB snapshot: what is left loads, whole.
-# 3. SIGSTOP one rank (a hung process), or rank 0 (the store's host), or kill -9 rank 0: every other
-#    rank fails within DDP_TIMEOUT with a message, ddprun exits non-zero, and no process is left.
+# 3. SIGSTOP one rank (a hung process), or rank 0 (the store's host), or kill -9 rank 0 or rank 1:
+#    every other rank fails within DDP_TIMEOUT with a message naming the cause, ddprun exits
+#    non-zero, and no process is left.
 # Each case prints "ok   name", "FAIL name" (then details) or "skip name: reason".
 # The GPU stand-in's section (tests/fakegpu/test_fakegpu.sh) runs cases 1 and 3 on fake GPUs with NCCL:
 # RESTART_EXAMPLE names the example built against the stand-in, RESTART_DEVICE=cuda, and
-# RESTART_CASES the sections to run (default: "1 2 3").
+# RESTART_CASES the sections to run (default: "1 2 3"); it runs case 3 again with
+# FAKEGPU_NCCL_REPORT=1, where the stand-in's NCCL reports a dead peer itself.
 set -u
 . "$(dirname "$0")/../compat.sh"   # now, with_timeout: macOS has no %N in date and no timeout
 BUILD=${1:-build}
@@ -18,9 +20,11 @@ SEEDS=${2:-5}
 EX=${RESTART_EXAMPLE:-"$BUILD/examples/ch06_fault_tolerance"}
 DEVICE=${RESTART_DEVICE:-cpu}
 CASES=" ${RESTART_CASES:-1 2 3} "
-# what a survivor says when rank 0 is killed: the CPU ring sees the closed socket; NCCL reports the
-# dead peer as an asynchronous error
-PEER_DIED=$([ "$DEVICE" = cpu ] && echo DDP_ERR_PEER_LOST || echo "another rank failed or died")
+# what a survivor says when a rank is killed: the CPU ring sees the closed socket; over NCCL, which
+# reports no dead peer on one machine, ddp.h's watchdog sees its sign of life gone from the store
+# (rank 0's: the store itself), and names it
+PEER_DIED=$([ "$DEVICE" = cpu ] && echo DDP_ERR_PEER_LOST || echo "DDP_ERR_PEER_LOST: .*rank 0 has ended")
+PEER1_DIED=$([ "$DEVICE" = cpu ] && echo DDP_ERR_PEER_LOST || echo "DDP_ERR_PEER_LOST: .*rank 1 has ended")
 DDPRUN="$BUILD/ddprun"
 WRITER="$BUILD/tests/snapshot_writer"
 pass=0 fail=0 skip=0
@@ -193,6 +197,7 @@ manual_fault() {  # name, signal, rank, phrase: three ranks started by hand, no 
     fi
 }
 manual_fault killed_rank0_no_launcher KILL 0 "$PEER_DIED"
+manual_fault killed_rank1_no_launcher KILL 1 "$PEER1_DIED"
 manual_fault stopped_rank2_no_launcher STOP 2 "DDP_ERR_TIMEOUT"
 fi
 unset DDP_TIMEOUT DDP_SIMULATE_NS_PER_BYTE

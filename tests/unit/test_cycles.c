@@ -13,6 +13,19 @@
 
 static int g_cycles = 20;
 #define WARMUP 3 /* cycles before the baseline: first-use allocations (thread-locals, BLAS) settle */
+/* Under AddressSanitizer freed memory waits in its quarantine (256 MiB) instead of being reused,
+   so resident memory grows without a leak (4.1 MiB over 17 cycles of 4 ranks, once, on a busy
+   machine). Under ASan the descriptors are still counted; the memory is make test's to check. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RSS_CHECKED 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RSS_CHECKED 0
+#endif
+#endif
+#ifndef RSS_CHECKED
+#define RSS_CHECKED 1
+#endif
 
 /* This process's open descriptors, or -1 where /proc/self/fd does not exist. */
 static int open_fds(void) {
@@ -74,7 +87,7 @@ static int cycles_main(int rank, void* arg) {
                fds1, g_cycles);
         return 1;
     }
-    if (g_cycles > WARMUP && rss0 > 0 && rss1 - rss0 > (4l << 20)) {
+    if (RSS_CHECKED && g_cycles > WARMUP && rss0 > 0 && rss1 - rss0 > (4l << 20)) {
         printf("    %s: rank %d: resident memory grew by %ld KiB from cycle %d to cycle %d\n", transport, rank,
                (rss1 - rss0) >> 10, WARMUP, g_cycles);
         return 1;

@@ -219,6 +219,87 @@ static void nccl_dead_peer_then_destroy(void) {
     CHECK_OK(ddp_spawn(2, dead_peer_rank, NULL));
 }
 static void nccl_several_ranks_own_ring(void) { nccl_ranks(1); }
+
+/* The fault drills over NCCL with 4 ranks. On one machine NCCL reports neither a peer that died
+   nor mismatched collectives (the stand-in, by default, neither: FAKEGPU_NCCL_REPORT=1 makes it
+   report them, and test_fakegpu.sh runs these cases both ways): ddp.h's own watchdog must.
+   drill: 0 rank 2's process ends in the middle of the job, at the default deadline (300 s): the
+   others fail with DDP_ERR_PEER_LOST naming it within 10 s; 1 rank 1 stops (SIGSTOP), deadline 3 s:
+   the others fail with DDP_ERR_TIMEOUT naming rank 1 as silent within 3 + 5 s, and rank 0 then
+   lets it go on (SIGCONT); 2 rank 1 calls a broadcast where the others all-reduce, deadline 3 s:
+   every rank fails with DDP_ERR_DESYNC naming both collectives and who calls which. */
+typedef struct drill { int kind; char pidfile[256]; } drill;
+static int drill_rank(int rank, void* arg) {
+    const drill* dr = (const drill*)arg;
+    const size_t n = 1 << 14;
+    ddp_desc d;
+    ddp_pg* pg;
+    void* buf = NULL;
+    ddp_status s = DDP_OK;
+    double t0 = 0, took, limit = dr->kind == 0 ? 10 : 8;
+    int i;
+    const char* want[3] = {"rank 2 has ended while this rank waited", "rank(s) 1 did not say", "rank 1 in broadcast #3"};
+    ddp_status want_s[3] = {DDP_ERR_PEER_LOST, DDP_ERR_TIMEOUT, DDP_ERR_DESYNC};
+    memset(&d, 0, sizeof d);
+    d.device.type = DDP_DEVICE_CUDA;
+    d.backend = DDP_BACKEND_NCCL;
+    d.timeout_s = dr->kind == 0 ? 0 : 3;
+    if (ddp_init(&d, &pg) != DDP_OK || ddp_alloc(ddp_pg_device(pg), n * 4, &buf) != DDP_OK) return 1;
+    for (i = 0; i < 3 && s == DDP_OK; i++) {
+        if (i == 2 && dr->kind == 0 && rank == 2) _exit(0); /* gone without a word, as a crashed process */
+        if (i == 2 && dr->kind == 1 && rank == 1) {
+            FILE* f = fopen(dr->pidfile, "w");
+            if (f) fprintf(f, "%ld\n", (long)getpid()), fclose(f);
+            raise(SIGSTOP);
+        }
+        t0 = ddp__now();
+        if (i == 2 && dr->kind == 2 && rank == 1) s = ddp__broadcast(pg, buf, n, DDP_F32, 0, NULL);
+        else s = ddp_all_reduce(pg, buf, n, DDP_F32, DDP_SUM, NULL);
+    }
+    took = ddp__now() - t0;
+    if (dr->kind == 1 && rank == 1) { /* went on after the others gave up: its own collective fails too */
+        ddp_destroy(pg);
+        return s == DDP_OK ? 2 : 0;
+    }
+    if (dr->kind == 1 && rank == 0) { /* let the stopped rank go on */
+        long pid = 0;
+        FILE* f = fopen(dr->pidfile, "r");
+        if (!f || fscanf(f, "%ld", &pid) != 1) pid = 0;
+        if (f) fclose(f);
+        if (pid > 0) kill((pid_t)pid, SIGCONT);
+    }
+    if (s != want_s[dr->kind] || !strstr(ddp_error_string(), want[dr->kind]) || took > limit) {
+        printf("    rank %d: want %s (\"%s\") within %.0f s; got %s after %.1f s: %s\n", rank,
+               ddp_status_name(want_s[dr->kind]), want[dr->kind], limit, ddp_status_name(s), took, ddp_error_string());
+        return 3;
+    }
+    if (rank == 0) printf("    rank 0: %s after %.1f s: %.200s\n", ddp_status_name(s), took, ddp_error_string());
+    ddp_free(ddp_pg_device(pg), buf);
+    ddp_destroy(pg);
+    return 0;
+}
+static void nccl_drill(int kind) {
+    drill dr;
+    int report;
+    NEED_GPU();
+    if (g_gpus < 4) SKIP("the drill runs 4 ranks on NCCL, one GPU each, and this machine has %d", g_gpus);
+    memset(&dr, 0, sizeof dr);
+    dr.kind = kind;
+    snprintf(dr.pidfile, sizeof dr.pidfile, "%s/ddp_drill_%ld.pid", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
+    unsetenv("DDP_TIMEOUT");
+    for (report = 0; report <= (getenv("FAKEGPU_DEVICES") ? 1 : 0); report++) { /* the stand-in: both ways */
+        if (report) setenv("FAKEGPU_NCCL_REPORT", "1", 1);
+        else unsetenv("FAKEGPU_NCCL_REPORT");
+        CHECKF(ddp_spawn(4, drill_rank, &dr) == DDP_OK, "%s: %s",
+               report ? "with FAKEGPU_NCCL_REPORT=1 (NCCL reports the fault too)" : "NCCL reports nothing",
+               ddp_error_string());
+    }
+    unsetenv("FAKEGPU_NCCL_REPORT");
+    remove(dr.pidfile);
+}
+static void nccl_ended_peer_named(void) { nccl_drill(0); }
+static void nccl_stopped_peer_named_at_deadline(void) { nccl_drill(1); }
+static void nccl_mismatch_named_at_deadline(void) { nccl_drill(2); }
 static void cpu_backend_gpu_buffers_3_ranks(void) {
     ddp_backend b = DDP_BACKEND_CPU;
     NEED_GPU();
@@ -350,6 +431,9 @@ int main(void) {
     RUN(nccl_several_ranks_library);
     RUN(nccl_several_ranks_own_ring);
     RUN(nccl_dead_peer_then_destroy);
+    RUN(nccl_ended_peer_named);
+    RUN(nccl_stopped_peer_named_at_deadline);
+    RUN(nccl_mismatch_named_at_deadline);
     RUN(cpu_backend_gpu_buffers_3_ranks);
     RUN(equivalence_on_gpu_buffers);
     return H_EXIT();
