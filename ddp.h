@@ -1379,9 +1379,11 @@ typedef struct ddp_work ddp_work; /* a collective in flight */
 DDP_API ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out);
 /* Leave the job and free everything (collective: rank 0, which hosts the store, waits up to the
    timeout for every rank to call it, and the others wait for rank 0 to close the store, so that
-   a ddp_init right after it, on the same address, starts the next job). On the CPU backend a
-   neighbour still inside a collective this rank never called is told at once (DDP_ERR_DESYNC:
-   "rank R has left the job"). NULL is ignored. */
+   a ddp_init right after it, on the same address, starts the next job). Returns within the
+   timeout: a rank whose process has ended is not waited for, and NCCL's teardown, which waits for
+   the machine's other ranks, is aborted at the deadline. On the CPU backend a neighbour still
+   inside a collective this rank never called is told at once (DDP_ERR_DESYNC: "rank R has left
+   the job"). NULL is ignored. */
 DDP_API void ddp_destroy(ddp_pg* pg);
 /* This process's rank, the world size, the backend in use, and the device collective buffers
    live on. */
@@ -1533,6 +1535,7 @@ struct ddp_pg {
     void* nccl;                /* the NCCL backend's state */
     void* mpi;                 /* the MPI backend's state (>>mpi) */
     char* live_keys;           /* the watchdog's list of every rank's sign of life, 64 bytes each */
+    double leave_by;           /* ddp_destroy's deadline, which the backend's teardown keeps too */
     int watch_off;             /* the store stopped answering the watchdog, which then looks no more */
     ddp__flight flight[DDP__FLIGHT_N]; /* the last collectives, slot seq % N; under `lock` */
 };
@@ -1811,7 +1814,7 @@ DDP__DEF void ddp_destroy(ddp_pg* pg) {
 #if DDP__MPI
         if (pg->vt == ddp__mpi_vt()) ddp__mpi_leave(pg);
 #endif
-        deadline = ddp__now() + pg->timeout;
+        deadline = pg->leave_by = ddp__now() + pg->timeout;
         if (ddp__store_add(pg->store, "ddp/left", 1, &left) == DDP_OK) {
             double look = ddp__now() + DDP__WATCH_EVERY_S;
             int ended = 0; /* ranks whose process has ended without leaving: nobody waits for them */
@@ -5509,21 +5512,28 @@ DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
     int i;
     if (!n) return;
     if (n->comm) {
-        /* A healthy communicator is destroyed once its work has drained (within the deadline);
-           one with an error, or whose work never ends, is aborted: ncclCommDestroy would wait for
-           a collective that cannot finish. */
+        /* A healthy communicator is finalized once its work has drained; one with an error, or
+           whose work never ends, is aborted (NCCL's one call that never waits for a peer). NCCL's
+           teardown is a collective over this machine's ranks: ncclCommDestroy alone would wait,
+           with no deadline, for a neighbour that is stopped. So: ncclCommFinalize, polled against
+           ddp_destroy's deadline with the watchdog looking, then ncclCommDestroy, which only frees;
+           or, past the deadline, the abort (as PyTorch's shutdown does). */
         ddp_event* end = NULL;
+        double deadline = pg->leave_by > 0 ? pg->leave_by : ddp__now() + pg->timeout;
         ddp_status s = pg->broken ? pg->broken : ddp__event_create(pg->device, &end);
         if (s == DDP_OK) s = ddp__event_record(end, n->stream);
-        if (s == DDP_OK) s = ddp__nccl_poll(pg, end, ddp__now() + pg->timeout, "the collectives still queued at ddp_destroy");
+        if (s == DDP_OK) s = ddp__nccl_poll(pg, end, deadline, "the collectives still queued at ddp_destroy");
         ddp__event_destroy(end);
         if (s == DDP_OK && n->comm) {
-            ncclResult_t st = ncclSuccess;
-            if (ncclCommGetAsyncError(n->comm, &st) == ncclSuccess && st == ncclSuccess) ncclCommDestroy(n->comm);
-            else ncclCommAbort(n->comm);
-        } else if (n->comm) {
-            ncclCommAbort(n->comm);
+            ncclResult_t r = ncclCommFinalize(n->comm);
+            if (r == ncclInProgress) s = ddp__nccl_settle(pg, deadline, "ncclCommFinalize (ddp_destroy)");
+            else if (r != ncclSuccess) s = ddp__fail_nccl(pg, r, "ncclCommFinalize", __LINE__);
+            if (s != DDP_OK)
+                ddp__log(DDP_LOG_WARN, "ddp_destroy: the NCCL communicator was aborted, not finalized: %s",
+                         ddp_error_string());
         }
+        if (s == DDP_OK && n->comm) ncclCommDestroy(n->comm);
+        else if (n->comm) ncclCommAbort(n->comm);
         n->comm = NULL;
     }
     ddp__stream_destroy(n->stream);
@@ -8495,6 +8505,23 @@ DDP__PRIVATE void ddp__exit_leave(void) {
         if (ddp__store_call_x(pg->store, DDP__OP_ADD, keys[i], one, 8, 0.5, 0.0, &st, &v, &n) != DDP_OK) return;
         if (v) DDP_FREE(v), v = NULL;
     }
+#if DDP__CUDA
+    /* Over NCCL the others learn who has ended from the store (the watchdog), which rank 0 hosts:
+       after a loss (ddp/lost), on its way out it keeps the store, for 2 s at most, while they are
+       still connected, or a rank that looks after rank 0 has ended would name rank 0, not the
+       first loss. */
+    if (pg->rank == 0 && pg->store->server && pg->vt == ddp__nccl_vt() && pg->world > 1) {
+        unsigned char* gone = (unsigned char*)ddp__calloc((size_t)pg->world);
+        const char* lost[1] = {"ddp/lost/first"};
+        double until = ddp__now() + 2.0;
+        int ended = 0, loss = 0;
+        if (ddp__store_check(pg->store, lost, 1, &loss) != DDP_OK) loss = 0;
+        while (loss && gone && ddp__now() < until && ddp__watch_count(pg, gone, 0.5, &ended) == DDP_OK &&
+               ended < pg->world - 1)
+            ddp__sleep(0.05);
+        if (gone) DDP_FREE(gone);
+    }
+#endif
 }
 static pthread_once_t ddp__exit_once = PTHREAD_ONCE_INIT;
 static void ddp__exit_setup(void) { atexit(ddp__exit_leave); }

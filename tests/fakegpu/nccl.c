@@ -19,8 +19,9 @@
    pending (a peer on another host that aborts closes its connections: ncclRemoteError).
    FAKEGPU_NCCL_REPORT=1 makes the stand-in kinder, as it was first written: a dead peer on this
    host gives ncclRemoteError within 50 ms, mismatched collectives ncclInvalidUsage; the fault
-   tests run both ways. ncclCommDestroy waits for the communicator's work; ncclCommAbort releases
-   it. */
+   tests run both ways. ncclCommDestroy waits for the communicator's work, then for this host's
+   other ranks to tear down theirs too (ncclCommFinalize does both without blocking, and destroy
+   then only frees); ncclCommAbort is local and releases everything. */
 #define _GNU_SOURCE
 #include "fakegpu.h"
 
@@ -49,7 +50,7 @@ typedef struct {
     uint64_t count;
 } fg_desc;
 typedef struct {
-    int32_t pid, dev, state; /* state: 1 joined, 3 aborted, 4 destroyed */
+    int32_t pid, dev, state; /* state: 1 joined, 3 aborted, 4 destroyed, 5 finalizing or finalized */
     int32_t pad;
     uint64_t host;
     uint64_t posted, consumed; /* collectives published, and finished reading */
@@ -98,6 +99,7 @@ struct ncclComm {
     ncclResult_t error; /* the first asynchronous error */
     int pending;        /* non-blocking operations not yet on their streams */
     int aborted, closing, refs;
+    int finalized;      /* ncclCommFinalize: 1 in progress, 2 done (ncclCommDestroy then only frees) */
     int polled;         /* ncclCommGetAsyncError was asked since the last job went out */
     uint64_t coll;      /* collectives put on streams so far */
     uint64_t rng;
@@ -1057,26 +1059,94 @@ FG_EXPORT ncclResult_t ncclCommAbort(ncclComm_t c) {
     return ncclSuccess;
 }
 
-FG_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t c) {
-    double deadline;
-    fg_check_group("ncclCommDestroy");
-    if (!c || !fg_comm_live(c)) return fg_fail(NULL, ncclInvalidArgument, "ncclCommDestroy: not a live communicator");
-    /* destroy finishes the communicator's work first: operations still to be enqueued, then the
-       ones on streams; a stuck one (a dead peer, a mismatch) never finishes: call ncclCommAbort */
-    deadline = fg_now() + fg_cfg()->wait_s;
+/* ---- teardown: a collective over this host's ranks ---- */
+
+/* Every other rank of this host has finalized or destroyed its communicator. */
+static int fg_host_left(struct ncclComm* c, void* arg) {
+    int r, st;
+    (void)arg;
+    for (r = 0; r < c->nranks; r++) {
+        if (r == c->rank || c->sh->r[r].host != c->host) continue;
+        st = LD(c->sh->r[r].state);
+        if (st != 4 && st != 5) return 0;
+    }
+    return 1;
+}
+
+/* Teardown's work, as NCCL does it: the communicator's operations finish (those still to be
+   enqueued, then the ones on streams; a stuck one, with a dead peer or a mismatch, never does:
+   call ncclCommAbort), then this host's ranks meet (its proxy threads and shared buffers are
+   theirs together), so a rank whose neighbour is stopped waits. `mine`: the pending operations and
+   references the caller holds itself. Returns 0, or -1 when the communicator was aborted. */
+static int fg_teardown(struct ncclComm* c, int mine, const char* what) {
+    double deadline = fg_now() + fg_cfg()->wait_s;
     pthread_mutex_lock(&c->m);
-    while (c->pending > 0 || c->refs > 1 + (c->bg_started && !c->closing)) {
+    while (c->pending > mine || c->refs > 1 + mine + (c->bg_started && !c->closing)) {
+        if (LD(c->aborted)) break;
         if (fg_now() > deadline) {
             pthread_mutex_unlock(&c->m);
-            fg_fatal("ncclCommDestroy (rank %d) waited %.0f s (FAKEGPU_WAIT_S) for the communicator's operations%s: "
-                     "a communicator with an error must be aborted (ncclCommAbort), not destroyed", c->rank,
-                     fg_cfg()->wait_s, c->error != ncclSuccess ? ", which have failed" : "");
+            fg_fatal("%s (rank %d) waited %.0f s (FAKEGPU_WAIT_S) for the communicator's operations%s: a communicator "
+                     "with an error must be aborted (ncclCommAbort), not destroyed", what, c->rank, fg_cfg()->wait_s,
+                     c->error != ncclSuccess ? ", which have failed" : "");
         }
         pthread_mutex_unlock(&c->m);
         fg_sleep(1e-3);
         pthread_mutex_lock(&c->m);
     }
     pthread_mutex_unlock(&c->m);
+    if (LD(c->aborted)) return -1;
+    if (!c->sh || !c->joined) return 0;
+    ST(c->sh->r[c->rank].state, 5);
+    return fg_nccl_wait(c, fg_host_left, NULL, what);
+}
+
+static void* fg_finalize_main(void* arg) {
+    struct ncclComm* c = (struct ncclComm*)arg;
+    int r = fg_teardown(c, 1, "ncclCommFinalize (waiting for this host's other ranks to finalize or destroy)");
+    pthread_mutex_lock(&c->m);
+    c->finalized = r == 0 ? 2 : 0;
+    c->pending--;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->m);
+    fg_comm_unref(c);
+    return NULL;
+}
+
+/* Non-blocking: in progress until this host's ranks have all finalized (or destroyed); then
+   ncclCommDestroy only frees. Blocking: returns then. */
+FG_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t c) {
+    pthread_t t;
+    ncclResult_t r;
+    fg_check_group("ncclCommFinalize");
+    if ((r = fg_ensure_ready(c, "ncclCommFinalize")) != ncclSuccess) return r;
+    fg_trace("nccl rank %d finalize", c->rank);
+    if (c->blocking) {
+        c->finalized = fg_teardown(c, 0, "ncclCommFinalize (waiting for this host's other ranks)") == 0 ? 2 : 0;
+        return ncclSuccess;
+    }
+    pthread_mutex_lock(&c->m);
+    c->finalized = 1;
+    c->pending++;
+    c->refs++;
+    pthread_mutex_unlock(&c->m);
+    if (pthread_create(&t, NULL, fg_finalize_main, c) != 0) fg_fatal("NCCL stand-in: pthread_create failed");
+    pthread_detach(t);
+    return ncclInProgress;
+}
+
+FG_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t c) {
+    fg_check_group("ncclCommDestroy");
+    if (!c || !fg_comm_live(c)) return fg_fail(NULL, ncclInvalidArgument, "ncclCommDestroy: not a live communicator");
+    pthread_mutex_lock(&c->m);
+    if (c->finalized == 1) { /* a finalize still in progress */
+        pthread_mutex_unlock(&c->m);
+        return fg_fail(c, ncclInvalidArgument, "ncclCommDestroy: Attempt to use communicator before the previous "
+                       "operation returned ncclSuccess");
+    }
+    pthread_mutex_unlock(&c->m);
+    /* without a finalize first, destroy does its work, blocking, however long this host's other
+       ranks take to come */
+    if (c->finalized != 2) fg_teardown(c, 0, "ncclCommDestroy (waiting for this host's other ranks to destroy theirs)");
     fg_comm_close(c, 0);
     return ncclSuccess;
 }

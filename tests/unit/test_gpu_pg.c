@@ -227,7 +227,9 @@ static void nccl_several_ranks_own_ring(void) { nccl_ranks(1); }
    others fail with DDP_ERR_PEER_LOST naming it within 10 s; 1 rank 1 stops (SIGSTOP), deadline 3 s:
    the others fail with DDP_ERR_TIMEOUT naming rank 1 as silent within 3 + 5 s, and rank 0 then
    lets it go on (SIGCONT); 2 rank 1 calls a broadcast where the others all-reduce, deadline 3 s:
-   every rank fails with DDP_ERR_DESYNC naming both collectives and who calls which. */
+   every rank fails with DDP_ERR_DESYNC naming both collectives and who calls which; 3 rank 2 stops
+   before ddp_destroy, deadline 3 s: the others' ddp_destroy (NCCL's teardown waits for the node's
+   ranks) returns within 3 + 2 s. */
 typedef struct drill { int kind; char pidfile[256]; } drill;
 static int drill_rank(int rank, void* arg) {
     const drill* dr = (const drill*)arg;
@@ -257,6 +259,36 @@ static int drill_rank(int rank, void* arg) {
         else s = ddp_all_reduce(pg, buf, n, DDP_F32, DDP_SUM, NULL);
     }
     took = ddp__now() - t0;
+    if (dr->kind == 3) { /* all collectives done; rank 2 stops before leaving */
+        if (s != DDP_OK) {
+            printf("    rank %d: a collective failed before the drill: %s\n", rank, ddp_error_string());
+            return 4;
+        }
+        ddp_free(ddp_pg_device(pg), buf);
+        if (rank == 2) {
+            FILE* f = fopen(dr->pidfile, "w");
+            if (f) fprintf(f, "%ld\n", (long)getpid()), fclose(f);
+            raise(SIGSTOP);
+        }
+        while (rank != 2 && access(dr->pidfile, F_OK) != 0) ddp__sleep(0.01);
+        ddp__sleep(0.2); /* (rank 2 is stopped by now) */
+        t0 = ddp__now();
+        ddp_destroy(pg);
+        took = ddp__now() - t0;
+        if (rank == 0) {
+            long pid = 0;
+            FILE* f = fopen(dr->pidfile, "r");
+            if (!f || fscanf(f, "%ld", &pid) != 1) pid = 0;
+            if (f) fclose(f);
+            if (pid > 0) kill((pid_t)pid, SIGCONT);
+        }
+        if (rank != 2 && took > 5) {
+            printf("    rank %d: ddp_destroy with a stopped neighbour took %.1f s (deadline 3 s)\n", rank, took);
+            return 5;
+        }
+        if (rank == 0) printf("    rank 0: ddp_destroy returned after %.1f s with rank 2 stopped\n", took);
+        return 0;
+    }
     if (dr->kind == 1 && rank == 1) { /* went on after the others gave up: its own collective fails too */
         ddp_destroy(pg);
         return s == DDP_OK ? 2 : 0;
@@ -290,6 +322,7 @@ static void nccl_drill(int kind) {
     for (report = 0; report <= (getenv("FAKEGPU_DEVICES") ? 1 : 0); report++) { /* the stand-in: both ways */
         if (report) setenv("FAKEGPU_NCCL_REPORT", "1", 1);
         else unsetenv("FAKEGPU_NCCL_REPORT");
+        remove(dr.pidfile);
         CHECKF(ddp_spawn(4, drill_rank, &dr) == DDP_OK, "%s: %s",
                report ? "with FAKEGPU_NCCL_REPORT=1 (NCCL reports the fault too)" : "NCCL reports nothing",
                ddp_error_string());
@@ -300,6 +333,7 @@ static void nccl_drill(int kind) {
 static void nccl_ended_peer_named(void) { nccl_drill(0); }
 static void nccl_stopped_peer_named_at_deadline(void) { nccl_drill(1); }
 static void nccl_mismatch_named_at_deadline(void) { nccl_drill(2); }
+static void nccl_destroy_with_stopped_neighbour(void) { nccl_drill(3); }
 static void cpu_backend_gpu_buffers_3_ranks(void) {
     ddp_backend b = DDP_BACKEND_CPU;
     NEED_GPU();
@@ -434,6 +468,7 @@ int main(void) {
     RUN(nccl_ended_peer_named);
     RUN(nccl_stopped_peer_named_at_deadline);
     RUN(nccl_mismatch_named_at_deadline);
+    RUN(nccl_destroy_with_stopped_neighbour);
     RUN(cpu_backend_gpu_buffers_3_ranks);
     RUN(equivalence_on_gpu_buffers);
     return H_EXIT();
