@@ -399,7 +399,8 @@ bench-gpu: $(BUILD)/ddprun $(BUILD)/examples/ch08_large_mlp $(BUILD)/bench/large
 # only fail on the GPU itself.
 GPU_CHECK_PROGS := $(BUILD)/tests/test_gpu $(BUILD)/tests/test_gpu_pg $(BUILD)/tests/test_ddp $(BUILD)/tests/test_own_model \
                    $(BUILD)/tests/test_gpt $(BUILD)/examples/ch12_gpt \
-                   $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch08_large_mlp \
+                   $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch06_fault_tolerance \
+                   $(BUILD)/examples/ch08_large_mlp \
                    $(BUILD)/bench/large_mlp_launched $(BUILD)/ddprun
 .PHONY: gpu-check gpu-check-build gpu-check-standin
 gpu-check-build: $(GPU_CHECK_PROGS)

@@ -988,6 +988,9 @@ struct ddp_event {
 DDP__PRIVATE int ddp__cuda_device_count(void); /* >>cuda */
 DDP__PRIVATE int ddp__cuda_driver_too_old(void); /* >>cuda */
 DDP__PRIVATE const char* ddp__cuda_unavailable_reason(void); /* >>cuda */
+#if DDP__CUDA
+DDP__PRIVATE void ddp__nccl_quiet(int device, const char* why); /* >>nccl (device -1: every GPU) */
+#endif
 
 DDP__PRIVATE ddp_device ddp__cpu(void) {
     ddp_device d;
@@ -1108,6 +1111,7 @@ DDP__DEF void ddp_free(ddp_device d, void* p) {
     if (!p) return;
 #if DDP__CUDA
     if (d.type == DDP_DEVICE_CUDA) {
+        ddp__nccl_quiet(d.index, "ddp_free (cudaFree waits for the collectives in flight)");
         cudaSetDevice(d.index);
         cudaFree(p);
         return;
@@ -1135,6 +1139,7 @@ DDP__DEF void ddp_free_pinned(void* p) {
     if (!p) return;
 #if DDP__CUDA
     if (ddp__cuda_device_count() > 0) {
+        ddp__nccl_quiet(-1, "ddp_free_pinned (cudaFreeHost waits for the collectives in flight)");
         cudaFreeHost(p);
         return;
     }
@@ -1184,6 +1189,8 @@ DDP__DEF ddp_status ddp_copy(ddp_device dst_dev, void* dst, ddp_device src_dev, 
     }
     /* "now": after everything queued on the GPU (the model's own stream included: the legacy
        stream that cudaMemcpy uses does not wait for the library's non-blocking streams) */
+    ddp__nccl_quiet(dst_dev.type == DDP_DEVICE_CUDA ? dst_dev.index : src_dev.index,
+                    "ddp_copy (it waits for the collectives in flight)");
     DDP__TRY(ddp__device_activate(dst_dev.type == DDP_DEVICE_CUDA ? dst_dev : src_dev));
     DDP__CU(cudaDeviceSynchronize());
     return ddp__copy_now(dst_dev, dst, src_dev, src, nbytes);
@@ -1208,6 +1215,7 @@ DDP__PRIVATE ddp_status ddp__zero(ddp_device d, void* p, size_t nbytes, ddp_stre
         return DDP_OK;
     }
     /* now, as ddp_copy: after the queued work, and done when it returns */
+    ddp__nccl_quiet(d.index, "zeroing a GPU buffer (it waits for the collectives in flight)");
     DDP__CU(cudaDeviceSynchronize());
     DDP__CU(cudaMemset(p, 0, nbytes));
     DDP__CU(cudaStreamSynchronize(cudaStreamLegacy));
@@ -5238,7 +5246,13 @@ typedef struct ddp__nccl {
     int own_ring;
     void* scratch;          /* one received segment, for the hand-written ring */
     size_t scratch_bytes;
+    ddp_event* quiet;       /* the end of everything queued, for ddp__nccl_quiet */
 } ddp__nccl;
+
+/* The NCCL groups of this process (one, as a rule), for ddp__nccl_quiet. */
+#define DDP__NCCL_LIVE 8
+static ddp_pg* ddp__nccl_live[DDP__NCCL_LIVE];
+static pthread_mutex_t ddp__nccl_live_lock = PTHREAD_MUTEX_INITIALIZER;
 
 DDP__PRIVATE ddp_status ddp__fail_nccl(ddp_pg* pg, ncclResult_t r, const char* call, int line) {
     ddp__nccl* n = pg ? (ddp__nccl*)pg->nccl : NULL;
@@ -5356,7 +5370,16 @@ DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
     }
     DDP__TRY(ddp__nccl_settle(pg, ddp__now() + pg->timeout, "ncclCommInitRankConfig"));
     DDP__TRY(ddp__stream_create(pg->device, &n->stream));
-    return ddp__event_create(pg->device, &n->produced);
+    DDP__TRY(ddp__event_create(pg->device, &n->quiet));
+    DDP__TRY(ddp__event_create(pg->device, &n->produced));
+    {
+        int i;
+        pthread_mutex_lock(&ddp__nccl_live_lock);
+        for (i = 0; i < DDP__NCCL_LIVE && ddp__nccl_live[i]; i++) {}
+        if (i < DDP__NCCL_LIVE) ddp__nccl_live[i] = pg;
+        pthread_mutex_unlock(&ddp__nccl_live_lock);
+    }
+    return DDP_OK;
 }
 
 DDP__PRIVATE ncclDataType_t ddp__nccl_type(ddp_dtype t) {
@@ -5453,6 +5476,8 @@ DDP__PRIVATE ddp_status ddp__nccl_poll(ddp_pg* pg, ddp_event* e, double deadline
         int done = 0;
         ncclResult_t st = ncclSuccess, r;
         DDP__TRY(ddp__event_query(e, &done));
+        /* an abort ends the kernels too: after a break (ddp__nccl_quiet's, say), done says nothing */
+        if (pg->broken) return ddp__fail(pg->broken, "%s", pg->broken_msg);
         if (done) return DDP_OK;
         if (!n->comm) return ddp__fail(DDP_ERR_STATE, "%s: the NCCL communicator was aborted", what);
         r = ncclCommGetAsyncError(n->comm, &st);
@@ -5466,6 +5491,27 @@ DDP__PRIVATE ddp_status ddp__nccl_poll(ddp_pg* pg, ddp_event* e, double deadline
         /* at the deadline, what does every rank wait in? (names a desync, or the silent ranks) */
         if (ddp__now() >= deadline) return ddp__nccl_break(pg, ddp__deadline_report(pg, what, NULL));
         ddp__nccl_pause(start);
+    }
+}
+
+/* Before a call that synchronises a whole GPU (cudaFree, cudaDeviceSynchronize), which would also
+   wait, with no deadline, for a collective stuck on it (a peer gone or stopped: NCCL's kernels
+   wait for ever): the collectives queued on that GPU by this process's groups are waited for
+   here, with the deadline and the watchdog, as ddp_work_wait waits. A stuck one is aborted, which
+   releases its kernels, so the call returns; the group is broken, and its next call says why. */
+DDP__PRIVATE void ddp__nccl_quiet(int device, const char* why) {
+    int i;
+    for (i = 0; i < DDP__NCCL_LIVE; i++) {
+        ddp_pg* pg;
+        ddp__nccl* n;
+        pthread_mutex_lock(&ddp__nccl_live_lock);
+        pg = ddp__nccl_live[i];
+        pthread_mutex_unlock(&ddp__nccl_live_lock);
+        n = pg ? (ddp__nccl*)pg->nccl : NULL;
+        if (!n || !n->comm || !n->quiet || (device >= 0 && pg->device.index != device) || pg->broken) continue;
+        if (ddp__event_record(n->quiet, n->stream) != DDP_OK) continue;
+        if (ddp__nccl_poll(pg, n->quiet, ddp__now() + pg->timeout, why) != DDP_OK)
+            ddp__log(DDP_LOG_WARN, "%s", ddp_error_string());
     }
 }
 
@@ -5511,6 +5557,10 @@ DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
     ddp__nccl* n = (ddp__nccl*)pg->nccl;
     int i;
     if (!n) return;
+    pthread_mutex_lock(&ddp__nccl_live_lock);
+    for (i = 0; i < DDP__NCCL_LIVE; i++)
+        if (ddp__nccl_live[i] == pg) ddp__nccl_live[i] = NULL;
+    pthread_mutex_unlock(&ddp__nccl_live_lock);
     if (n->comm) {
         /* A healthy communicator is finalized once its work has drained; one with an error, or
            whose work never ends, is aborted (NCCL's one call that never waits for a peer). NCCL's
@@ -5538,6 +5588,7 @@ DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
     }
     ddp__stream_destroy(n->stream);
     ddp__event_destroy(n->produced);
+    ddp__event_destroy(n->quiet);
     for (i = 0; i < n->nspare; i++) ddp__event_destroy(n->spare[i]);
     ddp_free(pg->device, n->scratch);
     DDP_FREE(n);
@@ -8727,6 +8778,21 @@ DDP__PRIVATE void ddp__live_key(int rank, const char* who, char* out, size_t n);
    second per waiting rank, only after the first second of a wait. */
 #define DDP__REPORT_S 2.0 /* at a deadline, how long a rank waits for the others' answers */
 
+/* How many of keys[0..n) the store holds, asking for at most `within_s` seconds: the watchdog's
+   requests must not hold a wait whose store host is stopped. */
+DDP__PRIVATE ddp_status ddp__watch_check(ddp_pg* pg, const char* const* keys, int n, double within_s, int* present) {
+    unsigned char *list = NULL, *rep = NULL;
+    size_t len = 0;
+    uint32_t cnt = 0;
+    int st = 0;
+    ddp_status s = ddp__key_list(keys, n, &list, &len);
+    if (s == DDP_OK) s = ddp__store_call_x(pg->store, DDP__OP_CHECK, "", list, len, within_s, 0.0, &st, &rep, &cnt);
+    *present = s == DDP_OK && rep && cnt == 4 ? (int)ddp__le32(rep) : 0;
+    if (rep) DDP_FREE(rep);
+    if (list) DDP_FREE(list);
+    return s;
+}
+
 /* Every rank's ddp/live/ key (from its claim, which ddp__agree made), into pg->live_keys. */
 DDP__PRIVATE ddp_status ddp__watch_keys(ddp_pg* pg) {
     char key[48], holder[320];
@@ -8758,21 +8824,14 @@ DDP__PRIVATE ddp_status ddp__watch_keys(ddp_pg* pg) {
    failure (pg->store->gone says whether it closed or did not answer within `within_s`). */
 DDP__PRIVATE ddp_status ddp__watch_count(ddp_pg* pg, unsigned char* gone, double within_s, int* ngone) {
     const char** keys = (const char**)ddp__calloc((size_t)pg->world * sizeof *keys);
-    unsigned char *list = NULL, *rep = NULL;
-    size_t len = 0;
-    uint32_t cnt = 0;
-    int r, st = 0, present = 0;
+    int r, present = 0;
     ddp_status s = keys ? ddp__watch_keys(pg) : DDP_ERR_OUT_OF_MEMORY;
     *ngone = 0;
     for (r = 0; s == DDP_OK && r < pg->world; r++) keys[r] = pg->live_keys + (size_t)r * 64;
-    if (s == DDP_OK) s = ddp__key_list(keys, pg->world, &list, &len);
-    if (s == DDP_OK) s = ddp__store_call_x(pg->store, DDP__OP_CHECK, "", list, len, within_s, 0.0, &st, &rep, &cnt);
-    if (s == DDP_OK) present = rep && cnt == 4 ? (int)ddp__le32(rep) : 0;
-    if (rep) DDP_FREE(rep);
-    if (list) DDP_FREE(list);
+    if (s == DDP_OK) s = ddp__watch_check(pg, keys, pg->world, within_s, &present);
     for (r = 0; s == DDP_OK && present < pg->world && r < pg->world; r++) { /* rare: find who */
         int one = 1;
-        s = ddp__store_check(pg->store, keys + r, 1, &one);
+        s = ddp__watch_check(pg, keys + r, 1, within_s, &one);
         gone[r] = s == DDP_OK && !one;
         *ngone += gone[r];
     }
@@ -8786,7 +8845,6 @@ DDP__PRIVATE ddp_status ddp__watch_count(ddp_pg* pg, unsigned char* gone, double
 DDP__PRIVATE ddp_status ddp__watch_peers(ddp_pg* pg, const char* what, const char* told) {
     unsigned char* gone;
     char list[160], holder[320], key[48];
-    size_t got = 0;
     int n = 0, first = -1, r;
     ddp_status s;
     if (!pg->store || pg->world < 2 || pg->watch_off) return DDP_OK;
@@ -8836,8 +8894,15 @@ DDP__PRIVATE ddp_status ddp__watch_peers(ddp_pg* pg, const char* what, const cha
     DDP_FREE(gone);
     snprintf(key, sizeof key, "ddp/claim/%d", first);
     memset(holder, 0, sizeof holder);
-    if (ddp_store_get(pg->store, key, holder, sizeof holder - 1, &got) == DDP_OK && strchr(holder, '|'))
-        *strchr(holder, '|') = 0;
+    {
+        unsigned char* v = NULL;
+        uint32_t vn = 0;
+        int st = 0;
+        if (ddp__store_call_x(pg->store, DDP__OP_GET, key, NULL, 0, 2.0, 0.0, &st, &v, &vn) == DDP_OK && v)
+            memcpy(holder, v, vn < sizeof holder - 1 ? vn : sizeof holder - 1);
+        if (v) DDP_FREE(v);
+        if (strchr(holder, '|')) *strchr(holder, '|') = 0;
+    }
     return ddp__fail(DDP_ERR_PEER_LOST, "%s: rank %d has ended while this rank waited (%s: its connection to the "
                      "store closed)%s%s%s%s. NCCL does not report a dead peer on one machine; see that rank's output "
                      "for why it stopped", what, first, holder[0] ? holder : "?", n ? "; since then also rank(s) " : "",
@@ -8862,12 +8927,18 @@ DDP__PRIVATE ddp_status ddp__deadline_report(ddp_pg* pg, const char* what, const
         for (;;) { /* until every rank has answered, or the moment is over */
             for (r = 0, n = 0; r < pg->world; r++) {
                 int present = 0;
-                size_t got = 0;
+                unsigned char* v = NULL;
+                uint32_t got = 0;
                 const char* k = key;
                 if (text[(size_t)r * 128]) { n++; continue; }
                 snprintf(key, sizeof key, "ddp/waits/%d", r);
-                if (ddp__store_check(pg->store, &k, 1, &present) != DDP_OK) break;
-                if (present && ddp_store_get(pg->store, key, text + (size_t)r * 128, 127, &got) == DDP_OK) n++;
+                if (ddp__watch_check(pg, &k, 1, 1.0, &present) != DDP_OK) break;
+                if (present && ddp__store_call_x(pg->store, DDP__OP_GET, key, NULL, 0, 1.0, 0.0, &st, &v, &got) ==
+                                   DDP_OK && st == DDP__ST_OK && v && got) {
+                    memcpy(text + (size_t)r * 128, v, got < 127 ? got : 127);
+                    n++;
+                }
+                if (v) DDP_FREE(v);
             }
             if (n == pg->world || ddp__now() >= until) break;
             ddp__sleep(0.05);

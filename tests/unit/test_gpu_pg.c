@@ -229,7 +229,9 @@ static void nccl_several_ranks_own_ring(void) { nccl_ranks(1); }
    lets it go on (SIGCONT); 2 rank 1 calls a broadcast where the others all-reduce, deadline 3 s:
    every rank fails with DDP_ERR_DESYNC naming both collectives and who calls which; 3 rank 2 stops
    before ddp_destroy, deadline 3 s: the others' ddp_destroy (NCCL's teardown waits for the node's
-   ranks) returns within 3 + 2 s. */
+   ranks) returns within 3 + 2 s; 4 as 0, but the survivors free a GPU buffer while their
+   all-reduce is in flight: cudaFree waits for the stuck collective, so ddp_free must drain it with
+   the watchdog (PEER_LOST within 10 s from ddp_work_wait after it), not wait for ever. */
 typedef struct drill { int kind; char pidfile[256]; } drill;
 static int drill_rank(int rank, void* arg) {
     const drill* dr = (const drill*)arg;
@@ -238,17 +240,20 @@ static int drill_rank(int rank, void* arg) {
     ddp_pg* pg;
     void* buf = NULL;
     ddp_status s = DDP_OK;
-    double t0 = 0, took, limit = dr->kind == 0 ? 10 : 8;
+    double t0 = 0, took, limit = dr->kind == 0 || dr->kind == 4 ? 10 : 8;
     int i;
-    const char* want[3] = {"rank 2 has ended while this rank waited", "rank(s) 1 did not say", "rank 1 in broadcast #3"};
-    ddp_status want_s[3] = {DDP_ERR_PEER_LOST, DDP_ERR_TIMEOUT, DDP_ERR_DESYNC};
+    const char* want[5] = {"rank 2 has ended while this rank waited", "rank(s) 1 did not say", "rank 1 in broadcast #3",
+                           "", "rank 2 has ended while this rank waited"};
+    ddp_status want_s[5] = {DDP_ERR_PEER_LOST, DDP_ERR_TIMEOUT, DDP_ERR_DESYNC, DDP_OK, DDP_ERR_PEER_LOST};
+    void* extra = NULL;
     memset(&d, 0, sizeof d);
     d.device.type = DDP_DEVICE_CUDA;
     d.backend = DDP_BACKEND_NCCL;
-    d.timeout_s = dr->kind == 0 ? 0 : 3;
+    d.timeout_s = dr->kind == 0 || dr->kind == 4 ? 0 : 3;
     if (ddp_init(&d, &pg) != DDP_OK || ddp_alloc(ddp_pg_device(pg), n * 4, &buf) != DDP_OK) return 1;
+    if (dr->kind == 4 && ddp_alloc(ddp_pg_device(pg), 4096, &extra) != DDP_OK) return 1;
     for (i = 0; i < 3 && s == DDP_OK; i++) {
-        if (i == 2 && dr->kind == 0 && rank == 2) _exit(0); /* gone without a word, as a crashed process */
+        if (i == 2 && (dr->kind == 0 || dr->kind == 4) && rank == 2) _exit(0); /* gone without a word */
         if (i == 2 && dr->kind == 1 && rank == 1) {
             FILE* f = fopen(dr->pidfile, "w");
             if (f) fprintf(f, "%ld\n", (long)getpid()), fclose(f);
@@ -256,7 +261,13 @@ static int drill_rank(int rank, void* arg) {
         }
         t0 = ddp__now();
         if (i == 2 && dr->kind == 2 && rank == 1) s = ddp__broadcast(pg, buf, n, DDP_F32, 0, NULL);
-        else s = ddp_all_reduce(pg, buf, n, DDP_F32, DDP_SUM, NULL);
+        else if (i == 2 && dr->kind == 4) { /* a free while the collective is in flight */
+            ddp_work* w = NULL;
+            s = ddp_all_reduce(pg, buf, n, DDP_F32, DDP_SUM, &w);
+            ddp_free(ddp_pg_device(pg), extra);
+            if (rank == 0) printf("    rank 0: ddp_free returned after %.1f s\n", ddp__now() - t0);
+            if (s == DDP_OK) s = ddp_work_wait(w);
+        } else s = ddp_all_reduce(pg, buf, n, DDP_F32, DDP_SUM, NULL);
     }
     took = ddp__now() - t0;
     if (dr->kind == 3) { /* all collectives done; rank 2 stops before leaving */
@@ -334,6 +345,7 @@ static void nccl_ended_peer_named(void) { nccl_drill(0); }
 static void nccl_stopped_peer_named_at_deadline(void) { nccl_drill(1); }
 static void nccl_mismatch_named_at_deadline(void) { nccl_drill(2); }
 static void nccl_destroy_with_stopped_neighbour(void) { nccl_drill(3); }
+static void nccl_free_behind_a_stuck_collective(void) { nccl_drill(4); }
 static void cpu_backend_gpu_buffers_3_ranks(void) {
     ddp_backend b = DDP_BACKEND_CPU;
     NEED_GPU();
@@ -469,6 +481,7 @@ int main(void) {
     RUN(nccl_stopped_peer_named_at_deadline);
     RUN(nccl_mismatch_named_at_deadline);
     RUN(nccl_destroy_with_stopped_neighbour);
+    RUN(nccl_free_behind_a_stuck_collective);
     RUN(cpu_backend_gpu_buffers_3_ranks);
     RUN(equivalence_on_gpu_buffers);
     return H_EXIT();
