@@ -8793,6 +8793,20 @@ DDP__PRIVATE ddp_status ddp__watch_check(ddp_pg* pg, const char* const* keys, in
     return s;
 }
 
+/* The value of `key` into buf (cap bytes, ended by a 0), asking for at most `within_s` seconds.
+   Returns 1 when the key was there. */
+DDP__PRIVATE int ddp__watch_get(ddp_pg* pg, const char* key, char* buf, size_t cap, double within_s) {
+    unsigned char* v = NULL;
+    uint32_t n = 0;
+    int st = 0, got;
+    memset(buf, 0, cap);
+    got = ddp__store_call_x(pg->store, DDP__OP_GET, key, NULL, 0, within_s, 0.0, &st, &v, &n) == DDP_OK &&
+          st == DDP__ST_OK && v;
+    if (got) memcpy(buf, v, n < cap - 1 ? n : cap - 1);
+    if (v) DDP_FREE(v);
+    return got;
+}
+
 /* Every rank's ddp/live/ key (from its claim, which ddp__agree made), into pg->live_keys. */
 DDP__PRIVATE ddp_status ddp__watch_keys(ddp_pg* pg) {
     char key[48], holder[320];
@@ -8801,19 +8815,11 @@ DDP__PRIVATE ddp_status ddp__watch_keys(ddp_pg* pg) {
     pg->live_keys = (char*)ddp__calloc((size_t)pg->world * 64);
     if (!pg->live_keys) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "the watchdog's list of %d ranks", pg->world);
     for (r = 0; r < pg->world; r++) { /* each within 2 s: a stopped rank 0 must not hold the wait */
-        unsigned char* v = NULL;
-        uint32_t n = 0;
-        int st = 0;
-        ddp_status s;
         snprintf(key, sizeof key, "ddp/claim/%d", r);
-        s = ddp__store_call_x(pg->store, DDP__OP_GET, key, NULL, 0, 2.0, 0.0, &st, &v, &n);
-        memset(holder, 0, sizeof holder);
-        if (v) memcpy(holder, v, n < sizeof holder - 1 ? n : sizeof holder - 1), DDP_FREE(v);
-        if (s == DDP_OK && st != DDP__ST_OK) s = ddp__fail(DDP_ERR_STORE_LOST, "the claim of rank %d is not in the store", r);
-        if (s != DDP_OK) { /* the list is whole or absent */
+        if (!ddp__watch_get(pg, key, holder, sizeof holder, 2.0)) { /* the list is whole or absent */
             DDP_FREE(pg->live_keys);
             pg->live_keys = NULL;
-            return s;
+            return ddp__fail(DDP_ERR_STORE_LOST, "the claim of rank %d could not be read from the store", r);
         }
         ddp__live_key(r, holder, pg->live_keys + (size_t)r * 64, 64);
     }
@@ -8878,31 +8884,18 @@ DDP__PRIVATE ddp_status ddp__watch_peers(ddp_pg* pg, const char* what, const cha
             snprintf(key, sizeof key, "%d", first);
             ddp__store_call_x(pg->store, DDP__OP_SET, "ddp/lost/first", key, strlen(key), 2.0, 0.0, &st, NULL, NULL);
         }
-        if (v) DDP_FREE(v), v = NULL;
-        if (!mine && ddp__store_call_x(pg->store, DDP__OP_GET, "ddp/lost/first", NULL, 0, 2.0, 0.0, &st, &v, &vn) ==
-                         DDP_OK && st == DDP__ST_OK && v && vn > 0 && vn < 12) {
-            char num[12];
-            memcpy(num, v, vn);
-            num[vn] = 0;
-            if (atoi(num) >= 0 && atoi(num) < pg->world && atoi(num) != pg->rank) first = atoi(num);
-        }
         if (v) DDP_FREE(v);
+        if (!mine && ddp__watch_get(pg, "ddp/lost/first", key, sizeof key, 2.0) && atoi(key) >= 0 &&
+            atoi(key) < pg->world && atoi(key) != pg->rank)
+            first = atoi(key);
     }
     gone[pg->rank] = 0;
     gone[first] = 0;
     n = ddp__rank_list(gone, pg->world, 1, list, sizeof list);
     DDP_FREE(gone);
     snprintf(key, sizeof key, "ddp/claim/%d", first);
-    memset(holder, 0, sizeof holder);
-    {
-        unsigned char* v = NULL;
-        uint32_t vn = 0;
-        int st = 0;
-        if (ddp__store_call_x(pg->store, DDP__OP_GET, key, NULL, 0, 2.0, 0.0, &st, &v, &vn) == DDP_OK && v)
-            memcpy(holder, v, vn < sizeof holder - 1 ? vn : sizeof holder - 1);
-        if (v) DDP_FREE(v);
-        if (strchr(holder, '|')) *strchr(holder, '|') = 0;
-    }
+    ddp__watch_get(pg, key, holder, sizeof holder, 2.0);
+    if (strchr(holder, '|')) *strchr(holder, '|') = 0; /* "pid P on host H" */
     return ddp__fail(DDP_ERR_PEER_LOST, "%s: rank %d has ended while this rank waited (%s: its connection to the "
                      "store closed)%s%s%s%s. NCCL does not report a dead peer on one machine; see that rank's output "
                      "for why it stopped", what, first, holder[0] ? holder : "?", n ? "; since then also rank(s) " : "",
@@ -8927,18 +8920,11 @@ DDP__PRIVATE ddp_status ddp__deadline_report(ddp_pg* pg, const char* what, const
         for (;;) { /* until every rank has answered, or the moment is over */
             for (r = 0, n = 0; r < pg->world; r++) {
                 int present = 0;
-                unsigned char* v = NULL;
-                uint32_t got = 0;
                 const char* k = key;
                 if (text[(size_t)r * 128]) { n++; continue; }
                 snprintf(key, sizeof key, "ddp/waits/%d", r);
                 if (ddp__watch_check(pg, &k, 1, 1.0, &present) != DDP_OK) break;
-                if (present && ddp__store_call_x(pg->store, DDP__OP_GET, key, NULL, 0, 1.0, 0.0, &st, &v, &got) ==
-                                   DDP_OK && st == DDP__ST_OK && v && got) {
-                    memcpy(text + (size_t)r * 128, v, got < 127 ? got : 127);
-                    n++;
-                }
-                if (v) DDP_FREE(v);
+                if (present && ddp__watch_get(pg, key, text + (size_t)r * 128, 128, 1.0) && text[(size_t)r * 128]) n++;
             }
             if (n == pg->world || ddp__now() >= until) break;
             ddp__sleep(0.05);
