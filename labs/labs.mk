@@ -7,7 +7,7 @@
 #   make lab-wrong [LAB=NAME]     check that the tests catch every wrong solution (instructors)
 # Each test prints one line: "ok   name", "FAIL name" (details below it), or "skip name: reason"
 # when it cannot run on this machine.
-LABS := sampler ring buckets no_sync resume measure zero1
+LABS := sampler ring buckets no_sync resume measure zero1 gpt
 LAB_TARGETS := $(addprefix lab-,$(LABS))
 .PHONY: $(LAB_TARGETS) lab-handout lab-wrong
 

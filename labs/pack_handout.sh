@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # labs/pack_handout.sh [BUILD]: write BUILD/ddp-labs.tar.gz, the labs as students get them, made
 # of committed files only (git's HEAD): one top folder, ddp-labs/, holding ddp.h, LICENSE,
-# TUTORIAL.md and its figures, labs/ without labs/solutions (reference solutions, wrong
-# solutions, answer keys) and without labs/README.md (the instructors' guide: it names the wrong
-# solutions and shows what the tests print for them), a Makefile (labs/handout/Makefile) and a
-# README (labs/handout/README.md). The students' guide is labs/GUIDE.md, which goes in as it is.
+# TUTORIAL.md and its figures, examples/gpt.h (lab gpt's model), labs/ without labs/solutions
+# (reference solutions, wrong solutions, answer keys) and without labs/README.md (the
+# instructors' guide: it names the wrong solutions and shows what the tests print for them), a
+# Makefile (labs/handout/Makefile) and a README (labs/handout/README.md). The students' guide
+# is labs/GUIDE.md, which goes in as it is.
 # Refuses, naming the files, when one that goes in differs from what is committed: an instructor
 # who tried the labs would otherwise hand out solved starters. Refuses too when a file that goes
 # in names a wrong solution (labs/solutions/wrong/*/NAME.patch). `make lab-handout` calls it.
@@ -17,7 +18,7 @@ if ! git rev-parse --verify -q HEAD >/dev/null 2>&1; then
     exit 2
 fi
 files=()   # (a read loop, not mapfile: macOS's bash 3.2 has none)
-while IFS= read -r f; do files+=("$f"); done < <(git ls-tree -r --name-only HEAD -- ddp.h LICENSE TUTORIAL.md labs docs/figures |
+while IFS= read -r f; do files+=("$f"); done < <(git ls-tree -r --name-only HEAD -- ddp.h LICENSE TUTORIAL.md examples/gpt.h labs docs/figures |
                      grep -v -e '^labs/solutions/' -e '^labs/README\.md$' -e '^docs/figures/.*[^g]$' -e '^docs/figures/data/')
 changed=$(git status --porcelain --untracked-files=no -- "${files[@]}")
 if [ -n "$changed" ]; then

@@ -236,7 +236,7 @@ case $BUILD in
 esac
 
 section "labs"
-for lab in sampler ring buckets no_sync resume measure zero1; do
+for lab in sampler ring buckets no_sync resume measure zero1 gpt; do
     for kind in starter solution; do
         name=lab_${lab}_${kind}_$([ $kind = starter ] && echo fails || echo passes)
         sol=(); [ $kind = solution ] && sol=(SOLUTION=1)
@@ -306,7 +306,7 @@ else
         [ "$top" = ddp-labs ] || ho+=("the archive's top level is \"$(tr '\n' ' ' <<<"$top")\", not one folder ddp-labs")
         leaked=$(cd "$TMP/unpacked" && find . -path '*solutions*' -o -name '*.patch' -o -path '*answers*' | head -n 3)
         [ -z "$leaked" ] && ! grep -rqs 'Reference solution of lab' "$TMP/unpacked" || ho+=("a solution is in the handout: $leaked")
-        for f in TUTORIAL.md ddp.h Makefile README.md labs/GUIDE.md labs/ring/starter.c labs/ring/HINTS.md; do
+        for f in TUTORIAL.md ddp.h Makefile README.md labs/GUIDE.md labs/ring/starter.c labs/ring/HINTS.md examples/gpt.h; do
             [ -f "$TMP/unpacked/ddp-labs/$f" ] || ho+=("the handout has no $f")
         done
         [ -e "$TMP/unpacked/ddp-labs/labs/README.md" ] &&

@@ -12,7 +12,7 @@ set -u
 cd "$(dirname "$0")/../.." || exit 2
 BUILD=${BUILD:-build}
 labs=("$@")
-[ ${#labs[@]} -eq 0 ] && labs=(sampler ring buckets resume no_sync measure zero1)
+[ ${#labs[@]} -eq 0 ] && labs=(sampler ring buckets resume no_sync measure zero1 gpt)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
