@@ -401,7 +401,7 @@ GPU_CHECK_PROGS := $(BUILD)/tests/test_gpu $(BUILD)/tests/test_gpu_pg $(BUILD)/t
                    $(BUILD)/tests/test_gpt $(BUILD)/examples/ch12_gpt \
                    $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch06_fault_tolerance \
                    $(BUILD)/examples/ch08_large_mlp \
-                   $(BUILD)/bench/large_mlp_launched $(BUILD)/ddprun
+                   $(BUILD)/bench/large_mlp_launched $(BUILD)/ddprun $(BUILD)/allreduce_perf
 .PHONY: gpu-check gpu-check-build gpu-check-standin
 gpu-check-build: $(GPU_CHECK_PROGS)
 gpu-check:

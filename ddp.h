@@ -140,6 +140,8 @@
     DDP_SIMULATE_LATENCY_US  and at least this long more, once per collective: the network's
                             latency (alpha, where the bytes give beta: labs/measure fits both).
     DDP_NCCL_RING=1         the NCCL backend runs the ring of >>ring instead of ncclAllReduce.
+    DDP_NCCL_BLOCKING=1     a blocking NCCL communicator instead of the default non-blocking one
+                            (to measure what each mode costs the host: tools/allreduce_perf -H).
     DDP_TRACE=prefix        write prefix.rank<R>.json, a timeline of forward, each layer's
                             backward, each collective, the wait and the optimizer step, for
                             ui.perfetto.dev or chrome://tracing.
@@ -5234,6 +5236,13 @@ DDP__PRIVATE ddp_status ddp__event_query(ddp_event* e, int* done); /* >>cuda */
 
    DDP_NCCL_RING=1 swaps ncclAllReduce for the ring of >>ring written with ncclSend/ncclRecv and a
    reduction kernel, so the tutorial can put the library call and the algorithm side by side.
+
+   DDP_NCCL_BLOCKING=1 makes the communicator blocking, as PyTorch's are by default: each call
+   returns once its work is on the stream, so there is nothing to settle, but NCCL's own waits (its
+   init, its teardown) have no deadline. The store's barrier, which has one, goes first, so a rank
+   that never comes is named; and ddp_destroy aborts instead of finalizing. The waits for results
+   poll events in either mode, so the watchdog and the deadline hold in both. The mode exists to
+   be measured against the default (tools/allreduce_perf -H: the host's time per call).
 */
 #if DDP__CUDA
 #define DDP__NCCL_EVENTS 16
@@ -5247,6 +5256,7 @@ typedef struct ddp__nccl {
     void* scratch;          /* one received segment, for the hand-written ring */
     size_t scratch_bytes;
     ddp_event* quiet;       /* the end of everything queued, for ddp__nccl_quiet */
+    int blocking;           /* DDP_NCCL_BLOCKING=1: a blocking communicator */
 } ddp__nccl;
 
 /* The NCCL groups of this process (one, as a rule), for ddp__nccl_quiet. */
@@ -5343,11 +5353,12 @@ DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
     ncclUniqueId id;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     size_t got = 0;
-    const char* ring = getenv("DDP_NCCL_RING");
+    const char *ring = getenv("DDP_NCCL_RING"), *blocking = getenv("DDP_NCCL_BLOCKING");
     n = (ddp__nccl*)ddp__calloc(sizeof *n);
     if (!n) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the NCCL state failed");
     pg->nccl = n;
     n->own_ring = ring && *ring == '1';
+    n->blocking = blocking && *blocking == '1';
     DDP__TRY(ddp__device_activate(pg->device));
     if (pg->rank == 0) {
         ncclResult_t r = ncclGetUniqueId(&id);
@@ -5358,7 +5369,10 @@ DDP__PRIVATE ddp_status ddp__nccl_connect(ddp_pg* pg) {
         if (got != sizeof id)
             return ddp__fail(DDP_ERR_NCCL, "the NCCL id in the store has %zu bytes, not %zu", got, sizeof id);
     }
-    cfg.blocking = 0; /* so that creating the communicator, too, can time out */
+    cfg.blocking = n->blocking; /* default 0: so that creating the communicator, too, can time out */
+    if (n->blocking) /* NCCL's init would wait for a missing rank for ever: the store's barrier names it */
+        DDP__TRY(ddp__store_barrier(pg->store, "nccl-init", pg->world));
+    ddp__log(DDP_LOG_INFO, "NCCL: a %s communicator", n->blocking ? "blocking (DDP_NCCL_BLOCKING=1)" : "non-blocking");
     {
         ncclResult_t r = ncclCommInitRankConfig(&n->comm, pg->world, id, pg->rank, &cfg);
         if (r != ncclSuccess && r != ncclInProgress) {
@@ -5574,7 +5588,7 @@ DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
         if (s == DDP_OK) s = ddp__event_record(end, n->stream);
         if (s == DDP_OK) s = ddp__nccl_poll(pg, end, deadline, "the collectives still queued at ddp_destroy");
         ddp__event_destroy(end);
-        if (s == DDP_OK && n->comm) {
+        if (s == DDP_OK && n->comm && !n->blocking) { /* blocking: finalize would wait with no deadline */
             ncclResult_t r = ncclCommFinalize(n->comm);
             if (r == ncclInProgress) s = ddp__nccl_settle(pg, deadline, "ncclCommFinalize (ddp_destroy)");
             else if (r != ncclSuccess) s = ddp__fail_nccl(pg, r, "ncclCommFinalize", __LINE__);
@@ -5582,7 +5596,7 @@ DDP__PRIVATE void ddp__nccl_destroy(ddp_pg* pg) {
                 ddp__log(DDP_LOG_WARN, "ddp_destroy: the NCCL communicator was aborted, not finalized: %s",
                          ddp_error_string());
         }
-        if (s == DDP_OK && n->comm) ncclCommDestroy(n->comm);
+        if (s == DDP_OK && n->comm && !n->blocking) ncclCommDestroy(n->comm);
         else if (n->comm) ncclCommAbort(n->comm);
         n->comm = NULL;
     }

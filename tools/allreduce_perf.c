@@ -21,7 +21,10 @@
    Flags (as nccl-tests): -b minbytes (4K) -e maxbytes (64M), suffixes K/M/G are powers of 1024;
    -f stepfactor (2); -n iterations (20); -w warm-up iterations (5); -c check 0/1 (1);
    -d float|half|bfloat16 (or f32|f16|bf16; float); -o sum|avg|max (sum); -i 0/1 is accepted,
-   but ddp_all_reduce works in place, so every figure is in place; -h help.
+   but ddp_all_reduce works in place, so every figure is in place; -h help. One of ddp.h's own:
+   -H 1 adds the host's time per call, issue (until ddp_all_reduce with a work handle returns) and
+   wait (ddp_work_wait), to compare NCCL's blocking and non-blocking communicators
+   (DDP_NCCL_BLOCKING=1 or not; tools/nccl_host_cost.sh runs both).
 
    Method. The collective buffer lives on ddp_pg_device(pg) (a GPU when one is usable, else the
    CPU) and is allocated once at the largest size (fresh memory is slow to touch). Because the
@@ -50,7 +53,7 @@
 typedef struct perf_opts {
     size_t minbytes, maxbytes;
     size_t factor;
-    int iters, warmup, check, inplace;
+    int iters, warmup, check, inplace, host;
     ddp_dtype dtype;
     ddp_reduce_op op;
 } perf_opts;
@@ -58,7 +61,7 @@ typedef struct perf_opts {
 static void usage(FILE* f, const char* prog) {
     fprintf(f,
             "usage: %s [-b minbytes] [-e maxbytes] [-f stepfactor] [-n iters] [-w warmup] [-c 0|1]\n"
-            "          [-d float|half|bfloat16] [-o sum|avg|max] [-i 0|1] [-h]\n"
+            "          [-d float|half|bfloat16] [-o sum|avg|max] [-i 0|1] [-H 0|1] [-h]\n"
             "  -b  smallest message in bytes, suffix K, M or G (powers of 1024); default 4K\n"
             "  -e  largest message in bytes; default 64M\n"
             "  -f  multiply the size by this factor from one row to the next (>= 2); default 2\n"
@@ -69,6 +72,9 @@ static void usage(FILE* f, const char* prog) {
             "  -o  reduction: sum, avg or max; default sum\n"
             "  -i  accepted for nccl-tests compatibility: ddp_all_reduce is in place, so every\n"
             "      figure is in place whatever its value\n"
+            "  -H  1: two columns more, the host's time per call: issue (until ddp_all_reduce with a\n"
+            "      work handle returns) and wait (ddp_work_wait), medians of the slowest rank; run once\n"
+            "      with DDP_NCCL_BLOCKING=1 and once without to compare NCCL's two kinds of communicator\n"
             "  -h  this help\n"
             "Start one process per rank with build/ddprun, torchrun-style variables, or mpirun\n"
             "(with MASTER_ADDR and MASTER_PORT exported).\n",
@@ -128,6 +134,7 @@ static int parse_args(int argc, char** argv, perf_opts* o) {
     o->warmup = 5;
     o->check = 1;
     o->inplace = 1;
+    o->host = 0;
     o->dtype = DDP_F32;
     o->op = DDP_SUM;
     for (i = 1; i < argc; i++) {
@@ -141,7 +148,7 @@ static int parse_args(int argc, char** argv, perf_opts* o) {
         }
         flag = a[1];
         if (flag == 'h' && !a[2]) return 1;
-        if (!strchr("befnwcdoi", flag)) {
+        if (!strchr("befnwcdoiH", flag)) {
             fprintf(stderr, "%s: unknown flag '%s'\n", argv[0], a);
             return 2;
         }
@@ -181,11 +188,13 @@ static int parse_args(int argc, char** argv, perf_opts* o) {
             break;
         case 'c':
         case 'i':
+        case 'H':
             if (!parse_int(v, 0, 1, &n)) {
                 fprintf(stderr, "%s: -%c '%s' must be 0 or 1\n", argv[0], flag, v);
                 return 2;
             }
             if (flag == 'c') o->check = (int)n;
+            else if (flag == 'H') o->host = (int)n;
             else o->inplace = (int)n;
             break;
         case 'd':
@@ -382,13 +391,13 @@ int main(int argc, char** argv) {
         DDP_CHECK(ddp_alloc_pinned(maxcount * es, &host));
         memset(host, 0, maxcount * es);
     }
-    times = (float*)malloc((size_t)o.iters * sizeof *times);
+    times = (float*)malloc((size_t)o.iters * 2 * sizeof *times); /* -H: issue times, then wait times */
     if (!times) {
         fprintf(stderr, "allreduce_perf: out of memory\n");
         return 1;
     }
     if (dev.type == DDP_DEVICE_CUDA) {
-        size_t n = (size_t)o.iters > 2 ? (size_t)o.iters : 2;
+        size_t n = (size_t)o.iters * 2 > 2 ? (size_t)o.iters * 2 : 2;
         DDP_CHECK(ddp_alloc(dev, n * sizeof(float), (void**)&dsmall));
     }
 
@@ -424,8 +433,17 @@ int main(int argc, char** argv) {
                 printf("%s\n", line);
             }
             printf("#\n");
-            printf("#       size         count      type   redop    time   algbw   busbw  #wrong\n");
-            printf("#        (B)    (elements)                       (us)  (GB/s)  (GB/s)\n");
+            if (o.host)
+                printf("# host (-H 1): issue = until ddp_all_reduce(..., &work) returns, wait = ddp_work_wait; each "
+                       "the median of\n#       the slowest rank, after a barrier; %s\n",
+                       ddp_pg_backend(pg) != DDP_BACKEND_NCCL ? "not NCCL: the communicator's mode does not apply"
+                       : getenv("DDP_NCCL_BLOCKING") && *getenv("DDP_NCCL_BLOCKING") == '1'
+                           ? "NCCL communicator: blocking (DDP_NCCL_BLOCKING=1)"
+                           : "NCCL communicator: non-blocking (the default)");
+            printf("#       size         count      type   redop    time   algbw   busbw  #wrong%s\n",
+                   o.host ? "   issue    wait" : "");
+            printf("#        (B)    (elements)                       (us)  (GB/s)  (GB/s)        %s\n",
+                   o.host ? "    (us)    (us)" : "");
             fflush(stdout);
         }
     }
@@ -433,7 +451,7 @@ int main(int argc, char** argv) {
     for (bytes = o.minbytes;; bytes *= o.factor) {
         size_t count = bytes / es, nbytes = count * es;
         double t_med, algbw, busbw;
-        char tstr[16], wstr[32];
+        char tstr[16], wstr[32], hstr[40] = "";
         /* timed data */
         fill_input(host, count, o.dtype, rank, 0);
         for (it = 0; it < o.warmup; it++) {
@@ -456,6 +474,23 @@ int main(int argc, char** argv) {
         busbw = algbw * 2.0 * (world - 1) / world;
         bw_sum += busbw;
         nsizes++;
+
+        if (o.host) { /* the host's share: handing the collective over, then waiting for it */
+            float *issue = times, *waited = times + o.iters;
+            for (it = 0; it < o.iters; it++) {
+                ddp_work* w = NULL;
+                double t0, t1;
+                DDP_CHECK(ddp_copy(dev, buf, cpu, host, nbytes, NULL));
+                DDP_CHECK(ddp_barrier(pg));
+                t0 = now_s();
+                DDP_CHECK(ddp_all_reduce(pg, buf, count, o.dtype, o.op, &w));
+                t1 = now_s();
+                DDP_CHECK(ddp_work_wait(w));
+                issue[it] = (float)((t1 - t0) * 1e6), waited[it] = (float)((now_s() - t1) * 1e6);
+            }
+            reduce_host_floats(pg, dev, dsmall, times, (size_t)o.iters * 2, DDP_MAX);
+            snprintf(hstr, sizeof hstr, "  %6.1f  %6.1f", median(issue, o.iters), median(waited, o.iters));
+        }
 
         if (o.check) {
             size_t wrong = 0;
@@ -489,8 +524,8 @@ int main(int argc, char** argv) {
         }
         if (rank == 0) {
             format_time(tstr, sizeof tstr, t_med);
-            printf("%12zu  %12zu  %8s  %6s  %7s  %6.2f  %6.2f  %6s\n", nbytes, count, type_name(o.dtype),
-                   op_name(o.op), tstr, algbw, busbw, wstr);
+            printf("%12zu  %12zu  %8s  %6s  %7s  %6.2f  %6.2f  %6s%s\n", nbytes, count, type_name(o.dtype),
+                   op_name(o.op), tstr, algbw, busbw, wstr, hstr);
             fflush(stdout);
         }
         if (bytes > o.maxbytes / o.factor || bytes == 0) break;

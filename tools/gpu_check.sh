@@ -11,7 +11,8 @@
 # ones PyTorch's wheels bring) and says which it used; reports the driver, toolkit and NCCL
 # versions; runs make test-gpu (tests/run.sh --gpu), the chapter-1 and chapter-3 programs on the
 # GPU (chapter 3 with one NCCL rank, and with two ranks on the CPU backend with GPU buffers), a rank
-# killed in the middle of a job with GPU buffers (tools/gpu_fault_drill.sh), the
+# killed in the middle of a job with GPU buffers (tools/gpu_fault_drill.sh), the host's time per
+# NCCL all-reduce with each kind of communicator (tools/nccl_host_cost.sh), the
 # DDP equivalence test on GPU buffers, chapter 12's GPT (its kernels against its C loops, and a
 # short run of nanoGPT's GPU setting), compute-sanitizer's memcheck, initcheck and synccheck where
 # the toolkit has it, and make bench-gpu beside PyTorch. The report goes to
@@ -64,7 +65,7 @@ else
 fi
 for p in tests/test_gpu tests/test_gpu_pg tests/test_ddp tests/test_own_model tests/test_gpt examples/ch01_single_gpu \
          examples/ch03_multi_gpu examples/ch06_fault_tolerance examples/ch08_large_mlp examples/ch12_gpt \
-         bench/large_mlp_launched; do
+         bench/large_mlp_launched allreduce_perf; do
     if [ ! -x "$PROGS/$p" ]; then
         say "FAIL: $PROGS/$p is not built: run make gpu-check-build (BUILD=$BUILD) on a machine with the CUDA toolkit"
         exit 1
@@ -131,6 +132,9 @@ step chapter12_gpt_on_the_gpu '^step +60/60 .* tokens/s' "$PROGS/examples/ch12_g
 # the fault drill one GPU allows (tools/gpu_fault_drill.sh): rank 1 of 2 on the CPU backend with GPU
 # buffers killed with kill -9, started by hand; rank 0 must fail naming the loss (the time is reported)
 step fault_drill_peer_killed 'rank 0 failed after [0-9.]+ s with DDP_ERR_PEER_LOST' bash tools/gpu_fault_drill.sh "$PROGS" "$OUT"
+# the NCCL communicator's two modes measured by the host's time per all-reduce, one rank
+# (tools/nccl_host_cost.sh)
+step nccl_host_cost 'costs the host: non-blocking issue' bash tools/nccl_host_cost.sh "$PROGS" "$OUT"
 # compute-sanitizer (the toolkit's): out-of-bounds and misaligned accesses, leaks, reads of device
 # memory never written, and barrier misuse, in ddp.h's kernels and CUDA calls. Not on the stand-in,
 # whose "GPU" is the host.

@@ -122,13 +122,15 @@ fi
 # ---- the all-reduce benchmark's own checks (nccl-tests' "Out of bounds values") on NCCL -----------------
 if plain_only allreduce_perf_on_nccl; then
     echo "== allreduce_perf on NCCL"
-    for run in "4 float sum 0" "4 half avg 0" "3 bfloat16 max 0" "3 float avg 1"; do
+    # the last: a blocking communicator (DDP_NCCL_BLOCKING=1), with -H 1's host columns
+    for run in "4 float sum 0 0" "4 half avg 0 0" "3 bfloat16 max 0 0" "3 float avg 1 0" "2 float sum 0 1"; do
         set -- $run
-        out=$(FAKEGPU_DEVICES=$1 DDP_NCCL_RING=$4 with_timeout 120 "$BUILD/ddprun" --standalone --nproc-per-node "$1" \
-              "$FG/allreduce_perf" -b 4K -e 4M -f 8 -n 3 -w 1 -d "$2" -o "$3" 2>&1)
-        name="allreduce_perf_nccl_$1_ranks_$2_$3$([ "$4" = 1 ] && echo _own_ring)"
-        if grep -q 'Out of bounds values : 0 OK' <<<"$out" && [ "$(grep -c 'backend nccl' <<<"$out")" = "$1" ]; then ok "$name"
-        else bad "$name" "$(grep -E 'Out of bounds|wrong|DDP_ERR' <<<"$out" | tail -n 4)"; fi
+        out=$(FAKEGPU_DEVICES=$1 DDP_NCCL_RING=$4 DDP_NCCL_BLOCKING=$5 with_timeout 120 "$BUILD/ddprun" --standalone \
+              --nproc-per-node "$1" "$FG/allreduce_perf" -b 4K -e 4M -f 8 -n 3 -w 1 -d "$2" -o "$3" -H "$5" 2>&1)
+        name="allreduce_perf_nccl_$1_ranks_$2_$3$([ "$4" = 1 ] && echo _own_ring)$([ "$5" = 1 ] && echo _blocking)"
+        if grep -q 'Out of bounds values : 0 OK' <<<"$out" && [ "$(grep -c 'backend nccl' <<<"$out")" = "$1" ] &&
+           { [ "$5" = 0 ] || grep -q 'NCCL communicator: blocking' <<<"$out"; }; then ok "$name"
+        else bad "$name" "$(grep -E 'Out of bounds|wrong|DDP_ERR|communicator' <<<"$out" | tail -n 4)"; fi
     done
 fi
 

@@ -330,15 +330,23 @@ static void nccl_drill(int kind) {
     dr.kind = kind;
     snprintf(dr.pidfile, sizeof dr.pidfile, "%s/ddp_drill_%ld.pid", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
     unsetenv("DDP_TIMEOUT");
-    for (report = 0; report <= (getenv("FAKEGPU_DEVICES") ? 1 : 0); report++) { /* the stand-in: both ways */
-        if (report) setenv("FAKEGPU_NCCL_REPORT", "1", 1);
+    /* On the stand-in: NCCL reports nothing (as on hardware), then it reports the fault too; and for
+       the drills where the communicator's mode matters (waits, teardown), a blocking communicator
+       (DDP_NCCL_BLOCKING=1), whose teardown cannot finalize with a deadline. */
+    for (report = 0; report <= (getenv("FAKEGPU_DEVICES") ? 2 : 0); report++) {
+        if (report == 2 && kind != 0 && kind != 1 && kind != 3) break;
+        if (report == 1) setenv("FAKEGPU_NCCL_REPORT", "1", 1);
         else unsetenv("FAKEGPU_NCCL_REPORT");
+        if (report == 2) setenv("DDP_NCCL_BLOCKING", "1", 1);
         remove(dr.pidfile);
         CHECKF(ddp_spawn(4, drill_rank, &dr) == DDP_OK, "%s: %s",
-               report ? "with FAKEGPU_NCCL_REPORT=1 (NCCL reports the fault too)" : "NCCL reports nothing",
+               report == 1 ? "with FAKEGPU_NCCL_REPORT=1 (NCCL reports the fault too)"
+               : report == 2 ? "a blocking communicator (DDP_NCCL_BLOCKING=1), NCCL reports nothing"
+                             : "NCCL reports nothing",
                ddp_error_string());
     }
     unsetenv("FAKEGPU_NCCL_REPORT");
+    unsetenv("DDP_NCCL_BLOCKING");
     remove(dr.pidfile);
 }
 static void nccl_ended_peer_named(void) { nccl_drill(0); }
