@@ -53,6 +53,7 @@ typedef struct gpt_acts {
     float *res1;                      /* [BT,C]: x after the attention's residual */
     float *ln2, *ln2_mean, *ln2_rstd;
     float *fc, *fc_gelu;              /* [BT,4C] */
+    float* fc_slope;                  /* [BT,4C] GELU's derivative (on the CPU only; NULL on a GPU) */
     float *res2;                      /* [BT,C]: the block's output */
 } gpt_acts;
 
@@ -368,35 +369,59 @@ static void gpt_attention_backward(gpt* g, float* dqkv, float* ds, const float* 
    7.1.26, within 1.5e-7 of the true value (float's own rounding near 1 is 6e-8), because its one
    exponential, exp(-x^2/2), is also what the backward's density needs: one expf per element each
    way, where erff and expf would be two. The kernels use the same formula. */
-static float gpt__erf_half(float x, float* e) { /* erf(x / sqrt 2), and *e = exp(-x^2 / 2) */
-    float z = fabsf(x) * 0.70710678f, t = 1.f / (1.f + 0.3275911f * z), y;
-    *e = expf(-0.5f * x * x);
-    y = 1.f - t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f)))) *
-                  *e;
-    return x < 0 ? -y : y;
+/* e^-q for q >= 0, written as arithmetic that the compiler turns into vector instructions (libm's
+   expf is a call, which it cannot): -q = k ln 2 + r with k a whole number and |r| <= ln 2 / 2, then
+   e^-q = 2^k e^r, e^r from a polynomial (Cephes' coefficients) and 2^k put in a float's exponent
+   bits. Within about 2 ulp of expf. q above 87 counts as 87 (e^-87 is near the smallest normal
+   float, and erf is 1 there anyway); the bits of a float >= 0 order as its value does, so that
+   clamp is an integer minimum, which vectorises too (fminf is a call). */
+static float gpt__exp_minus(float q) {
+    float k, r, p, two_k;
+    int bits, most = 0x42AE0000; /* 87.0f */
+    memcpy(&bits, &q, sizeof bits);
+    bits = bits < most ? bits : most;
+    memcpy(&q, &bits, sizeof q);
+    k = (float)(int)(-q * 1.44269504f - 0.5f); /* the whole number nearest -q / ln 2 */
+    r = -q - k * 0.693359375f + k * 2.12194440e-4f; /* ln 2 in two parts, the first exact in a float */
+    p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f, p = p * r + 8.3334519073e-3f, p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f, p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    bits = ((int)k + 127) << 23;
+    memcpy(&two_k, &bits, sizeof two_k);
+    return p * two_k;
 }
 
-static void gpt_gelu_forward(gpt* g, float* out, const float* in, long long n) {
+static float gpt__erf_half(float x, float* e) { /* erf(x / sqrt 2), and *e = exp(-x^2 / 2) */
+    float z = fabsf(x) * 0.70710678f, t = 1.f / (1.f + 0.3275911f * z), y;
+    *e = gpt__exp_minus(0.5f * x * x);
+    y = 1.f - t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f)))) *
+                  *e;
+    return copysignf(y, x);
+}
+
+static void gpt_gelu_forward(gpt* g, float* out, float* slope, const float* in, long long n) {
     long long i;
-    float e;
     if (g->gpu) {
         GPT_LAUNCH(g, "gpt_gelu_forward", n, &out, &in, &n);
         return;
     }
-    for (i = 0; i < n; i++) out[i] = 0.5f * in[i] * (1.f + gpt__erf_half(in[i], &e));
+    for (i = 0; i < n; i++) {
+        float e, cdf = 0.5f * (1.f + gpt__erf_half(in[i], &e));
+        out[i] = in[i] * cdf;
+        slope[i] = cdf + in[i] * 0.39894228f * e;
+    }
 }
 
-/* din = dout (Phi(x) + x phi(x)), phi the normal density; din may be dout. */
-static void gpt_gelu_backward(gpt* g, float* din, const float* in, const float* dout, long long n) {
+/* din = dout (Phi(x) + x phi(x)); din may be dout. */
+static void gpt_gelu_backward(gpt* g, float* din, const float* slope, const float* in, const float* dout,
+                              long long n) {
     long long i;
     if (g->gpu) {
         GPT_LAUNCH(g, "gpt_gelu_backward", n, &din, &in, &dout, &n);
         return;
     }
-    for (i = 0; i < n; i++) {
-        float e, cdf = 0.5f * (1.f + gpt__erf_half(in[i], &e));
-        din[i] = dout[i] * (cdf + in[i] * 0.39894228f * e);
-    }
+    for (i = 0; i < n; i++) din[i] = dout[i] * slope[i];
 }
 static const char gpt_cu_gelu[] =
     "__device__ float gpt_erf_half(float x, float* e) {\n"
@@ -596,6 +621,7 @@ static void gpt_create(gpt* g, const gpt_config* cfg, ddp_device dev, int max_bt
         a->ln2 = gpt__floats(g, (size_t)max_bt * C), a->ln2_mean = gpt__floats(g, max_bt);
         a->ln2_rstd = gpt__floats(g, max_bt);
         a->fc = gpt__floats(g, (size_t)max_bt * 4 * C), a->fc_gelu = gpt__floats(g, (size_t)max_bt * 4 * C);
+        a->fc_slope = g->gpu ? NULL : gpt__floats(g, (size_t)max_bt * 4 * C);
         a->res2 = gpt__floats(g, (size_t)max_bt * C);
     }
     g->lnf = gpt__floats(g, (size_t)max_bt * C), g->lnf_mean = gpt__floats(g, max_bt);
@@ -614,7 +640,7 @@ static void gpt_free(gpt* g) {
     for (l = 0; l < g->cfg.layers; l++) {
         gpt_acts* a = &g->a[l];
         float* acts[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res1,
-                         a->ln2, a->ln2_mean, a->ln2_rstd, a->fc, a->fc_gelu, a->res2};
+                         a->ln2, a->ln2_mean, a->ln2_rstd, a->fc, a->fc_gelu, a->res2, a->fc_slope};
         size_t k;
         for (k = 0; k < sizeof acts / sizeof acts[0]; k++) ddp_free(g->dev, acts[k]);
     }
@@ -668,7 +694,7 @@ static float gpt_forward(gpt* g, const int* tokens, const int* targets, int B, i
         gpt_residual_forward(g, a->res1, a->res1, x, (long long)BT * C);
         gpt_layernorm_forward(g, a->ln2, a->ln2_mean, a->ln2_rstd, a->res1, k->ln2_w->data, k->ln2_b->data, BT, C);
         gpt_linear_forward(g, a->fc, a->ln2, k->fc_w->data, k->fc_b->data, BT, C, 4 * C);
-        gpt_gelu_forward(g, a->fc_gelu, a->fc, (long long)BT * 4 * C);
+        gpt_gelu_forward(g, a->fc_gelu, a->fc_slope, a->fc, (long long)BT * 4 * C);
         gpt_linear_forward(g, a->res2, a->fc_gelu, k->mlp_proj_w->data, k->mlp_proj_b->data, BT, 4 * C, C);
         gpt_residual_forward(g, a->res2, a->res2, a->res1, (long long)BT * C);
         DDP_CHECK(ddp_unit_end(g->m, l + 1, DDP_FORWARD));
@@ -709,7 +735,7 @@ static void gpt_backward(gpt* g, float scale) {
                             k->mlp_proj_w->data, BT, 4 * C, C);
         DDP_CHECK(ddp_param_grad_ready(k->mlp_proj_b));
         DDP_CHECK(ddp_param_grad_ready(k->mlp_proj_w));
-        gpt_gelu_backward(g, g->dbig, a->fc, g->dbig, (long long)BT * 4 * C);
+        gpt_gelu_backward(g, g->dbig, a->fc_slope, a->fc, g->dbig, (long long)BT * 4 * C);
         gpt_linear_backward(g, dtmp, k->fc_w->grad, k->fc_b->grad, g->dbig, a->ln2, k->fc_w->data, BT, C, 4 * C);
         DDP_CHECK(ddp_param_grad_ready(k->fc_b));
         DDP_CHECK(ddp_param_grad_ready(k->fc_w));

@@ -80,7 +80,7 @@ void lab_gpt_backward(gpt* g, float scale) {
         /* the MLP's branch: dx reaches its output unchanged through the residual */
         gpt_linear_backward(g, g->dbig, k->mlp_proj_w->grad, k->mlp_proj_b->grad, dx, a->fc_gelu,
                             k->mlp_proj_w->data, BT, 4 * C, C);
-        gpt_gelu_backward(g, g->dbig, a->fc, g->dbig, (long long)BT * 4 * C);
+        gpt_gelu_backward(g, g->dbig, a->fc_slope, a->fc, g->dbig, (long long)BT * 4 * C);
         gpt_linear_backward(g, dtmp, k->fc_w->grad, k->fc_b->grad, g->dbig, a->ln2, k->fc_w->data, BT, C, 4 * C);
         gpt_layernorm_backward(g, dx, k->ln2_w->grad, k->ln2_b->grad, dtmp, a->res1, k->ln2_w->data, a->ln2_mean,
                                a->ln2_rstd, BT, C); /* dx is now the gradient of res1 */

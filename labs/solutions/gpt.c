@@ -36,7 +36,7 @@ void lab_gpt_backward(gpt* g, float scale) {
                             k->mlp_proj_w->data, BT, 4 * C, C);
         DDP_CHECK(ddp_param_grad_ready(k->mlp_proj_b));
         DDP_CHECK(ddp_param_grad_ready(k->mlp_proj_w));
-        gpt_gelu_backward(g, g->dbig, a->fc, g->dbig, (long long)BT * 4 * C);
+        gpt_gelu_backward(g, g->dbig, a->fc_slope, a->fc, g->dbig, (long long)BT * 4 * C);
         gpt_linear_backward(g, dtmp, k->fc_w->grad, k->fc_b->grad, g->dbig, a->ln2, k->fc_w->data, BT, C, 4 * C);
         DDP_CHECK(ddp_param_grad_ready(k->fc_b));
         DDP_CHECK(ddp_param_grad_ready(k->fc_w));
