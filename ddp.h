@@ -1539,7 +1539,11 @@ struct ddp_pg {
     size_t shm_bytes, shm_chunk; /* its size; bytes per slot */
     uint32_t shm_phase;        /* this rank's phase counter, as published */
     uint64_t shm_chunks;       /* chunks done: picks the slot set */
+    uint32_t shm_reuse;        /* the phase every rank must reach before the next chunk's set is
+                                  written: the last chunk's first one (>>shm) */
+    size_t shm_one_step;       /* all-reduces up to this many bytes take one step (>>shm) */
     double shm_spin_s;         /* how long a wait spins before it sleeps */
+    int shm_yield;             /* more local ranks than cores: a wait yields its core (>>shm) */
     size_t shm_stream_bytes;   /* collectives this large copy their result out with streaming stores */
     size_t shm_slot_stream;    /* all-reduces smaller than this write their slots with streaming stores */
     void* nccl;                /* the NCCL backend's state */
@@ -6506,6 +6510,8 @@ done:
 /*      DDP_SHM_SLOT_STREAM_BELOW  all-reduces smaller than this write their shared-memory slots  */
 /*                              past the caches, which the reading core fetches faster (512 KiB;  */
 /*                              0: never).                                                        */
+/*      DDP_SHM_ONE_STEP_BYTES  all-reduces up to this size take one step through shared memory   */
+/*                              instead of two phases (16 KiB; 0: never).                          */
 /*      DDP_BIND=core|none      ranks on one machine each keep to their own share of its cores    */
 /*                              (Linux; core, the default, when there is a core per local rank;   */
 /*                              a set of CPUs a launcher gave one rank alone is kept whole).      */
@@ -9483,10 +9489,20 @@ DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, si
    a set again it waits until every rank has finished phase 1 of the chunk in between, which they
    do only after they are done with that set.
 
+   A small all-reduce on three ranks or more takes one step instead (up to DDP_SHM_ONE_STEP_BYTES):
+   every rank copies its whole buffer into its slot, raises its counter, waits for every other
+   rank's, and adds up all W slots itself, in rank order, so every rank gets the same bits. Each
+   rank reads (W-1) S where the two phases read about 2S, but it waits once instead of twice, and
+   for a small buffer the waits are the cost (latency: Open MPI and NCCL switch algorithm by size
+   too). Before writing a set, a rank waits until every rank has made the first raise of the chunk
+   in between: a rank makes it only once it is done reading that set, whichever way that chunk
+   went.
+
    A rank waits for a counter by spinning (a peer on another core answers sooner than a sleeping
    thread wakes) and then sleeping on it (a futex on Linux, short sleeps elsewhere): 20 us on the
    communication thread, whose core the training thread needs during backward, and 10 ms in a
-   blocking call, which has nothing else to do; no spin when ranks outnumber the cores. Every wait has the collective's
+   blocking call, which has nothing else to do; when ranks outnumber the cores, no spin: the
+   wait yields its core for a millisecond, then sleeps. Every wait has the collective's
    deadline and watches for a dead neighbour, a rank that left (ddp_destroy) and another rank's
    failure (the abort line). The header of each collective (ddp__ring_header) sits in the control
    block, so ranks that call different collectives fail with DDP_ERR_DESYNC as on the ring.
@@ -9684,11 +9700,17 @@ DDP__PRIVATE ddp_status ddp__shm_wait_one(ddp_pg* pg, ddp_work* w, int q, uint32
        has gone to sleep, and a whole launch runs an order of magnitude slower. */
     double t = ddp__now(), spin_until = t + (ddp__comm_thread ? pg->shm_spin_s : pg->shm_spin_s * 500);
     int i;
+    /* With more ranks than cores, the rank waited for may need this very core: the wait gives it
+       up (sched_yield) for a millisecond before it sleeps, so a runnable peer gets the core at once
+       and this rank gets it back as soon as the peer waits in turn, without a sleep and a wake-up
+       on each side. */
+    if (pg->shm_yield) spin_until = t + 1e-3;
     for (i = 0; !ddp__shm_reached(o, target); i++) {
         uint32_t who;
         int dead;
         if ((i & 63) != 63) {
-            DDP__SPIN_HINT();
+            if (pg->shm_yield) sched_yield();
+            else DDP__SPIN_HINT();
             continue;
         }
         t = ddp__now();
@@ -9837,6 +9859,31 @@ DDP__PRIVATE void ddp__add2_f32(float* DDP__RESTRICT out, float* DDP__RESTRICT i
         for (; i < n; i++) out[i] = io[i] = (io[i] + b[i]) / div;
 }
 
+/* A small all-reduce in one step (see the top of this section): the whole buffer into this rank's
+   slot, one wait, then every slot added up in rank order into `host`. */
+DDP__PRIVATE ddp_status ddp__shm_all_reduce_one_step(ddp_pg* pg, ddp_work* w, unsigned char* host) {
+    const int W = pg->world, set = (int)(pg->shm_chunks & 1);
+    const size_t es = ddp_dtype_size(w->dtype), n = w->count, bytes = n * es;
+    const double deadline = ddp__now() + pg->timeout;
+    int q;
+    if (ddp__log_level_enabled() >= DDP_LOG_DETAIL)
+        ddp__log(DDP_LOG_DETAIL, "all_reduce #%llu through shared memory in one step: %zu bytes from each of %d slots",
+                 (unsigned long long)w->seq, bytes, W);
+    ddp__ring_header(w, ddp__shm_rank_of(pg, pg->rank)->hdr[w->seq & 1]);
+    if (pg->shm_chunks > 0) DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_reuse, 0, deadline));
+    memcpy(ddp__shm_slot(pg, set, pg->rank), host, bytes);
+    ddp__shm_publish(pg);
+    pg->shm_reuse = pg->shm_phase;
+    DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_phase, 1, deadline));
+    memcpy(host, ddp__shm_slot(pg, set, 0), bytes);
+    for (q = 1; q < W; q++) ddp__reduce(host, ddp__shm_slot(pg, set, q), n, w->dtype, w->op);
+    if (w->op == DDP_AVG) ddp__divide(host, n, w->dtype, W);
+    pg->shm_chunks++;
+    DDP__COUNT(pg->bytes_sent, (uint64_t)bytes * (uint64_t)(W - 1)); /* read by the W - 1 others */
+    DDP__COUNT(pg->bytes_received, (uint64_t)bytes * (uint64_t)(W - 1));
+    return DDP_OK;
+}
+
 /* One collective through the segment, on `host` laid out as for the ring (ddp__cpu_run_once).
    The chunked axis: the buffer (all-reduce, broadcast), or each rank's part (all-gather,
    reduce-scatter; a reduce-scatter slot holds the chunk of every destination's part). */
@@ -9859,6 +9906,9 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
        was measured (make bench), so only it streams. */
     const int slot_stream = n * es < pg->shm_slot_stream;
     unsigned char empty[64];
+    /* (two ranks: the two phases measured faster, each rank adding up only half) */
+    if (kind == DDP__ALL_REDUCE && W > 2 && n > 0 && n * es <= pg->shm_one_step && n * es <= pg->shm_chunk)
+        return ddp__shm_all_reduce_one_step(pg, w, host);
     if (!host) host = empty; /* an empty collective on a rank with no buffer: still checked, nothing copied */
     if (ddp__log_level_enabled() >= DDP_LOG_DETAIL)
         ddp__log(DDP_LOG_DETAIL, "%s #%llu through shared memory: %zu chunk(s) of up to %zu elements",
@@ -9870,7 +9920,7 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
         unsigned char* mine = ddp__shm_slot(pg, set, r);
         const size_t s0 = ddp__seg_start(c, W, r), s1 = ddp__seg_start(c, W, r + 1);
         /* this set was last used two chunks ago: everyone must be done with it */
-        if (pg->shm_chunks > 0) DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_phase - 1, 0, deadline));
+        if (pg->shm_chunks > 0) DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_reuse, 0, deadline));
         /* phase 1: my part of the chunk into my slot (all-reduce: not my own share, which only I read) */
         if (kind == DDP__ALL_REDUCE) {
             ddp__copy(mine, host + off * es, s0 * es, slot_stream);
@@ -9882,6 +9932,7 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
         else if (kind == DDP__REDUCE_SCATTER)
             for (q = 0; q < W; q++) ddp__mcpy(mine + (size_t)q * c * es, host + ((size_t)q * n + off) * es, c * es);
         ddp__shm_publish(pg);
+        pg->shm_reuse = pg->shm_phase; /* for the chunk after this one */
         DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_phase, first, deadline));
         first = 0;
         /* phase 2: read the others' slots */
@@ -10245,8 +10296,10 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
             /* spin only when every local rank has a core: with more ranks than cores, a spinning
                rank takes the core the one it waits for needs */
             pg->shm_spin_s = ddp__env_tuning("DDP_SHM_SPIN_US", cores >= W ? 20 : 0, 0, 0, "microseconds") * 1e-6;
+            pg->shm_yield = cores < W;
             pg->shm_stream_bytes = (size_t)ddp__env_tuning("DDP_SHM_STREAM_BYTES", 32 << 20, 1, 1, "bytes");
             pg->shm_slot_stream = (size_t)ddp__env_tuning("DDP_SHM_SLOT_STREAM_BELOW", 512 << 10, 0, 1, "bytes");
+            pg->shm_one_step = (size_t)ddp__env_tuning("DDP_SHM_ONE_STEP_BYTES", 16 << 10, 0, 1, "bytes");
             ddp__log(DDP_LOG_INFO, "transport: shared memory (%d ranks on this host, %zu KiB chunks, %.1f MiB segment)",
                     W, chunk >> 10, (double)bytes / (1 << 20));
             return DDP_OK;

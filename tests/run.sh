@@ -361,6 +361,15 @@ if grep -q "step 1/4 (reduce-scatter): send segment 0 \[0, 1) to rank 1" <<<"$ou
    grep -q "step 4/4 (all-gather): received segment 2 \[2, 3) from rank 2 and copied it" <<<"$out"; then
     ok ring_steps_printed_at_detail
 else bad ring_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
+# a small all-reduce on 3 ranks over shared memory takes one step (>>shm), a large one the two
+# phases, and DDP_SHM_ONE_STEP_BYTES=0 turns the one step off; the results are checked either way
+out=$(DDP_DEBUG=DETAIL DDP_TRANSPORT=shm with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 4K -e 64K -f 16 -n 2 -w 1 2>&1)
+out0=$(DDP_DEBUG=DETAIL DDP_TRANSPORT=shm DDP_SHM_ONE_STEP_BYTES=0 with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 4K -e 4K -n 2 -w 1 2>&1)
+if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "Out of bounds values : 0 OK" <<<"$out0" &&
+   grep -q "through shared memory in one step: 4096 bytes from each of 3 slots" <<<"$out" &&
+   grep -q "all_reduce #[0-9]* through shared memory: 1 chunk(s) of up to" <<<"$out" && ! grep -q "in one step" <<<"$out0"; then
+    ok shm_small_all_reduce_in_one_step
+else bad shm_small_all_reduce_in_one_step "$(grep -E 'Out of bounds|one step|chunk' <<<"$out$out0" | head -n 6)"; fi
 # log lines carry one rank label: under ddprun its "[rank R]: " alone, even before ddp_init; by hand,
 # before ddp_init, the launcher's RANK and WORLD_SIZE (nobody listens at the port: init fails at once)
 out=$(DDP_DEBUG=INFO with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 2 "$BUILD/examples/ch04_multi_node" --device cpu \

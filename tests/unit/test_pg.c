@@ -295,6 +295,7 @@ static void world_3(void) { run_world(3, 0); }
 static void world_4_with_64MiB(void) { run_world(4, (size_t)16 << 20); }
 static void world_5(void) { run_world(5, 0); }
 static void world_8(void) { run_world(8, 0); }
+static void world_9(void) { run_world(9, 0); }
 
 /* Several collectives in flight: issued back to back without waiting, then waited for in
    reverse; each completes correctly, and they complete in the order issued. */
@@ -460,6 +461,7 @@ int main(void) {
     RUN(world_4_with_64MiB);
     RUN(world_5);
     RUN(world_8);
+    RUN(world_9);
     RUN(collectives_in_flight_complete_in_order);
     RUN(misuse_refused);
     RUN(collective_count_and_simulated_latency);
