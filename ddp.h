@@ -6510,8 +6510,8 @@ done:
 /*      DDP_SHM_SLOT_STREAM_BELOW  all-reduces smaller than this write their shared-memory slots  */
 /*                              past the caches, which the reading core fetches faster (512 KiB;  */
 /*                              0: never).                                                        */
-/*      DDP_SHM_ONE_STEP_BYTES  all-reduces up to this size take one step through shared memory   */
-/*                              instead of two phases (16 KiB; 0: never).                          */
+/*      DDP_SHM_ONE_STEP_BYTES  all-reduces up to this size, on 3 ranks or more, take one step     */
+/*                              through shared memory instead of two phases (0, the default: never). */
 /*      DDP_BIND=core|none      ranks on one machine each keep to their own share of its cores    */
 /*                              (Linux; core, the default, when there is a core per local rank;   */
 /*                              a set of CPUs a launcher gave one rank alone is kept whole).      */
@@ -9489,14 +9489,15 @@ DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, si
    a set again it waits until every rank has finished phase 1 of the chunk in between, which they
    do only after they are done with that set.
 
-   A small all-reduce on three ranks or more takes one step instead (up to DDP_SHM_ONE_STEP_BYTES):
+   With DDP_SHM_ONE_STEP_BYTES set, a small all-reduce on three ranks or more takes one step instead:
    every rank copies its whole buffer into its slot, raises its counter, waits for every other
    rank's, and adds up all W slots itself, in rank order, so every rank gets the same bits. Each
    rank reads (W-1) S where the two phases read about 2S, but it waits once instead of twice, and
    for a small buffer the waits are the cost (latency: Open MPI and NCCL switch algorithm by size
-   too). Before writing a set, a rank waits until every rank has made the first raise of the chunk
-   in between: a rank makes it only once it is done reading that set, whichever way that chunk
-   went.
+   too). It is off by default: the chapters count the bytes of the ring's algorithm (ZeRO's against
+   DDP's), and once the waits yield their core (below) the two phases are about as fast. Before
+   writing a set, a rank waits until every rank has made the first raise of the chunk in between: a
+   rank makes it only once it is done reading that set, whichever way that chunk went.
 
    A rank waits for a counter by spinning (a peer on another core answers sooner than a sleeping
    thread wakes) and then sleeping on it (a futex on Linux, short sleeps elsewhere): 20 us on the
@@ -10299,7 +10300,7 @@ DDP__PRIVATE ddp_status ddp__shm_setup(ddp_pg* pg) {
             pg->shm_yield = cores < W;
             pg->shm_stream_bytes = (size_t)ddp__env_tuning("DDP_SHM_STREAM_BYTES", 32 << 20, 1, 1, "bytes");
             pg->shm_slot_stream = (size_t)ddp__env_tuning("DDP_SHM_SLOT_STREAM_BELOW", 512 << 10, 0, 1, "bytes");
-            pg->shm_one_step = (size_t)ddp__env_tuning("DDP_SHM_ONE_STEP_BYTES", 16 << 10, 0, 1, "bytes");
+            pg->shm_one_step = (size_t)ddp__env_tuning("DDP_SHM_ONE_STEP_BYTES", 0, 0, 1, "bytes");
             ddp__log(DDP_LOG_INFO, "transport: shared memory (%d ranks on this host, %zu KiB chunks, %.1f MiB segment)",
                     W, chunk >> 10, (double)bytes / (1 << 20));
             return DDP_OK;

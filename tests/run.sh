@@ -59,13 +59,14 @@ done
 for t in test_pg test_desync; do
     run_prog "$t (DDP_TRANSPORT=tcp)" env DDP_TRANSPORT=tcp "$BUILD/tests/$t"
 done
-# and shared memory in chunks of 4 KiB: every collective crosses many chunks and both slot sets
+# and shared memory in chunks of 4 KiB: every collective crosses many chunks and both slot sets,
+# with the all-reduces up to 4 KiB in one step between them (DDP_SHM_ONE_STEP_BYTES)
 # (not under ThreadSanitizer: the default chunks take the same slot protocol through the same
 # code, its largest messages over many chunks, and this run cost TSan's suite two minutes)
 if [ "${DDP_TSAN:-0}" = 1 ]; then
-    skp "test_pg (DDP_SHM_CHUNK_BYTES=4096)" "make test and make sanitize run it; under TSan test_pg's default chunks take the same code"
+    skp "test_pg (DDP_SHM_CHUNK_BYTES=4096, one step up to 4096)" "make test and make sanitize run it; under TSan test_pg's default chunks take the same code"
 else
-    run_prog "test_pg (DDP_SHM_CHUNK_BYTES=4096)" env DDP_SHM_CHUNK_BYTES=4096 "$BUILD/tests/test_pg"
+    run_prog "test_pg (DDP_SHM_CHUNK_BYTES=4096, one step up to 4096)" env DDP_SHM_CHUNK_BYTES=4096 DDP_SHM_ONE_STEP_BYTES=4096 "$BUILD/tests/test_pg"
 fi
 # the GPU path on the GPU stand-in (tests/fakegpu): CUDA, cuBLAS, NVRTC and NCCL emulated on the CPU
 run_prog "GPU stand-in" bash tests/fakegpu/test_fakegpu.sh "$BUILD"
@@ -361,10 +362,11 @@ if grep -q "step 1/4 (reduce-scatter): send segment 0 \[0, 1) to rank 1" <<<"$ou
    grep -q "step 4/4 (all-gather): received segment 2 \[2, 3) from rank 2 and copied it" <<<"$out"; then
     ok ring_steps_printed_at_detail
 else bad ring_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
-# a small all-reduce on 3 ranks over shared memory takes one step (>>shm), a large one the two
-# phases, and DDP_SHM_ONE_STEP_BYTES=0 turns the one step off; the results are checked either way
-out=$(DDP_DEBUG=DETAIL DDP_TRANSPORT=shm with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 4K -e 64K -f 16 -n 2 -w 1 2>&1)
-out0=$(DDP_DEBUG=DETAIL DDP_TRANSPORT=shm DDP_SHM_ONE_STEP_BYTES=0 with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 4K -e 4K -n 2 -w 1 2>&1)
+# with DDP_SHM_ONE_STEP_BYTES=16384 a small all-reduce on 3 ranks over shared memory takes one step
+# (>>shm), a large one the two phases; by default every size takes the two phases; the results are
+# checked either way (test_pg's run in 4 KiB chunks mixes both paths)
+out=$(DDP_DEBUG=DETAIL DDP_TRANSPORT=shm DDP_SHM_ONE_STEP_BYTES=16384 with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 4K -e 64K -f 16 -n 2 -w 1 2>&1)
+out0=$(DDP_DEBUG=DETAIL DDP_TRANSPORT=shm with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 4K -e 4K -n 2 -w 1 2>&1)
 if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "Out of bounds values : 0 OK" <<<"$out0" &&
    grep -q "through shared memory in one step: 4096 bytes from each of 3 slots" <<<"$out" &&
    grep -q "all_reduce #[0-9]* through shared memory: 1 chunk(s) of up to" <<<"$out" && ! grep -q "in one step" <<<"$out0"; then
