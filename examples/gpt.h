@@ -372,9 +372,9 @@ static void gpt_attention_backward(gpt* g, float* dqkv, float* ds, const float* 
 /* e^-q for q >= 0, written as arithmetic that the compiler turns into vector instructions (libm's
    expf is a call, which it cannot): -q = k ln 2 + r with k a whole number and |r| <= ln 2 / 2, then
    e^-q = 2^k e^r, e^r from a polynomial (Cephes' coefficients) and 2^k put in a float's exponent
-   bits. Within about 2 ulp of expf. q above 87 counts as 87 (e^-87 is near the smallest normal
-   float, and erf is 1 there anyway); the bits of a float >= 0 order as its value does, so that
-   clamp is an integer minimum, which vectorises too (fminf is a call). */
+   bits. Within 1 ulp of libm's expf at every q = k 1e-6 up to 87. q above 87 counts as 87 (e^-87
+   is near the smallest normal float, and erf is 1 there anyway); the bits of a float >= 0 order as
+   its value does, so that clamp is an integer minimum, which vectorises too (fminf is a call). */
 static float gpt__exp_minus(float q) {
     float k, r, p, two_k;
     int bits, most = 0x42AE0000; /* 87.0f */
