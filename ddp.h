@@ -1679,6 +1679,18 @@ DDP__PRIVATE ddp_status ddp__pick_backend(const ddp_desc* d, ddp_device dev, ddp
     return DDP_OK;
 }
 
+/* ddp_init failed with the store up. The checks made together (agree, shared GPUs) stop every rank
+   with the same words, but rank 0 hosts the store: were it to close the store at once, a neighbour
+   still between two store calls would report a lost store instead of the cause. So each rank says
+   it is leaving, and rank 0 waits for all of them (a rank that failed alone waits at most 5 s). */
+DDP__PRIVATE void ddp__init_failed_leave(ddp_pg* pg) {
+    int64_t left = 0;
+    double until = ddp__now() + (pg->timeout < 5.0 ? pg->timeout : 5.0);
+    if (ddp__store_add(pg->store, "ddp/init_failed", 1, &left) != DDP_OK || pg->rank != 0) return;
+    while (left < pg->world && ddp__now() < until && ddp__store_add(pg->store, "ddp/init_failed", 0, &left) == DDP_OK)
+        ddp__sleep(0.002);
+}
+
 DDP__DEF ddp_status ddp_init(const ddp_desc* desc, ddp_pg** out) {
     ddp_desc d;
     ddp_pg* pg;
@@ -1807,6 +1819,7 @@ fail:
         char msg[sizeof ddp__err_msg];
         const char* fix = ddp__err_fix;
         memcpy(msg, ddp__err_msg, sizeof msg);
+        if (pg->store && !pg->joined) ddp__init_failed_leave(pg);
         ddp_destroy(pg);
         ddp__fail(s, "%s", msg);
         ddp__err_fix = fix;

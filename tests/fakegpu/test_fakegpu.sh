@@ -225,6 +225,25 @@ if plain_only one_visible_gpu_per_rank; then
     expect nccl_shared_gpu_visible_devices_named "or use the cpu backend (DDP_BACKEND=cpu)" fail \
         with_timeout 120 env FAKEGPU_DEVICES=2 "$BUILD/ddprun" --standalone --nproc-per-node 2 \
         sh -c 'CUDA_VISIBLE_DEVICES=1 exec "$0" --device cuda --epochs 1 --save-every 0' "$FG/examples/ch04_multi_node"
+    # every rank stops with those words, none with a lost store: rank 0, which hosts the store and
+    # usually reaches the verdict first, stays until the others have read it. Rank 1 runs at the
+    # lowest priority on rank 0's core, so that it is still between two store calls when rank 0
+    # fails, beside a busy loop (before the fix, 13 of 20 such runs had rank 1 report DDP_ERR_STORE_LOST)
+    if command -v taskset >/dev/null && command -v renice >/dev/null; then
+        lost=0 said=0
+        taskset -c 0 sh -c 'while :; do :; done' & spin=$!
+        for i in 1 2 3 4 5; do
+            out=$(FAKEGPU_DEVICES=2 with_timeout 120 taskset -c 0 "$BUILD/ddprun" --standalone --nproc-per-node 2 \
+                  sh -c 'if [ "$LOCAL_RANK" = 1 ]; then renice -n 19 $$ >/dev/null; fi
+                         CUDA_VISIBLE_DEVICES=1 exec "$0" --device cuda --epochs 1 --save-every 0' \
+                  "$FG/examples/ch04_multi_node" 2>&1)
+            grep -q DDP_ERR_STORE_LOST <<<"$out" && lost=$((lost + 1))
+            grep -qF "or use the cpu backend (DDP_BACKEND=cpu)" <<<"$out" && said=$((said + 1))
+        done
+        kill $spin; wait $spin 2>/dev/null
+        if [ $lost = 0 ] && [ $said = 5 ]; then ok "nccl_shared_gpu_no_rank_loses_the_store (5 runs, the neighbour slowed)"
+        else bad nccl_shared_gpu_no_rank_loses_the_store "of 5 runs, $lost had a rank report a lost store and $said named the shared GPU"; fi
+    else skp nccl_shared_gpu_no_rank_loses_the_store "needs taskset and renice (util-linux)"; fi
     expect nccl_shared_gpu_cpu_backend_trains "test accuracy" 0 \
         with_timeout 120 env FAKEGPU_DEVICES=1 DDP_BACKEND=cpu "$FG/examples/ch03_multi_gpu" --nproc 2 --device cuda --epochs 1 --save-every 0
 fi
