@@ -134,7 +134,8 @@
                             at least 0.1).
     DDP_BACKEND=cpu|nccl|mpi  the backend when ddp_desc.backend is not set (mpi: built with
                             -DDDP_MPI and started by mpirun; see >>mpi).
-    DDP_TRANSPORT, DDP_SHM_*, DDP_BIND, DDP_RING_PIECE_BYTES  tune the machinery: see PART II.
+    DDP_TRANSPORT, DDP_ALGO, DDP_SHM_*, DDP_BIND, DDP_RING_PIECE_BYTES  tune the machinery: see
+                            PART II.
     DDP_SIMULATE_NS_PER_BYTE  make every CPU-backend collective last at least this long per
                             byte: a slow network, to watch communication overlap backward.
     DDP_SIMULATE_LATENCY_US  and at least this long more, once per collective: the network's
@@ -1517,6 +1518,9 @@ struct ddp_pg {
     char broken_msg[sizeof ddp__err_msg];
     /* the CPU backend */
     int left_fd, right_fd;     /* ring: we receive from rank-1 and send to rank+1 */
+    int rd_fd[31], rd_levels;  /* recursive doubling (TCP): the partner rank ^ 2^k, for k < rd_levels */
+    int rd_extra_fd;           /* and the rank this one stands in for, or that stands in for it; -1 */
+    int algo;                  /* DDP_ALGO: 0 chosen by size (the cost model), 1 the ring, 2 doubling */
     pthread_t thread;
     int thread_started, stop;
     pthread_mutex_t lock;
@@ -1544,6 +1548,7 @@ struct ddp_pg {
     size_t shm_one_step;       /* all-reduces up to this many bytes take one step (>>shm) */
     double shm_spin_s;         /* how long a wait spins before it sleeps */
     int shm_yield;             /* more local ranks than cores: a wait yields its core (>>shm) */
+    int tcp_yield;             /* the same on TCP (>>ring, >>cpu) */
     size_t shm_stream_bytes;   /* collectives this large copy their result out with streaming stores */
     size_t shm_slot_stream;    /* all-reduces smaller than this write their slots with streaming stores */
     void* nccl;                /* the NCCL backend's state */
@@ -5101,7 +5106,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
     ddp__ring_cursor snd, rcv;
     size_t snd_sent = 0, rcv_got = 0; /* bytes of the current piece */
     size_t *prefix;                   /* prefix[t - t0] = pieces received before step t */
-    double deadline = ddp__now() + pg->timeout;
+    double deadline = ddp__now() + pg->timeout, yield_until = 0;
     int t;
     prefix = (size_t*)ddp__malloc((size_t)(t1 - t0 + 1) * sizeof *prefix);
     if (!prefix) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating ring bookkeeping failed");
@@ -5133,6 +5138,17 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
         if (can_send) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
         if (rcv.t < t1) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, ri = n++;
         if (n == 0) break; /* cannot happen: a send waits only for a receive that is pending */
+        /* More local ranks than cores: the neighbour this rank waits for may need this very core,
+           so the wait gives it up (sched_yield) for a millisecond before it sleeps in poll */
+        if (pg->tcp_yield && poll(pf, (nfds_t)n, 0) == 0) {
+            double now = ddp__now();
+            if (yield_until == 0) yield_until = now + 1e-3;
+            if (now < yield_until) {
+                sched_yield();
+                continue;
+            }
+        }
+        yield_until = 0;
         if (poll(pf, (nfds_t)n, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline) {
             DDP_FREE(prefix);
             return ddp__ring_timed_out(pg, w, rcv.t, left);
@@ -6525,6 +6541,10 @@ done:
 /*                              0: never).                                                        */
 /*      DDP_SHM_ONE_STEP_BYTES  all-reduces up to this size, on 3 ranks or more, take one step     */
 /*                              through shared memory instead of two phases (0, the default: never). */
+/*      DDP_ALGO=auto|ring|doubling  the TCP all-reduce on 3 ranks or more: recursive doubling for    */
+/*                              small buffers, the ring for large ones, chosen by the cost model  */
+/*                              (auto, the default); ring or doubling forces one (doubling up to  */
+/*                              one piece, DDP_RING_PIECE_BYTES).                                 */
 /*      DDP_BIND=core|none      ranks on one machine each keep to their own share of its cores    */
 /*                              (Linux; core, the default, when there is a core per local rank;   */
 /*                              a set of CPUs a launcher gave one rank alone is kept whole).      */
@@ -10462,6 +10482,12 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
                    : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): it has probably died",
                                ddp__coll_name(w->kind), (unsigned long long)w->seq, right, strerror(errno));
     }
+    if (pg->tcp_yield) { /* as in the ring's steps (ddp__ring): yield the core a while before sleeping */
+        struct pollfd pf;
+        double until = ddp__now() + 1e-3;
+        pf.fd = pg->left_fd, pf.events = POLLIN, pf.revents = 0;
+        while (poll(&pf, 1, 0) == 0 && ddp__now() < until) sched_yield();
+    }
     if (ddp__recv_all(pg->left_fd, theirs, 32, deadline) != 0)
         return errno == ETIMEDOUT
                    ? ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d to "
@@ -10474,12 +10500,22 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
     return ddp__ring_compare(pg, w, mine, theirs);
 }
 
-/* Two ranks, a small all-reduce: the ring's two steps of half the buffer each become one exchange
-   of the whole buffer (the same bytes), with the header in front of the data, so the collective
-   costs one trip through the kernel instead of three. Both ranks add the same two numbers
-   (a + b = b + a exactly in floating point), so their results stay identical. The wait spins on
-   non-blocking reads for a few microseconds before it sleeps in poll: the answer usually arrives
-   sooner than a sleeping thread could be woken. */
+/* Small all-reduces over TCP: recursive doubling. The ring takes 2(W-1) steps, each a message that
+   must start, cross the network and wake its receiver, whatever its size; for a small buffer that
+   latency is the whole cost. Recursive doubling takes log2(W) steps: at step k each rank swaps its
+   whole buffer with rank ^ 2^k and adds, so after k steps each rank holds the sum of its group of
+   2^k ranks. It sends log2(W) x S bytes instead of 2(W-1)/W x S, which the cost model weighs
+   (ddp__use_doubling). A world that is not a power of two, W = P + E with P the largest power of two
+   below it: rank P + i first hands its buffer to rank i and takes no part in the doubling; at the
+   end rank i hands it the result (two steps more). Two ranks are one exchange (ddp__tcp_exchange).
+
+   Every rank gets the same bits: a pair adds the same two numbers, and a + b == b + a exactly in
+   floating point (max too), so after step k the 2^k ranks of a group hold identical buffers. The
+   order of the additions is a tree, ((x0 + x1) + (x2 + x3)) for 4 ranks, not the ring's chain,
+   so the two algorithms may differ in the last bits. Every message starts with the collective's
+   header, which the receiver checks as the ring does. The waits spin a few microseconds before they
+   sleep in poll (the answer usually comes sooner than a sleeping thread wakes), or yield their core
+   when ranks outnumber cores. */
 /* The rest of a 32-byte header followed by `n` bytes of data, `done` bytes of which have moved. */
 DDP__PRIVATE void ddp__iov2(struct msghdr* mh, struct iovec iov[2], unsigned char* head, unsigned char* data, size_t n,
                             size_t done) {
@@ -10488,13 +10524,15 @@ DDP__PRIVATE void ddp__iov2(struct msghdr* mh, struct iovec iov[2], unsigned cha
     iov[1].iov_base = data + (done > 32 ? done - 32 : 0), iov[1].iov_len = n - (done > 32 ? done - 32 : 0);
     mh->msg_iov = iov, mh->msg_iovlen = 2;
 }
-#define DDP__EXCHANGE_MAX ((size_t)64 << 10)
-DDP__PRIVATE ddp_status ddp__tcp_exchange(ddp_pg* pg, ddp_work* w, unsigned char* buf) {
-    const size_t nbytes = w->count * ddp_dtype_size(w->dtype), other = 1 - (size_t)pg->rank;
+
+/* One swap with rank `peer`: the header and `nbytes` of buf go out on sfd (unless sfd < 0) while
+   peer's header and data come in on rfd into pg->piece (unless rfd < 0). `step` names the step in
+   errors (0 for the only one). */
+DDP__PRIVATE ddp_status ddp__tcp_swap(ddp_pg* pg, ddp_work* w, int sfd, int rfd, int peer, int step,
+                                      unsigned char* buf, size_t nbytes, double deadline) {
     unsigned char mine[32], theirs[32];
-    size_t sent = 0, got = 0;
-    const double t0 = ddp__now(), deadline = t0 + pg->timeout;
-    double spin_until = t0 + 20e-6;
+    size_t sent = sfd < 0 ? 32 + nbytes : 0, got = rfd < 0 ? 32 + nbytes : 0;
+    double spin_until = pg->tcp_yield ? 0 : ddp__now() + 20e-6, yield_until = 0;
     ddp__ring_header(w, mine);
     while (sent < 32 + nbytes || got < 32 + nbytes) {
         int progress = 0;
@@ -10503,13 +10541,13 @@ DDP__PRIVATE ddp_status ddp__tcp_exchange(ddp_pg* pg, ddp_work* w, unsigned char
             struct msghdr mh;
             ssize_t k;
             ddp__iov2(&mh, iov, mine, buf, nbytes, sent);
-            k = sendmsg(pg->right_fd, &mh, DDP__SEND_FLAGS | MSG_DONTWAIT);
+            k = sendmsg(sfd, &mh, DDP__SEND_FLAGS | MSG_DONTWAIT);
             if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
                 int e = errno;
-                /* a neighbour that left the job may have said so before its connection closed */
-                if (got >= 32 && ddp__ring_is_leave(theirs)) return ddp__ring_compare(pg, w, mine, theirs);
+                /* a partner that left the job may have said so before its connection closed */
+                if (got >= 32 && ddp__ring_is_leave(theirs)) return ddp__header_compare(pg, w, mine, theirs, peer);
                 return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): it has probably died",
-                                 ddp__coll_name(w->kind), (unsigned long long)w->seq, (int)other, strerror(e));
+                                 ddp__coll_name(w->kind), (unsigned long long)w->seq, peer, strerror(e));
             }
             if (k > 0) sent += (size_t)k, progress = 1;
         }
@@ -10518,16 +10556,16 @@ DDP__PRIVATE ddp_status ddp__tcp_exchange(ddp_pg* pg, ddp_work* w, unsigned char
             struct msghdr mh;
             ssize_t k;
             ddp__iov2(&mh, iov, theirs, pg->piece, nbytes, got);
-            k = recvmsg(pg->left_fd, &mh, MSG_DONTWAIT);
+            k = recvmsg(rfd, &mh, MSG_DONTWAIT);
             if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
                 int e = k == 0 ? ECONNRESET : errno;
-                if (got >= 32 && ddp__ring_is_leave(theirs)) return ddp__ring_compare(pg, w, mine, theirs);
+                if (got >= 32 && ddp__ring_is_leave(theirs)) return ddp__header_compare(pg, w, mine, theirs, peer);
                 return ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: rank %d closed its connection (%s): that rank has "
                                  "probably died; look at its output", ddp__coll_name(w->kind), (unsigned long long)w->seq,
-                                 (int)other, k == 0 ? "end of stream" : strerror(e));
+                                 peer, k == 0 ? "end of stream" : strerror(e));
             }
             if (k > 0) {
-                if (got < 32 && got + (size_t)k >= 32) DDP__TRY(ddp__ring_compare(pg, w, mine, theirs));
+                if (got < 32 && got + (size_t)k >= 32) DDP__TRY(ddp__header_compare(pg, w, mine, theirs, peer));
                 got += (size_t)k, progress = 1;
             }
         }
@@ -10536,24 +10574,118 @@ DDP__PRIVATE ddp_status ddp__tcp_exchange(ddp_pg* pg, ddp_work* w, unsigned char
             int n = 0;
             double t = ddp__now();
             if (t < spin_until) continue;
-            if (t >= deadline)
-                return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s waiting for rank %d: that "
-                                 "rank is stuck, stopped, or calling a different collective (every rank must issue "
-                                 "the same collectives in the same order)", ddp__coll_name(w->kind),
-                                 (unsigned long long)w->seq, w->count, ddp__dtype_name(w->dtype), pg->timeout, (int)other);
-            if (sent < 32 + nbytes) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, n++;
-            if (got < 32 + nbytes) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, n++;
+            if (t >= deadline) {
+                char at[32] = "";
+                if (step > 0) snprintf(at, sizeof at, " at step %d", step);
+                return ddp__fail(DDP_ERR_TIMEOUT, "%s #%llu (%zu x %s) timed out after %.0f s%s waiting for rank %d: "
+                                 "that rank is stuck, stopped, or calling a different collective (every rank must "
+                                 "issue the same collectives in the same order)", ddp__coll_name(w->kind),
+                                 (unsigned long long)w->seq, w->count, ddp__dtype_name(w->dtype), pg->timeout, at, peer);
+            }
+            if (sent < 32 + nbytes) pf[n].fd = sfd, pf[n].events = POLLOUT, pf[n].revents = 0, n++;
+            if (got < 32 + nbytes) pf[n].fd = rfd, pf[n].events = POLLIN, pf[n].revents = 0, n++;
+            if (pg->tcp_yield) { /* as in the ring's steps (ddp__ring) */
+                if (yield_until == 0) yield_until = t + 1e-3;
+                if (t < yield_until && poll(pf, (nfds_t)n, 0) == 0) {
+                    sched_yield();
+                    continue;
+                }
+            }
             poll(pf, (nfds_t)n, ddp__ms_left(deadline));
+        } else {
+            yield_until = 0;
         }
     }
-    DDP__COUNT(pg->bytes_sent, (uint64_t)nbytes);
-    DDP__COUNT(pg->bytes_received, (uint64_t)nbytes);
+    if (sfd >= 0) DDP__COUNT(pg->bytes_sent, (uint64_t)nbytes);
+    if (rfd >= 0) DDP__COUNT(pg->bytes_received, (uint64_t)nbytes);
+    return DDP_OK;
+}
+
+/* Two ranks, a small all-reduce: the ring's two steps of half the buffer each become one swap of
+   the whole buffer (the same bytes), with the header in front of the data, so the collective costs
+   one trip through the kernel instead of three. */
+#define DDP__EXCHANGE_MAX ((size_t)64 << 10)
+DDP__PRIVATE ddp_status ddp__tcp_exchange(ddp_pg* pg, ddp_work* w, unsigned char* buf) {
+    const size_t nbytes = w->count * ddp_dtype_size(w->dtype);
+    const int other = 1 - pg->rank;
+    DDP__TRY(ddp__tcp_swap(pg, w, pg->right_fd, pg->left_fd, other, 0, buf, nbytes, ddp__now() + pg->timeout));
     ddp__reduce(buf, pg->piece, w->count, w->dtype, w->op);
     if (w->op == DDP_AVG) ddp__divide(buf, w->count, w->dtype, 2);
     if (ddp__log_level_enabled() >= DDP_LOG_DETAIL)
         ddp__log(DDP_LOG_DETAIL, "%s #%llu (2 ranks, %zu bytes): exchanged the whole buffer with rank %d and %s it",
-                ddp__coll_name(w->kind), (unsigned long long)w->seq, nbytes, (int)other,
+                ddp__coll_name(w->kind), (unsigned long long)w->seq, nbytes, other,
                 w->op == DDP_MAX ? "took the maximum with" : "added");
+    return DDP_OK;
+}
+
+/* The largest power of two not above n (n >= 1), and its log2. */
+DDP__PRIVATE int ddp__pow2_floor(int n, int* log2) {
+    int p = 1, l = 0;
+    while (2 * p <= n) p *= 2, l++;
+    if (log2) *log2 = l;
+    return p;
+}
+
+/* Recursive doubling or the ring, for an all-reduce of `bytes` over TCP on 3 ranks or more. The
+   cost model of chapter 10: a message costs alpha + bytes * beta. The ring pays 2W - 1 alphas (its
+   steps and the header's trip) for 2(W-1)/W x bytes; doubling pays D = log2(P) (+2 when W is not
+   a power of two) alphas for D x bytes. Doubling wins while the alphas it saves outweigh the
+   bytes it adds, with alpha/beta, the bytes a link moves in the time one message takes to start,
+   taken as DDP__ALPHA_BYTES. DDP_ALGO=ring or doubling overrides (doubling up to one piece). */
+#define DDP__ALPHA_BYTES 32768.0
+DDP__PRIVATE int ddp__use_doubling(const ddp_pg* pg, size_t bytes) {
+    const int W = pg->world;
+    int levels, P = ddp__pow2_floor(W, &levels), D = levels + (W > P ? 2 : 0);
+    if (W < 3 || pg->rd_levels == 0 || pg->algo == 1 || bytes > pg->piece_elems * 4) return 0;
+    if (pg->algo == 2) return 1;
+    return (double)(2 * W - 1 - D) * DDP__ALPHA_BYTES >= (double)bytes * (D - 2.0 * (W - 1) / W);
+}
+
+/* DDP_DEBUG=DETAIL's line for one step; `did` holds one %d, the peer. */
+DDP__PRIVATE void ddp__doubling_say(const ddp_pg* pg, const ddp_work* w, int step, int steps, int peer,
+                                    const char* did) {
+    char what[96];
+    snprintf(what, sizeof what, did, peer);
+    ddp__log(DDP_LOG_DETAIL, "%s #%llu (recursive doubling, %d ranks, %zu bytes) step %d/%d: %s",
+            ddp__coll_name(w->kind), (unsigned long long)w->seq, pg->world, w->count * ddp_dtype_size(w->dtype),
+            step, steps, what);
+}
+
+DDP__PRIVATE ddp_status ddp__tcp_doubling(ddp_pg* pg, ddp_work* w, unsigned char* buf) {
+    const int W = pg->world, r = pg->rank, detail = ddp__log_level_enabled() >= DDP_LOG_DETAIL;
+    const size_t nbytes = w->count * ddp_dtype_size(w->dtype);
+    const double deadline = ddp__now() + pg->timeout;
+    const char* added = w->op == DDP_MAX ? "exchanged the whole buffer with rank %d and took the maximum" :
+                                           "exchanged the whole buffer with rank %d and added it";
+    int levels, P = ddp__pow2_floor(W, &levels), k, steps = levels + (W > P ? 2 : 0), step = 0;
+    if (r >= P) { /* stand aside: give rank r - P this buffer, take the result back from it */
+        DDP__TRY(ddp__tcp_swap(pg, w, pg->rd_extra_fd, -1, r - P, 1, buf, nbytes, deadline));
+        if (detail) ddp__doubling_say(pg, w, 1, steps, r - P, "sent the whole buffer to rank %d, which stands in for this one");
+        DDP__TRY(ddp__tcp_swap(pg, w, -1, pg->rd_extra_fd, r - P, steps, buf, nbytes, deadline));
+        memcpy(buf, pg->piece, nbytes);
+        if (detail) ddp__doubling_say(pg, w, steps, steps, r - P, "received the result from rank %d");
+        return DDP_OK;
+    }
+    if (r + P < W) {
+        DDP__TRY(ddp__tcp_swap(pg, w, -1, pg->rd_extra_fd, r + P, ++step, buf, nbytes, deadline));
+        ddp__reduce(buf, pg->piece, w->count, w->dtype, w->op);
+        if (detail)
+            ddp__doubling_say(pg, w, step, steps, r + P, w->op == DDP_MAX ? "received rank %d's buffer and took the maximum"
+                                                                          : "received rank %d's buffer and added it");
+    } else if (W > P) {
+        step++; /* the others' first step, which this rank has no part in */
+    }
+    for (k = 0; k < levels; k++) {
+        int peer = r ^ (1 << k);
+        DDP__TRY(ddp__tcp_swap(pg, w, pg->rd_fd[k], pg->rd_fd[k], peer, ++step, buf, nbytes, deadline));
+        ddp__reduce(buf, pg->piece, w->count, w->dtype, w->op);
+        if (detail) ddp__doubling_say(pg, w, step, steps, peer, added);
+    }
+    if (w->op == DDP_AVG) ddp__divide(buf, w->count, w->dtype, W);
+    if (r + P < W) {
+        DDP__TRY(ddp__tcp_swap(pg, w, pg->rd_extra_fd, -1, r + P, ++step, buf, nbytes, deadline));
+        if (detail) ddp__doubling_say(pg, w, step, steps, r + P, "sent the result to rank %d");
+    }
     return DDP_OK;
 }
 
@@ -10615,6 +10747,8 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
 #endif
     if (W == 2 && w->kind == DDP__ALL_REDUCE && total * es <= DDP__EXCHANGE_MAX && total * es <= pg->piece_elems * 4)
         return ddp__tcp_exchange(pg, w, host) != DDP_OK ? ddp__last_status() : ddp__cpu_copy_out(pg, w, host);
+    if (w->kind == DDP__ALL_REDUCE && ddp__use_doubling(pg, total * es))
+        return ddp__tcp_doubling(pg, w, host) != DDP_OK ? ddp__last_status() : ddp__cpu_copy_out(pg, w, host);
     if (W > 1) DDP__TRY(ddp__ring_check(pg, w));
     if (W > 1) {
         if (w->kind == DDP__ALL_REDUCE) s = ddp__ring(pg, w, host, w->count, 0, 2 * W - 2, 0);
@@ -10735,6 +10869,88 @@ DDP__PRIVATE ddp_status ddp__cpu_wait(ddp_pg* pg, ddp_work* w) {
 }
 
 /* Connect the ring: listen, publish our address, connect to rank+1, accept rank-1. */
+/* Recursive doubling's connections (TCP, 3 ranks or more): one to each partner rank ^ 2^k and one
+   to the rank that stands in for this one, or that this one stands in for (ddp__tcp_doubling).
+   Each rank listens, publishes its address, connects to its lower-ranked partners and accepts the
+   higher-ranked ones; the greeting says "doubling" (rank + 2^30), so it is never taken for the
+   ring's. */
+DDP__PRIVATE ddp_status ddp__rd_connect(ddp_pg* pg, const char* host, uint64_t tok) {
+    const int W = pg->world, r = pg->rank, RD = 1 << 30;
+    int levels, P = ddp__pow2_floor(W, &levels), k, lfd, lport = 0, expect = 0, peer;
+    double deadline = ddp__now() + pg->timeout;
+    char key[64], addr[300];
+    unsigned char hello[16];
+    size_t n = 0;
+    for (k = 0; k < levels; k++) pg->rd_fd[k] = -1;
+    if (r >= P) levels = 0; /* a rank that stands aside swaps with its stand-in only */
+    pg->rd_levels = levels > 0 ? levels : 1; /* what ddp__cpu_destroy closes; > 0: doubling is set up */
+    lfd = ddp__sock_listen(host, 0, &lport);
+    if (lfd < 0) return ddp__fail(DDP_ERR_IO, "rank %d cannot listen for its doubling partners: %s", r, strerror(errno));
+    snprintf(addr, sizeof addr, "%s %d", host, lport);
+    snprintf(key, sizeof key, "ddp/rd/%d", r);
+    if (ddp_store_set(pg->store, key, addr, strlen(addr)) != DDP_OK) { close(lfd); return ddp__last_status(); }
+    ddp__put_le64(hello, tok);
+    ddp__put_le32(hello + 8, (uint32_t)(r + RD));
+    ddp__put_le32(hello + 12, DDP__STORE_VERSION);
+    /* connect to the lower-ranked: the partners r ^ 2^k below r, and the stand-in r - P */
+    for (k = -1; k < levels; k++) {
+        char rhost[256];
+        int rport = 0, fd;
+        peer = k < 0 ? (r >= P ? r - P : -1) : r ^ (1 << k);
+        if (peer < 0) continue;
+        if (peer > r) { expect++; continue; }
+        snprintf(key, sizeof key, "ddp/rd/%d", peer);
+        memset(addr, 0, sizeof addr);
+        if (ddp_store_get(pg->store, key, addr, sizeof addr - 1, &n) != DDP_OK) { close(lfd); return ddp__last_status(); }
+        if (sscanf(addr, "%255s %d", rhost, &rport) != 2) {
+            close(lfd);
+            return ddp__fail(DDP_ERR_WORLD_MISMATCH, "rank %d published a malformed address \"%s\"", peer, addr);
+        }
+        fd = ddp__sock_connect(rhost, rport, deadline);
+        if (fd < 0 || ddp__send_all(fd, hello, 16, deadline) != 0) {
+            int e = errno;
+            if (fd >= 0) close(fd);
+            close(lfd);
+            return ddp__fail(DDP_ERR_PEER_LOST, "rank %d cannot connect to rank %d at %s:%d for recursive doubling: %s "
+                             "(a firewall, or the wrong network interface?)", r, peer, rhost, rport, strerror(e));
+        }
+        if (k < 0) pg->rd_extra_fd = fd;
+        else pg->rd_fd[k] = fd;
+    }
+    if (r < P && r + P < W) expect++; /* rank r + P stands aside and connects to this one */
+    while (expect > 0) {
+        struct pollfd pf;
+        int fd, ok = 0;
+        unsigned char got[16];
+        pf.fd = lfd, pf.events = POLLIN, pf.revents = 0;
+        if (poll(&pf, 1, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline) {
+            close(lfd);
+            return ddp__fail(DDP_ERR_TIMEOUT, "rank %d waited %.0f s for %d of its doubling partners to connect", r,
+                             pg->timeout, expect);
+        }
+        fd = accept(lfd, NULL, NULL);
+        if (fd < 0) continue;
+        ddp__sock_setup(fd);
+        if (ddp__recv_all(fd, got, 16, ddp__now() + 5.0) == 0 && ddp__le64(got) == tok &&
+            ddp__le32(got + 12) == DDP__STORE_VERSION && (int)ddp__le32(got + 8) >= RD) {
+            peer = (int)ddp__le32(got + 8) - RD;
+            for (k = 0; k < levels; k++)
+                if (peer == (r ^ (1 << k)) && peer > r && pg->rd_fd[k] < 0) pg->rd_fd[k] = fd, ok = 1;
+            if (!ok && r < P && peer == r + P && pg->rd_extra_fd < 0) pg->rd_extra_fd = fd, ok = 1;
+        }
+        if (ok) {
+            expect--;
+        } else {
+            char who[64];
+            ddp__log(DDP_LOG_WARN, "recursive doubling: refused a connection from %s that is no partner of rank %d in "
+                    "this job", ddp__peer_name(fd, who, sizeof who), r);
+            close(fd);
+        }
+    }
+    close(lfd);
+    return DDP_OK;
+}
+
 DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     char key[64], addr[300], host[256] = "127.0.0.1";
     int lport = 0, lfd, r = pg->rank, W = pg->world, right = (r + 1) % W, left = (r - 1 + W) % W;
@@ -10747,10 +10963,20 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     /* 1 MiB pieces: fewer pieces mean fewer system calls and wake-ups per byte, which large
        all-reduces gain more from than small ones lose (make bench's tcp rows measure it). */
     size_t piece_bytes = (size_t)ddp__env_tuning("DDP_RING_PIECE_BYTES", 1 << 20, 1, 1, "bytes");
-    pg->left_fd = pg->right_fd = -1;
+    pg->left_fd = pg->right_fd = pg->rd_extra_fd = -1;
+    pg->rd_levels = 0;
     pg->piece_elems = piece_bytes / 4 ? piece_bytes / 4 : 1;
     pg->sim_s_per_byte = ddp__env_tuning("DDP_SIMULATE_NS_PER_BYTE", 0, 0, 0, "nanoseconds") * 1e-9;
     pg->sim_latency_s = ddp__env_tuning("DDP_SIMULATE_LATENCY_US", 0, 0, 0, "microseconds") * 1e-6;
+    pg->tcp_yield = sysconf(_SC_NPROCESSORS_ONLN) < pg->env.local_world_size;
+    {
+        const char* algo = getenv("DDP_ALGO");
+        if (algo && *algo && strcmp(algo, "auto") != 0) {
+            if (!strcmp(algo, "ring")) pg->algo = 1;
+            else if (!strcmp(algo, "doubling")) pg->algo = 2;
+            else return ddp__fail(DDP_ERR_ENV, "DDP_ALGO=%s is not ring, doubling or auto", algo);
+        }
+    }
 
     /* the scratch for one received piece, sized for the widest dtype (f32) */
     pg->piece = (unsigned char*)ddp__malloc(pg->piece_elems * 4);
@@ -10821,7 +11047,10 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
         setsockopt(pg->right_fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
         setsockopt(pg->left_fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
     }
-    return ddp__shm_setup(pg);
+    DDP__TRY(ddp__shm_setup(pg));
+    /* over TCP, small all-reduces on 3 ranks or more take recursive doubling's connections */
+    if (!pg->shm && W > 2 && pg->algo != 1) return ddp__rd_connect(pg, host, tok);
+    return DDP_OK;
 }
 
 /* Tell the right neighbour that this rank is leaving, as the header of a collective it will never
@@ -10832,7 +11061,7 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
 DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg, int how) {
     unsigned char h[32];
     ddp_work leave;
-    int idle;
+    int idle, k;
     if (pg->world < 2 || pg->right_fd < 0) return;
     pthread_mutex_lock(&pg->lock);
     idle = !pg->head && !pg->inline_busy && !pg->broken;
@@ -10848,6 +11077,10 @@ DDP__PRIVATE void ddp__cpu_leave(ddp_pg* pg, int how) {
     leave.kind = DDP__LEAVE, leave.seq = pg->seq + 1, leave.count = (size_t)pg->seq, leave.op = (ddp_reduce_op)how;
     ddp__ring_header(&leave, h);
     (void)ddp__send_all(pg->right_fd, h, 32, ddp__now() + 1.0);
+    /* and to the doubling partners, which may be waiting for this rank instead of the ring */
+    for (k = 0; k < pg->rd_levels; k++)
+        if (pg->rd_fd[k] >= 0) (void)ddp__send_all(pg->rd_fd[k], h, 32, ddp__now() + 1.0);
+    if (pg->rd_extra_fd >= 0) (void)ddp__send_all(pg->rd_extra_fd, h, 32, ddp__now() + 1.0);
 }
 
 DDP__PRIVATE void ddp__cpu_destroy(ddp_pg* pg) {
@@ -10862,6 +11095,10 @@ DDP__PRIVATE void ddp__cpu_destroy(ddp_pg* pg) {
     if (pg->left_fd >= 0) close(pg->left_fd);
     if (pg->right_fd >= 0) close(pg->right_fd);
     pg->left_fd = pg->right_fd = -1;
+    for (; pg->rd_levels > 0; pg->rd_levels--)
+        if (pg->rd_fd[pg->rd_levels - 1] >= 0) close(pg->rd_fd[pg->rd_levels - 1]);
+    if (pg->rd_extra_fd >= 0) close(pg->rd_extra_fd);
+    pg->rd_extra_fd = -1;
 #if DDP__SHM
     if (pg->shm) munmap(pg->shm, pg->shm_bytes);
 #endif

@@ -59,6 +59,12 @@ done
 for t in test_pg test_desync; do
     run_prog "$t (DDP_TRANSPORT=tcp)" env DDP_TRANSPORT=tcp "$BUILD/tests/$t"
 done
+# where TCP's cost model picks recursive doubling (small all-reduces, 3 ranks or more), each
+# algorithm alone: every size, dtype and op through doubling, and through the ring (segments of
+# no element when the count is below the world size)
+for a in doubling ring; do
+    run_prog "test_pg (DDP_TRANSPORT=tcp DDP_ALGO=$a)" env DDP_TRANSPORT=tcp DDP_ALGO=$a "$BUILD/tests/test_pg"
+done
 # and shared memory in chunks of 4 KiB: every collective crosses many chunks and both slot sets,
 # with the all-reduces up to 4 KiB in one step between them (DDP_SHM_ONE_STEP_BYTES)
 # (not under ThreadSanitizer: the default chunks take the same slot protocol through the same
@@ -356,12 +362,24 @@ out=$( { DDP_JOB_TOKEN=twonodes with_timeout 120 "$BUILD/ddprun" --nnodes 2 --no
 if grep -q "Out of bounds values : 0 OK" <<<"$out" && grep -q "world size 4" <<<"$out"; then ok ddprun_two_nodes_loopback
 else bad ddprun_two_nodes_loopback "$(tail -n 6 <<<"$out")"; fi
 # DDP_DEBUG=DETAIL prints every step of the ring (the TCP transport): 2(W-1) steps, half reducing, half copying
-out=$(DDP_TRANSPORT=tcp DDP_DEBUG=DETAIL with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 12 -e 12 -n 1 -w 0 -c 0 2>&1)
+out=$(DDP_TRANSPORT=tcp DDP_ALGO=ring DDP_DEBUG=DETAIL with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 12 -e 12 -n 1 -w 0 -c 0 2>&1)
 if grep -q "step 1/4 (reduce-scatter): send segment 0 \[0, 1) to rank 1" <<<"$out" &&
    grep -q "step 2/4 (reduce-scatter): received segment 1 \[1, 2) from rank 2 and added it" <<<"$out" &&
    grep -q "step 4/4 (all-gather): received segment 2 \[2, 3) from rank 2 and copied it" <<<"$out"; then
     ok ring_steps_printed_at_detail
 else bad ring_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
+# left to the cost model, so small an all-reduce takes recursive doubling instead, and says so: on 3
+# ranks, rank 2 stands aside (rank 0 adds its buffer first and hands it the result last)
+out=$(DDP_TRANSPORT=tcp DDP_DEBUG=DETAIL with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 "$perf" -b 12 -e 12 -n 1 -w 0 -c 0 2>&1)
+d="(recursive doubling, 3 ranks, 12 bytes)"
+if grep -qF "[rank 2]: all_reduce #2 $d step 1/3: sent the whole buffer to rank 0, which stands in for this one" <<<"$out" &&
+   grep -qF "[rank 0]: all_reduce #2 $d step 1/3: received rank 2's buffer and added it" <<<"$out" &&
+   grep -qF "[rank 1]: all_reduce #2 $d step 2/3: exchanged the whole buffer with rank 0 and added it" <<<"$out" &&
+   grep -qF "[rank 0]: all_reduce #2 $d step 3/3: sent the result to rank 2" <<<"$out" &&
+   grep -qF "[rank 2]: all_reduce #2 $d step 3/3: received the result from rank 0" <<<"$out" &&
+   ! grep -q "reduce-scatter" <<<"$out"; then
+    ok doubling_steps_printed_at_detail
+else bad doubling_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
 # with DDP_SHM_ONE_STEP_BYTES=16384 a small all-reduce on 3 ranks over shared memory takes one step
 # (>>shm), a large one the two phases; by default every size takes the two phases; the results are
 # checked either way (test_pg's run in 4 KiB chunks mixes both paths)

@@ -124,7 +124,7 @@ def result_fields(out):
 def ring():
     cmd = [BUILD + "/ddprun", "--standalone", "--nproc-per-node", "4", BUILD + "/allreduce_perf",
            "-b", "16", "-e", "16", "-n", "1", "-w", "0", "-c", "0"]
-    out, shown = run(cmd, {"DDP_DEBUG": "DETAIL"})
+    out, shown = run(cmd, {"DDP_DEBUG": "DETAIL", "DDP_ALGO": "ring"})
     # A rank labels its lines "[rank 2/4] ..." when started by hand, and ddprun relays them as
     # "[rank 2]: ..." (without the library's label); the world size then follows from the 2(N-1) steps.
     pat = re.compile(r"\[rank (\d+)(?:/(\d+))?\]:? all_reduce #(\d+) step (\d+)/(\d+) \(([a-z-]+)\): "
