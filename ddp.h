@@ -1475,6 +1475,7 @@ struct ddp_work {
     int done;              /* guarded by pg->lock */
     int abandoned;         /* the waiter gave up: the communication thread frees it */
     int lazy;              /* queued without waking the communication thread (see ddp__cpu_submit) */
+    int in_place;          /* all-gather or reduce-scatter in NCCL's in-place layout (ddp__layout) */
     ddp_status status;
     char msg[sizeof ddp__err_msg]; /* the failure's message, carried to the waiting thread */
     ddp_work* next;
@@ -1947,7 +1948,7 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
     w = (ddp_work*)ddp__calloc(sizeof *w);
     if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a work handle failed");
     w->pg = pg, w->kind = kind, w->buf = buf, w->send = send, w->count = count;
-    w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq, w->lazy = lazy;
+    w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq, w->lazy = lazy, w->in_place = in_place;
     ddp__flight_note(pg, w, DDP__FL_QUEUED);
     if (ddp__log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
         ddp__flight_note(pg, w, DDP__FL_FAILED);
@@ -11542,7 +11543,7 @@ DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
     const size_t in_bytes = w->count * es * (w->kind == DDP__REDUCE_SCATTER ? W : 1);
     const size_t out_bytes = w->count * es * (w->kind == DDP__ALL_GATHER ? W : 1);
     ddp__mpi_op* o;
-    int err, aliased;
+    int err;
     if (w->count > (size_t)INT_MAX)
         return ddp__fail(DDP_ERR_INVALID_ARGUMENT, "%s of %zu elements: MPI counts are int, so the mpi backend takes at "
                          "most %d elements per rank; split the buffer", ddp__coll_name(w->kind), w->count, INT_MAX);
@@ -11555,8 +11556,7 @@ DDP__PRIVATE ddp_status ddp__mpi_submit(ddp_pg* pg, ddp_work* w) {
         DDP_FREE(o);
         return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating %zu bytes for the ranks' headers failed", 32 * W);
     }
-    (void)ddp__layout(pg, w->kind, w->buf, w->send, w->count, w->dtype, &aliased); /* checked on entry */
-    if (pg->device.type == DDP_DEVICE_CUDA || aliased) {
+    if (pg->device.type == DDP_DEVICE_CUDA || w->in_place) { /* MPI allows no aliasing: a copy */
         ddp_status s = ddp__mpi_stage_in(pg, o, in_place ? w->buf : w->send, in_place ? out_bytes : in_bytes,
                                          out_bytes, in_place);
         if (s != DDP_OK) {
@@ -11986,9 +11986,15 @@ DDP__PRIVATE ddp_status ddp__bind_cores(ddp_pg* pg) {
         closedir(dir);
     }
     syscall(SYS_sched_setaffinity, 0, sizeof mine, mine);
-    ddp__log(DDP_LOG_INFO, "bound to CPU%s %s%s, share %d of %d of CPU%s %s (DDP_BIND=none leaves placement to the "
-             "system)", m == 1 ? "" : "s", list, use_near ? ", next to this rank's GPU" : "", index + 1, group,
-             plural, given);
+    /* next to a GPU, the shares are of the CPUs near it, which the ranks whose GPUs share those
+       neighbours split: the given set is only where they come from */
+    if (use_near)
+        ddp__log(DDP_LOG_INFO, "bound to CPU%s %s, share %d of %d of the CPUs next to this rank's GPU, which the %d "
+                 "local ranks whose GPUs are there split (from CPU%s %s; DDP_BIND=none leaves placement to the system)",
+                 m == 1 ? "" : "s", list, index + 1, group, group, plural, given);
+    else
+        ddp__log(DDP_LOG_INFO, "bound to CPU%s %s, share %d of %d of CPU%s %s (DDP_BIND=none leaves placement to the "
+                 "system)", m == 1 ? "" : "s", list, index + 1, group, plural, given);
     return DDP_OK;
 #else
     (void)pg;

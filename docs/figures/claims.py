@@ -86,6 +86,19 @@ def main():
     contains(text, "Small messages cost about %s µs" % r0(float(first[2])), "chapter 10, small-message time")
     contains(text, "Large messages run at B = %.1f GB/s" % float(last[4]), "chapter 10, bandwidth")
 
+    # chapter 10: the ring against recursive doubling, 4 ranks over TCP (allreduce_algos.dat:
+    # size_B ring_us doubling_us ...)
+    algos = {int(r[0]): (float(r[1]), float(r[2])) for r in rows("allreduce_algos.dat")}
+    small = [v for s, v in algos.items() if s <= 32 << 10]
+    contains(text, "From 1 KiB to 32 KiB doubling took %s to %s µs where the ring took %s to %s µs" %
+             (r0(min(d for _, d in small)), r0(max(d for _, d in small)), r0(min(r for r, _ in small)),
+              r0(max(r for r, _ in small))), "chapter 10, doubling against the ring, small sizes")
+    contains(text, "between 512 KiB (doubling %s µs, the ring %s) and 1 MiB, where the ring won (%s against %s\nµs)" %
+             (r0(algos[512 << 10][1]), r0(algos[512 << 10][0]), r0(algos[1 << 20][0]), r0(algos[1 << 20][1])),
+             "chapter 10, where the two meet")
+    if not (algos[512 << 10][1] < algos[512 << 10][0] and algos[1 << 20][0] < algos[1 << 20][1]):
+        problems.append("chapter 10: allreduce_algos.dat no longer has doubling ahead at 512 KiB and the ring at 1 MiB")
+
     # chapter 10: scaling.dat (config label nproc threads step_ms fwd bwd opt wait samples_per_s cores)
     data = []
     for r in rows("scaling.dat"):

@@ -1,6 +1,6 @@
 # The tutorial's figures, drawn by gnuplot from this project's own measurements.
 # The main Makefile includes this file (-include docs/figures/figures.mk).
-#   make figures          runs the programs under $(BUILD) (docs/figures/measure.py: 4.7 minutes on a quiet
+#   make figures          runs the programs under $(BUILD) (docs/figures/measure.py: about 5 minutes on a quiet
 #                         2-core machine, more while other programs run, and about 2 more for chapter 12's
 #                         2,000-step GPT), writes docs/figures/data/*.dat, then renders every PNG
 #   make figures-render   renders the PNGs from the committed data only (a few seconds)
@@ -8,7 +8,8 @@
 # their data as data/... and a student can also run `cd docs/figures && gnuplot NAME.gp`.
 
 FIG_DIR   := docs/figures
-FIG_NAMES := ring_steps bucket_timeline loss_1_vs_4_ranks bucket_sweep scaling allreduce_busbw zero_memory gpt_loss
+FIG_NAMES := ring_steps bucket_timeline loss_1_vs_4_ranks bucket_sweep scaling allreduce_busbw zero_memory gpt_loss \
+             allreduce_algos
 
 # Checked when make reads this file, so a missing gnuplot stops make before it builds or measures.
 ifneq ($(filter figures figures-render,$(MAKECMDGOALS)),)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure the data behind docs/figures/*.png (python3 standard library only).
 
-    python3 docs/figures/measure.py [BUILD] [ring|timeline|loss|sweep|scaling|busbw|zero|gpt ...]
+    python3 docs/figures/measure.py [BUILD] [ring|timeline|loss|sweep|scaling|busbw|zero|gpt|algos ...]
 
 BUILD is the build folder (make's $(BUILD), default build); without names, every measurement
 runs. Each one starts the project's own programs, parses what they print or write, and writes
@@ -420,8 +420,39 @@ def gpt():
     write("gpt_sample.txt", "# the text rank 0 wrote at the end of: %s\n%s" % (shown, sample))
 
 
+# ---- 9. small all-reduces over TCP: the ring against recursive doubling (chapter 10) --------------
+def algos():
+    """4 ranks, 1 KiB to 1 MiB, each algorithm forced by DDP_ALGO, the runs alternating."""
+    n, times, cmds = 4, {"ring": {}, "doubling": {}}, []
+    for rep in range(REPEATS):
+        for algo in ("ring", "doubling"):
+            out, shown = run([BUILD + "/ddprun", "--standalone", "--nproc-per-node", str(n), BUILD + "/allreduce_perf",
+                              "-b", "1K", "-e", "1M", "-f", "2", "-n", "200"], {"DDP_ALGO": algo})
+            if rep == 0: cmds.append(shown + "   (%d times, alternating)" % REPEATS)
+            for line in out.splitlines():
+                f = line.split("]: ", 1)[-1].split()
+                if len(f) == 8 and f[0].isdigit() and f[2] == "float":
+                    if f[7] != "0":
+                        sys.exit("measure.py: allreduce_perf found %s wrong values at %s bytes (%s)" % (f[7], f[0], algo))
+                    times[algo].setdefault(int(f[0]), []).append(float(f[4]))
+    # the cost model's crossover (ddp__use_doubling, alpha/beta = 32 KiB): doubling's log2(4) = 2 steps
+    # against the ring's 2*4 - 1 = 7 trips save 5 alphas and add (2 - 1.5) x the size in bytes
+    model = 5 * 32768 / (2 - 1.5)
+    rows = ["# size_B ring_us doubling_us (each: the fastest of the runs) ranks cores model_crossover_B "
+            "ring_runs_us... doubling_runs_us..."]
+    for size in sorted(times["ring"]):
+        r, d = times["ring"][size], times["doubling"][size]
+        rows.append(" ".join(["%d" % size, "%.1f" % min(r), "%.1f" % min(d), str(n), str(os.cpu_count() or 0),
+                              "%d" % model] + ["%.1f" % x for x in r + d]))
+    write("allreduce_algos.dat", header(
+        "allreduce_perf (float sum, in place, checked) on %d ranks of one machine over TCP (127.0.0.1), the "
+        "algorithm forced by DDP_ALGO" % n, cmds,
+        ["time: median of 200 iterations of the slowest rank, in microseconds; per size the fastest of %d runs"
+         % REPEATS]) + "\n".join(rows) + "\n")
+
+
 ALL = {"ring": ring, "timeline": timeline, "loss": loss, "sweep": sweep, "scaling": scaling, "busbw": busbw,
-       "zero": zero, "gpt": gpt}
+       "zero": zero, "gpt": gpt, "algos": algos}
 
 if __name__ == "__main__":
     args = sys.argv[1:]
