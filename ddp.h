@@ -10534,6 +10534,7 @@ DDP__PRIVATE ddp_status ddp__tcp_swap(ddp_pg* pg, ddp_work* w, int sfd, int rfd,
     unsigned char mine[32], theirs[32];
     size_t sent = sfd < 0 ? 32 + nbytes : 0, got = rfd < 0 ? 32 + nbytes : 0;
     double spin_until = pg->tcp_yield ? 0 : ddp__now() + 20e-6, yield_until = 0;
+    memset(theirs, 0, sizeof theirs); /* a send-only swap reads no header */
     ddp__ring_header(w, mine);
     while (sent < 32 + nbytes || got < 32 + nbytes) {
         int progress = 0;
@@ -10983,6 +10984,21 @@ DDP__PRIVATE ddp_status ddp__cpu_connect(ddp_pg* pg) {
     pg->piece = (unsigned char*)ddp__malloc(pg->piece_elems * 4);
     if (!pg->piece) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating the ring's receive piece failed");
     if (W == 1) return DDP_OK;
+    if (W > 2) { /* ranks that chose differently would run two algorithms in one all-reduce */
+        static const char* const names[3] = {"auto", "ring", "doubling"};
+        char theirs[16] = "";
+        if (pg->rank == 0) {
+            DDP__TRY(ddp_store_set(pg->store, "ddp/algo", names[pg->algo], strlen(names[pg->algo])));
+        } else {
+            DDP__TRY(ddp_store_get(pg->store, "ddp/algo", theirs, sizeof theirs - 1, &n));
+            if (strcmp(theirs, names[pg->algo]) != 0) {
+                ddp__fail(DDP_ERR_ENV, "DDP_ALGO is %s on rank 0 but %s on this rank (%d): every rank must choose the "
+                          "same all-reduce algorithm", theirs, names[pg->algo], pg->rank);
+                ddp__err_fix = "give every rank the same DDP_ALGO (export it before the launcher), or unset it";
+                return DDP_ERR_ENV;
+            }
+        }
+    }
     /* The address peers reach us at: the one our store connection leaves from, since that
        interface reaches the master and so, presumably, the other nodes too. We listen there only
        (127.0.0.1 when the whole job is on this machine), not on every interface. */

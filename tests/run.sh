@@ -380,6 +380,11 @@ if grep -qF "[rank 2]: all_reduce #2 $d step 1/3: sent the whole buffer to rank 
    ! grep -q "reduce-scatter" <<<"$out"; then
     ok doubling_steps_printed_at_detail
 else bad doubling_steps_printed_at_detail "$(grep step <<<"$out" | head -n 8)"; fi
+# ranks that chose different algorithms would each wait for a message the other never sends: refused
+out=$(DDP_TRANSPORT=tcp with_timeout 60 "$BUILD/ddprun" --standalone --nproc-per-node 3 \
+      sh -c 'if [ "$LOCAL_RANK" = 1 ]; then export DDP_ALGO=ring; fi; exec "$0" -b 4 -e 4 -n 1' "$perf" 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -qF "DDP_ALGO is auto on rank 0 but ring on this rank (1)" <<<"$out"; then ok algo_mismatch_named
+else bad algo_mismatch_named "exit $rc; $(grep -E 'DDP_ERR|error' <<<"$out" | head -n 3)"; fi
 # with DDP_SHM_ONE_STEP_BYTES=16384 a small all-reduce on 3 ranks over shared memory takes one step
 # (>>shm), a large one the two phases; by default every size takes the two phases; the results are
 # checked either way (test_pg's run in 4 KiB chunks mixes both paths)
