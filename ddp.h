@@ -5011,6 +5011,7 @@ DDP__PRIVATE void ddp__reduce(void* dst, const void* src, size_t n, ddp_dtype t,
                               ddp_reduce_op op); /* >>sums */
 DDP__PRIVATE void ddp__divide(void* buf, size_t n, ddp_dtype t, int world); /* >>sums */
 DDP__PRIVATE int ddp__ms_left(double deadline); /* >>store */
+DDP__PRIVATE int ddp__poll_yielding(struct pollfd* pf, int n, int yield, double deadline); /* >>store */
 DDP__PRIVATE void ddp__put_le64(unsigned char* p, uint64_t v); /* >>store */
 DDP__PRIVATE uint64_t ddp__le64(const unsigned char* p); /* >>store */
 DDP__PRIVATE int ddp__send_all(int fd, const void* buf, size_t n, double deadline); /* >>store */
@@ -5107,7 +5108,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
     ddp__ring_cursor snd, rcv;
     size_t snd_sent = 0, rcv_got = 0; /* bytes of the current piece */
     size_t *prefix;                   /* prefix[t - t0] = pieces received before step t */
-    double deadline = ddp__now() + pg->timeout, yield_until = 0;
+    double deadline = ddp__now() + pg->timeout;
     int t;
     prefix = (size_t*)ddp__malloc((size_t)(t1 - t0 + 1) * sizeof *prefix);
     if (!prefix) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating ring bookkeeping failed");
@@ -5139,18 +5140,7 @@ DDP__PRIVATE ddp_status ddp__ring(ddp_pg* pg, ddp_work* w, unsigned char* buf, s
         if (can_send) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
         if (rcv.t < t1) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, ri = n++;
         if (n == 0) break; /* cannot happen: a send waits only for a receive that is pending */
-        /* More local ranks than cores: the neighbour this rank waits for may need this very core,
-           so the wait gives it up (sched_yield) for a millisecond before it sleeps in poll */
-        if (pg->tcp_yield && poll(pf, (nfds_t)n, 0) == 0) {
-            double now = ddp__now();
-            if (yield_until == 0) yield_until = now + 1e-3;
-            if (now < yield_until) {
-                sched_yield();
-                continue;
-            }
-        }
-        yield_until = 0;
-        if (poll(pf, (nfds_t)n, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline) {
+        if (ddp__poll_yielding(pf, n, pg->tcp_yield, deadline) == 0 && ddp__now() >= deadline) {
             DDP_FREE(prefix);
             return ddp__ring_timed_out(pg, w, rcv.t, left);
         }
@@ -5220,7 +5210,7 @@ DDP__PRIVATE ddp_status ddp__ring_broadcast(ddp_pg* pg, ddp_work* w, unsigned ch
         int n = 0, si = -1, ri = -1;
         if (sends && sent < got) pf[n].fd = pg->right_fd, pf[n].events = POLLOUT, pf[n].revents = 0, si = n++;
         if (got < nbytes) pf[n].fd = pg->left_fd, pf[n].events = POLLIN, pf[n].revents = 0, ri = n++;
-        if (poll(pf, (nfds_t)n, ddp__ms_left(deadline)) == 0 && ddp__now() >= deadline)
+        if (ddp__poll_yielding(pf, n, pg->tcp_yield, deadline) == 0 && ddp__now() >= deadline)
             return ddp__fail(DDP_ERR_TIMEOUT, "broadcast #%llu from rank %d timed out after %.0f s waiting for rank "
                              "%d: that rank is stuck, stopped, or calling a different collective",
                              (unsigned long long)w->seq, w->root, pg->timeout, got < nbytes ? left : right);
@@ -7410,6 +7400,21 @@ DDP__PRIVATE int ddp__ms_left(double deadline) {
     double left = deadline - ddp__now();
     if (left <= 0) return 0;
     return left > 60 ? 60000 : (int)(left * 1000) + 1;
+}
+
+/* poll() until `deadline` for the ring's and the swaps' sockets. With `yield` (more ranks on this
+   host than cores: pg->tcp_yield) the peer being waited for may need this very core, so the wait
+   first gives it up (sched_yield) for a millisecond, looking between yields, and sleeps after. */
+DDP__PRIVATE int ddp__poll_yielding(struct pollfd* pf, int n, int yield, double deadline) {
+    if (yield) {
+        double until = ddp__now() + 1e-3;
+        do {
+            int k = poll(pf, (nfds_t)n, 0);
+            if (k != 0) return k;
+            sched_yield();
+        } while (ddp__now() < until);
+    }
+    return poll(pf, (nfds_t)n, ddp__ms_left(deadline));
 }
 
 DDP__PRIVATE void ddp__sock_setup(int fd) {
@@ -10483,11 +10488,10 @@ DDP__PRIVATE ddp_status ddp__ring_check(ddp_pg* pg, ddp_work* w) {
                    : ddp__fail(DDP_ERR_PEER_LOST, "%s #%llu: sending to rank %d failed (%s): it has probably died",
                                ddp__coll_name(w->kind), (unsigned long long)w->seq, right, strerror(errno));
     }
-    if (pg->tcp_yield) { /* as in the ring's steps (ddp__ring): yield the core a while before sleeping */
+    if (pg->tcp_yield) { /* ranks share cores: yield a while before recv_all sleeps */
         struct pollfd pf;
-        double until = ddp__now() + 1e-3;
         pf.fd = pg->left_fd, pf.events = POLLIN, pf.revents = 0;
-        while (poll(&pf, 1, 0) == 0 && ddp__now() < until) sched_yield();
+        ddp__poll_yielding(&pf, 1, 1, deadline);
     }
     if (ddp__recv_all(pg->left_fd, theirs, 32, deadline) != 0)
         return errno == ETIMEDOUT
@@ -10533,7 +10537,7 @@ DDP__PRIVATE ddp_status ddp__tcp_swap(ddp_pg* pg, ddp_work* w, int sfd, int rfd,
                                       unsigned char* buf, size_t nbytes, double deadline) {
     unsigned char mine[32], theirs[32];
     size_t sent = sfd < 0 ? 32 + nbytes : 0, got = rfd < 0 ? 32 + nbytes : 0;
-    double spin_until = pg->tcp_yield ? 0 : ddp__now() + 20e-6, yield_until = 0;
+    double spin_until = pg->tcp_yield ? 0 : ddp__now() + 20e-6;
     memset(theirs, 0, sizeof theirs); /* a send-only swap reads no header */
     ddp__ring_header(w, mine);
     while (sent < 32 + nbytes || got < 32 + nbytes) {
@@ -10586,16 +10590,7 @@ DDP__PRIVATE ddp_status ddp__tcp_swap(ddp_pg* pg, ddp_work* w, int sfd, int rfd,
             }
             if (sent < 32 + nbytes) pf[n].fd = sfd, pf[n].events = POLLOUT, pf[n].revents = 0, n++;
             if (got < 32 + nbytes) pf[n].fd = rfd, pf[n].events = POLLIN, pf[n].revents = 0, n++;
-            if (pg->tcp_yield) { /* as in the ring's steps (ddp__ring) */
-                if (yield_until == 0) yield_until = t + 1e-3;
-                if (t < yield_until && poll(pf, (nfds_t)n, 0) == 0) {
-                    sched_yield();
-                    continue;
-                }
-            }
-            poll(pf, (nfds_t)n, ddp__ms_left(deadline));
-        } else {
-            yield_until = 0;
+            ddp__poll_yielding(pf, n, pg->tcp_yield, deadline);
         }
     }
     if (sfd >= 0) DDP__COUNT(pg->bytes_sent, (uint64_t)nbytes);
