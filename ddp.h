@@ -1476,6 +1476,7 @@ struct ddp_work {
     int abandoned;         /* the waiter gave up: the communication thread frees it */
     int lazy;              /* queued without waking the communication thread (see ddp__cpu_submit) */
     int in_place;          /* all-gather or reduce-scatter in NCCL's in-place layout (ddp__layout) */
+    float premul;          /* f32 all-reduce: every rank's input times this first (0: none), see >>reducer */
     ddp_status status;
     char msg[sizeof ddp__err_msg]; /* the failure's message, carried to the waiting thread */
     ddp_work* next;
@@ -1921,7 +1922,8 @@ DDP__PRIVATE ddp_status ddp__layout(const ddp_pg* pg, int kind, const void* buf,
 }
 
 DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const void* send, size_t count,
-                                        ddp_dtype dtype, ddp_reduce_op op, int root, int lazy, ddp_work** work) {
+                                        ddp_dtype dtype, ddp_reduce_op op, int root, int lazy, float premul,
+                                        ddp_work** work) {
     ddp_work* w;
     ddp_status s;
     int in_place;
@@ -1949,6 +1951,7 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
     if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a work handle failed");
     w->pg = pg, w->kind = kind, w->buf = buf, w->send = send, w->count = count;
     w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq, w->lazy = lazy, w->in_place = in_place;
+    w->premul = premul;
     ddp__flight_note(pg, w, DDP__FL_QUEUED);
     if (ddp__log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
         ddp__flight_note(pg, w, DDP__FL_FAILED);
@@ -2023,19 +2026,19 @@ DDP__PRIVATE ddp_status ddp__work_test(ddp_work* w, int* done) {
 
 DDP__DEF ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
                                    ddp_work** work) {
-    return ddp__collective(pg, DDP__ALL_REDUCE, buf, NULL, count, dtype, op, 0, 0, work);
+    return ddp__collective(pg, DDP__ALL_REDUCE, buf, NULL, count, dtype, op, 0, 0, 0, work);
 }
 /* buf[0..count) = root's buf, on every rank. */
 DDP__PRIVATE ddp_status ddp__broadcast(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, int root, ddp_work** work) {
-    return ddp__collective(pg, DDP__BROADCAST, buf, NULL, count, dtype, DDP_SUM, root, 0, work);
+    return ddp__collective(pg, DDP__BROADCAST, buf, NULL, count, dtype, DDP_SUM, root, 0, 0, work);
 }
 DDP__DEF ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
                                    ddp_work** work) {
-    return ddp__collective(pg, DDP__ALL_GATHER, recv, send, count, dtype, DDP_SUM, 0, 0, work);
+    return ddp__collective(pg, DDP__ALL_GATHER, recv, send, count, dtype, DDP_SUM, 0, 0, 0, work);
 }
 DDP__DEF ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
                                        ddp_reduce_op op, ddp_work** work) {
-    return ddp__collective(pg, DDP__REDUCE_SCATTER, recv, send, count, dtype, op, 0, 0, work);
+    return ddp__collective(pg, DDP__REDUCE_SCATTER, recv, send, count, dtype, op, 0, 0, 0, work);
 }
 DDP__DEF ddp_status ddp_barrier(ddp_pg* pg) {
     /* an all-reduce of one number: ordered with the other collectives, and done by every rank
@@ -3961,7 +3964,9 @@ DDP__PRIVATE void ddp__zero_stats(const ddp__shards* z, ddp_wrap_stats* st);
    The life of one synchronised backward pass:
      1. ddp_model_backward reaches a parameter whose gradient is final and calls its hook;
      2. the hook copies grad * (1/W) into the parameter's slot of its bucket (with
-        gradient_as_bucket_view the gradient already lives there and is scaled in place);
+        gradient_as_bucket_view the gradient already lives there and is scaled in place); on
+        the CPU backend the hook only copies, and the all-reduce multiplies by 1/W in the pass
+        over the bucket it takes anyway (ddp_work.premul): the same products, one pass fewer;
      3. when every parameter of a bucket is in, the bucket is ready; ready buckets are launched
         as asynchronous all-reduces (sum) strictly in bucket order, the same on every rank;
      4. backward goes on with earlier layers while the all-reduces run;
@@ -3999,10 +4004,13 @@ struct ddp_wrapper {
     int counted;        /* uneven_inputs: this backward pass has counted the active ranks */
     long joined_at;     /* uneven_inputs: st.steps when ddp_join last returned */
     float scale;        /* what each gradient is multiplied by into its bucket: 1 / the divisor */
+    int premul;         /* the CPU backend multiplies by `scale` in the all-reduce's first pass over the
+                           bucket (ddp_work.premul), so the hook only copies; saves one pass over the
+                           gradients, all of them with gradient_as_bucket_view */
     char err[sizeof ddp__err_msg];
 };
 
-/* f32 dst = src * a on the model's device, in order on its stream. */
+/* f32 dst = src * a on the model's device, in order on its stream (a copy, or nothing, for a = 1). */
 DDP__PRIVATE ddp_status ddp__scale(ddp_model* m, float* dst, const float* src, size_t n, float a) {
     (void)m;
 #if DDP__CUDA
@@ -4013,7 +4021,9 @@ DDP__PRIVATE ddp_status ddp__scale(ddp_model* m, float* dst, const float* src, s
         return n ? ddp__launch(m->device, m->stream, DDP__K_scale, cnt, args) : DDP_OK;
     }
 #endif
-    {
+    if (a == 1.0f) {
+        if (dst != src && n) memmove(dst, src, n * sizeof *dst);
+    } else {
         size_t i;
         for (i = 0; i < n; i++) dst[i] = src[i] * a;
     }
@@ -4032,10 +4042,11 @@ DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
             s = ddp__convert(w->m->device, w->d.compress, b->wire, DDP_F32, b->buf, b->count, w->m->stream);
             if (s == DDP_OK)
                 s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->wire, NULL, b->count, w->d.compress, DDP_SUM, 0, lazy,
-                                    &b->work);
+                                    0, &b->work);
             w->st.bytes_reduced += b->count * 2;
         } else {
-            s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->buf, NULL, b->count, DDP_F32, DDP_SUM, 0, lazy, &b->work);
+            s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->buf, NULL, b->count, DDP_F32, DDP_SUM, 0, lazy,
+                                w->premul ? w->scale : 0, &b->work);
             w->st.bytes_reduced += b->count * 4;
         }
         if (s != DDP_OK) return s;
@@ -4103,8 +4114,9 @@ static void ddp__reducer_hook(ddp_param* p, void* user) {
     }
     b = &w->buckets[w->bucket_of[p->index]];
     slot = b->buf + w->offset_of[p->index];
-    /* into the bucket, already divided by the world size (in place for a bucket view) */
-    s = ddp__scale(w->m, slot, p->grad, p->count, w->scale);
+    /* into the bucket, already divided by the world size (in place for a bucket view); with
+       premul the all-reduce divides as it first reads the bucket, one pass less over memory */
+    s = ddp__scale(w->m, slot, p->grad, p->count, w->premul ? 1.0f : w->scale);
     if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
     if (s != DDP_OK) {
         w->broken = s;
@@ -4270,6 +4282,8 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
                         "the weights. Use one of the two", desc->zero_stage);
     w->pg = pg, w->m = m, w->sync = 1;
     w->scale = 1.f / (float)ddp_world_size(pg);
+    w->premul = pg->vt == ddp__cpu_vt() && m->device.type == DDP_DEVICE_CPU && w->d.compress != DDP_F16 &&
+                w->d.compress != DDP_BF16;
     if (bad != DDP_OK) { /* still compared with the others: they learn at once which setting differs */
         char msg[sizeof ddp__err_msg];
         memcpy(msg, ddp__err_msg, sizeof msg);
@@ -9476,6 +9490,37 @@ DDP__PRIVATE void ddp__reduce(void* dst, const void* src, size_t n, ddp_dtype t,
     }
 }
 
+#if defined(__SSE2__)
+/* Eight floats to d: with `stream` past the caches (d 16-byte aligned), else an ordinary store. */
+DDP__PRIVATE void ddp__put8(float* d, __m128 x, __m128 y, int stream) {
+    if (stream) {
+        _mm_stream_ps(d, x);
+        _mm_stream_ps(d + 4, y);
+    } else {
+        _mm_storeu_ps(d, x);
+        _mm_storeu_ps(d + 4, y);
+    }
+}
+#endif
+
+/* dst[i] = src[i] * a in f32 (dst may be src): the reducer's 1/world, applied by the CPU backend in
+   a pass the data takes anyway (ddp_work.premul); with `stream`, past the caches (see ddp__copy). */
+DDP__PRIVATE void ddp__mul_f32(float* dst, const float* src, size_t n, float a, int stream) {
+    size_t i = 0;
+#if defined(__SSE2__)
+    const __m128 k = _mm_set1_ps(a);
+    if (n < 1024) stream = 0; /* as ddp__copy: small writes stay cached */
+    for (; i < n && ((uintptr_t)(dst + i) & 15); i++) dst[i] = src[i] * a;
+    for (; i + 8 <= n; i += 8) {
+        ddp__put8(dst + i, _mm_mul_ps(_mm_loadu_ps(src + i), k), _mm_mul_ps(_mm_loadu_ps(src + i + 4), k), stream);
+    }
+    if (stream) _mm_sfence();
+#else
+    (void)stream;
+#endif
+    for (; i < n; i++) dst[i] = src[i] * a;
+}
+
 /* dst[i] /= world: the last step of an average, done once by the rank that owns the segment. */
 DDP__PRIVATE void ddp__divide(void* buf, size_t n, ddp_dtype t, int world) {
     size_t i;
@@ -9874,20 +9919,8 @@ DDP__PRIVATE void ddp__add2_f32(float* DDP__RESTRICT out, float* DDP__RESTRICT i
         __m128 x = _mm_add_ps(_mm_load_ps(io + i), _mm_loadu_ps(b + i));
         __m128 y = _mm_add_ps(_mm_load_ps(io + i + 4), _mm_loadu_ps(b + i + 4));
         if (div != 1.0f) x = _mm_div_ps(x, d), y = _mm_div_ps(y, d);
-        if (stream_out) {
-            _mm_stream_ps(out + i, x);
-            _mm_stream_ps(out + i + 4, y);
-        } else {
-            _mm_storeu_ps(out + i, x);
-            _mm_storeu_ps(out + i + 4, y);
-        }
-        if (stream) {
-            _mm_stream_ps(io + i, x);
-            _mm_stream_ps(io + i + 4, y);
-        } else {
-            _mm_store_ps(io + i, x);
-            _mm_store_ps(io + i + 4, y);
-        }
+        ddp__put8(out + i, x, y, stream_out);
+        ddp__put8(io + i, x, y, stream);
     }
     if (stream || stream_out) _mm_sfence();
 #else
@@ -9911,7 +9944,8 @@ DDP__PRIVATE ddp_status ddp__shm_all_reduce_one_step(ddp_pg* pg, ddp_work* w, un
                  (unsigned long long)w->seq, bytes, W);
     ddp__ring_header(w, ddp__shm_rank_of(pg, pg->rank)->hdr[w->seq & 1]);
     if (pg->shm_chunks > 0) DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_reuse, 0, deadline));
-    memcpy(ddp__shm_slot(pg, set, pg->rank), host, bytes);
+    if (w->premul) ddp__mul_f32((float*)ddp__shm_slot(pg, set, pg->rank), (const float*)host, n, w->premul, 0);
+    else memcpy(ddp__shm_slot(pg, set, pg->rank), host, bytes);
     ddp__shm_publish(pg);
     pg->shm_reuse = pg->shm_phase;
     DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_phase, 1, deadline));
@@ -9962,7 +9996,11 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
         /* this set was last used two chunks ago: everyone must be done with it */
         if (pg->shm_chunks > 0) DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_reuse, 0, deadline));
         /* phase 1: my part of the chunk into my slot (all-reduce: not my own share, which only I read) */
-        if (kind == DDP__ALL_REDUCE) {
+        if (kind == DDP__ALL_REDUCE && w->premul) { /* the reducer's 1/world as the data goes in */
+            ddp__mul_f32((float*)mine, (const float*)(host + off * es), s0, w->premul, slot_stream);
+            ddp__mul_f32((float*)(mine + s1 * es), (const float*)(host + (off + s1) * es), c - s1, w->premul,
+                         slot_stream);
+        } else if (kind == DDP__ALL_REDUCE) {
             ddp__copy(mine, host + off * es, s0 * es, slot_stream);
             ddp__copy(mine + s1 * es, host + (off + s1) * es, (c - s1) * es, slot_stream);
         } else if (kind == DDP__BROADCAST && r == w->root)
@@ -9979,6 +10017,7 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
         if (kind == DDP__ALL_REDUCE) {
             /* my share of the result, into my slot (the others copy it from there) and my buffer */
             unsigned char *res = mine + s0 * es, *own = host + (off + s0) * es;
+            if (w->premul) ddp__mul_f32((float*)own, (const float*)own, s1 - s0, w->premul, 0); /* my share */
             if (W == 2 && es == 4 && w->op != DDP_MAX) { /* f32 sum or average */
                 ddp__add2_f32((float*)res, (float*)own, (const float*)(ddp__shm_slot(pg, set, 1 - r) + s0 * es), s1 - s0,
                               w->op == DDP_AVG ? 2.0f : 1.0f, stream, slot_stream);
@@ -10738,6 +10777,13 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
                              sim, pg->timeout, pg->sim_s_per_byte > 0 ? "DDP_SIMULATE_NS_PER_BYTE" : "DDP_SIMULATE_LATENCY_US");
         }
         if (sim > 0) ddp__sleep(sim);
+    }
+    /* the reducer's 1/world (ddp_work.premul): shared memory applies it as it copies into the slots;
+       the other paths take a pass over the buffer first */
+    if (w->premul == 1.0f) w->premul = 0;
+    if (w->premul && !(W > 1 && pg->shm)) {
+        ddp__mul_f32((float*)host, (const float*)host, w->count, w->premul, 0);
+        w->premul = 0;
     }
 #if DDP__SHM
     if (W > 1 && pg->shm) return ddp__shm_run(pg, w, host) != DDP_OK ? ddp__last_status() : ddp__cpu_copy_out(pg, w, host);

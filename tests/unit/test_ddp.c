@@ -366,6 +366,35 @@ static void equivalence_all_worlds_and_buckets(void) {
     printf("    worst relative L2 difference from one process over %d runs: %.3g\n", runs, worst);
 }
 
+/* The reducer's division by W rides in the CPU backend's first pass over each bucket (premul):
+   shared memory multiplies as it fills its slots (two ranks, three or more, and the one-step path),
+   TCP multiplies the bucket once before the exchange, doubling or the ring. Applied twice, or not
+   at all, on any of them, the weights would be off by a factor of W in their updates. */
+static void equivalence_every_transport_path(void) {
+    static const struct { const char *transport, *algo, *one_step; int W; } paths[] = {
+        {"shm", NULL, NULL, 2},  {"shm", NULL, NULL, 3},  {"shm", NULL, "65536", 3},
+        {"tcp", NULL, NULL, 2},  {"tcp", "doubling", NULL, 3}, {"tcp", "ring", NULL, 3}};
+    size_t i;
+    int view;
+    double worst = 0;
+    if (g_gpu) SKIP("the GPU's reducer divides with a kernel, not in the CPU backend (premul is CPU only)");
+    for (i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        for (view = 0; view < 2; view++) {
+            cfg c = base();
+            double e;
+            c.cap = c.first = 256;
+            c.view = view;
+            setenv("DDP_TRANSPORT", paths[i].transport, 1);
+            if (paths[i].algo) setenv("DDP_ALGO", paths[i].algo, 1);
+            if (paths[i].one_step) setenv("DDP_SHM_ONE_STEP_BYTES", paths[i].one_step, 1);
+            e = equivalence(paths[i].W, &c, 1e-5);
+            unsetenv("DDP_TRANSPORT"), unsetenv("DDP_ALGO"), unsetenv("DDP_SHM_ONE_STEP_BYTES");
+            if (e > worst) worst = e;
+        }
+    printf("    worst relative L2 difference from one process over %d transport paths x 2 (view): %.3g\n",
+           (int)(sizeof paths / sizeof paths[0]), worst);
+}
+
 static void equivalence_no_sync_accumulation(void) {
     cfg c = base();
     double e2, e3;
@@ -1322,6 +1351,7 @@ int main(int argc, char** argv) {
         return H_EXIT();
     }
     RUN(equivalence_all_worlds_and_buckets);
+    RUN(equivalence_every_transport_path);
     RUN(equivalence_no_sync_accumulation);
     RUN(equivalence_compressed);
     RUN(equivalence_zero);
