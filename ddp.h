@@ -1693,7 +1693,18 @@ DDP__PRIVATE ddp_status ddp__pick_backend(const ddp_desc* d, ddp_device dev, ddp
 DDP__PRIVATE void ddp__init_failed_leave(ddp_pg* pg) {
     int64_t left = 0;
     double until = ddp__now() + (pg->timeout < 5.0 ? pg->timeout : 5.0);
-    if (ddp__store_add(pg->store, "ddp/init_failed", 1, &left) != DDP_OK || pg->rank != 0) return;
+    if (ddp__store_add(pg->store, "ddp/init_failed", 1, &left) != DDP_OK) return;
+    if (pg->rank != 0) {
+        /* When every rank failed (the usual case: they reached the same verdict), wait for rank 0 to
+           close the store, so that rank 0 returns, and its program prints why, first: a launcher
+           stops the job once one rank has exited, and rank 0, the last to leave (below), would be
+           stopped before saying why. A rank that failed alone leaves after a second. */
+        double soon = ddp__now() + 1.0;
+        while (ddp__now() < until && (left >= pg->world || ddp__now() < soon) &&
+               ddp__store_add(pg->store, "ddp/init_failed", 0, &left) == DDP_OK)
+            ddp__sleep(0.002);
+        return;
+    }
     while (left < pg->world && ddp__now() < until && ddp__store_add(pg->store, "ddp/init_failed", 0, &left) == DDP_OK)
         ddp__sleep(0.002);
 }
