@@ -1477,6 +1477,10 @@ struct ddp_work {
     int lazy;              /* queued without waking the communication thread (see ddp__cpu_submit) */
     int in_place;          /* all-gather or reduce-scatter in NCCL's in-place layout (ddp__layout) */
     float premul;          /* f32 all-reduce: every rank's input times this first (0: none), see >>reducer */
+    int ntensors;          /* f32 all-reduce, > 0: the data lives in these tensors, not in buf, which is */
+    float* const* tensors; /* scratch; tensors[i] holds elements [tensor_at[i], tensor_at[i + 1]) */
+    const size_t* tensor_at;
+    int staged;            /* the path works on buf: the tensors were copied in, and go back at the end */
     ddp_status status;
     char msg[sizeof ddp__err_msg]; /* the failure's message, carried to the waiting thread */
     ddp_work* next;
@@ -1488,6 +1492,16 @@ struct ddp_work {
    collective that every rank calls the same one (desync detection). */
 #define DDP__FLIGHT_N 16
 enum { DDP__FL_QUEUED = 1, DDP__FL_RUNNING, DDP__FL_DONE, DDP__FL_FAILED };
+/* What the reducer asks the CPU backend to fold into the passes an f32 all-reduce takes over the
+   data anyway (>>reducer): a factor on every rank's input, and the tensors the data lives in (the
+   parameters' own gradients, when they do not live in the bucket). */
+typedef struct ddp__fused {
+    float premul;          /* 0: none */
+    int ntensors;          /* 0: the data is in the bucket */
+    float* const* tensors;
+    const size_t* tensor_at; /* ntensors + 1 offsets into the bucket, the last one its count */
+} ddp__fused;
+
 typedef struct ddp__flight {
     uint64_t seq;      /* 0: empty */
     int kind, state;
@@ -1933,7 +1947,7 @@ DDP__PRIVATE ddp_status ddp__layout(const ddp_pg* pg, int kind, const void* buf,
 }
 
 DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const void* send, size_t count,
-                                        ddp_dtype dtype, ddp_reduce_op op, int root, int lazy, float premul,
+                                        ddp_dtype dtype, ddp_reduce_op op, int root, int lazy, const ddp__fused* f,
                                         ddp_work** work) {
     ddp_work* w;
     ddp_status s;
@@ -1962,7 +1976,7 @@ DDP__PRIVATE ddp_status ddp__collective(ddp_pg* pg, int kind, void* buf, const v
     if (!w) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a work handle failed");
     w->pg = pg, w->kind = kind, w->buf = buf, w->send = send, w->count = count;
     w->dtype = dtype, w->op = op, w->root = root, w->seq = ++pg->seq, w->lazy = lazy, w->in_place = in_place;
-    w->premul = premul;
+    if (f) w->premul = f->premul, w->ntensors = f->ntensors, w->tensors = f->tensors, w->tensor_at = f->tensor_at;
     ddp__flight_note(pg, w, DDP__FL_QUEUED);
     if (ddp__log_level_enabled() >= DDP_LOG_DETAIL && pg->world > 1 && (s = ddp__desync_check(pg, w)) != DDP_OK) {
         ddp__flight_note(pg, w, DDP__FL_FAILED);
@@ -2037,19 +2051,19 @@ DDP__PRIVATE ddp_status ddp__work_test(ddp_work* w, int* done) {
 
 DDP__DEF ddp_status ddp_all_reduce(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, ddp_reduce_op op,
                                    ddp_work** work) {
-    return ddp__collective(pg, DDP__ALL_REDUCE, buf, NULL, count, dtype, op, 0, 0, 0, work);
+    return ddp__collective(pg, DDP__ALL_REDUCE, buf, NULL, count, dtype, op, 0, 0, NULL, work);
 }
 /* buf[0..count) = root's buf, on every rank. */
 DDP__PRIVATE ddp_status ddp__broadcast(ddp_pg* pg, void* buf, size_t count, ddp_dtype dtype, int root, ddp_work** work) {
-    return ddp__collective(pg, DDP__BROADCAST, buf, NULL, count, dtype, DDP_SUM, root, 0, 0, work);
+    return ddp__collective(pg, DDP__BROADCAST, buf, NULL, count, dtype, DDP_SUM, root, 0, NULL, work);
 }
 DDP__DEF ddp_status ddp_all_gather(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
                                    ddp_work** work) {
-    return ddp__collective(pg, DDP__ALL_GATHER, recv, send, count, dtype, DDP_SUM, 0, 0, 0, work);
+    return ddp__collective(pg, DDP__ALL_GATHER, recv, send, count, dtype, DDP_SUM, 0, 0, NULL, work);
 }
 DDP__DEF ddp_status ddp_reduce_scatter(ddp_pg* pg, const void* send, void* recv, size_t count, ddp_dtype dtype,
                                        ddp_reduce_op op, ddp_work** work) {
-    return ddp__collective(pg, DDP__REDUCE_SCATTER, recv, send, count, dtype, op, 0, 0, 0, work);
+    return ddp__collective(pg, DDP__REDUCE_SCATTER, recv, send, count, dtype, op, 0, 0, NULL, work);
 }
 DDP__DEF ddp_status ddp_barrier(ddp_pg* pg) {
     /* an all-reduce of one number: ordered with the other collectives, and done by every rank
@@ -3976,13 +3990,14 @@ DDP__PRIVATE void ddp__zero_stats(const ddp__shards* z, ddp_wrap_stats* st);
      1. ddp_model_backward reaches a parameter whose gradient is final and calls its hook;
      2. the hook copies grad * (1/W) into the parameter's slot of its bucket (with
         gradient_as_bucket_view the gradient already lives there and is scaled in place); on
-        the CPU backend the hook only copies, and the all-reduce multiplies by 1/W in the pass
-        over the bucket it takes anyway (ddp_work.premul): the same products, one pass fewer;
+        the CPU backend the all-reduce multiplies by 1/W in the pass over the data it takes
+        anyway (ddp_work.premul), the same products, and without the view it reads each p->grad
+        where it is (ddp_work.tensors): the hook has nothing left to do;
      3. when every parameter of a bucket is in, the bucket is ready; ready buckets are launched
         as asynchronous all-reduces (sum) strictly in bucket order, the same on every rank;
      4. backward goes on with earlier layers while the all-reduces run;
      5. the post-backward callback waits for every bucket and copies the averages back into
-        p->grad.
+        p->grad (on the CPU backend the all-reduce has written them there already).
    Pre-dividing by W and then summing is PyTorch's choice too: the sum of W averages cannot
    overflow where a sum of W gradients might.
 */
@@ -3994,6 +4009,9 @@ typedef struct ddp__bucket {
     float* buf;         /* on the model's device */
     void* wire;         /* the compressed copy that travels, when compressing */
     ddp_work* work;
+    float** grads;      /* the parameters' gradients in bucket order, and where each starts in the */
+    size_t* at;         /* bucket (nparams + 1: the last is count), for a fused all-reduce */
+    int fused;          /* this step's all-reduce reads and writes p->grad itself (see fuse) */
 } ddp__bucket;
 
 struct ddp_wrapper {
@@ -4018,6 +4036,9 @@ struct ddp_wrapper {
     int premul;         /* the CPU backend multiplies by `scale` in the all-reduce's first pass over the
                            bucket (ddp_work.premul), so the hook only copies; saves one pass over the
                            gradients, all of them with gradient_as_bucket_view */
+    int fuse;           /* premul without the view: the all-reduce reads each p->grad where it is and
+                           writes the average back there (ddp_work.tensors), so the hook copies
+                           nothing and step 5 neither: two passes fewer */
     char err[sizeof ddp__err_msg];
 };
 
@@ -4041,8 +4062,9 @@ DDP__PRIVATE ddp_status ddp__scale(ddp_model* m, float* dst, const float* src, s
     return DDP_OK;
 }
 
-/* Launch every ready bucket from next_launch on, in order: bucket k never overtakes k-1. */
-DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
+/* Launch every ready bucket from next_launch on, in order: bucket k never overtakes k-1. With
+   to_grads the averages go straight into p->grad where the backend can do that (see premul). */
+DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w, int to_grads) {
     while (w->next_launch < w->nbuckets && w->buckets[w->next_launch].pending == 0) {
         ddp__bucket* b = &w->buckets[w->next_launch];
         /* Every gradient is in once the last bucket goes: it is waited for next, so it need not
@@ -4053,11 +4075,20 @@ DDP__PRIVATE ddp_status ddp__launch_ready(ddp_wrapper* w) {
             s = ddp__convert(w->m->device, w->d.compress, b->wire, DDP_F32, b->buf, b->count, w->m->stream);
             if (s == DDP_OK)
                 s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->wire, NULL, b->count, w->d.compress, DDP_SUM, 0, lazy,
-                                    0, &b->work);
+                                    NULL, &b->work);
             w->st.bytes_reduced += b->count * 2;
         } else {
-            s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->buf, NULL, b->count, DDP_F32, DDP_SUM, 0, lazy,
-                                w->premul ? w->scale : 0, &b->work);
+            ddp__fused f;
+            int i;
+            memset(&f, 0, sizeof f);
+            if (w->premul) f.premul = w->scale;
+            b->fused = w->fuse && to_grads;
+            if (b->fused) { /* the gradients' addresses as they are now: a caller may have moved one */
+                for (i = 0; i < b->nparams; i++) b->grads[i] = w->m->params[b->params[i]]->grad;
+                f.ntensors = b->nparams, f.tensors = b->grads, f.tensor_at = b->at;
+            }
+            s = ddp__collective(w->pg, DDP__ALL_REDUCE, b->buf, NULL, b->count, DDP_F32, DDP_SUM, 0, lazy, &f,
+                                &b->work);
             w->st.bytes_reduced += b->count * 4;
         }
         if (s != DDP_OK) return s;
@@ -4126,9 +4157,10 @@ static void ddp__reducer_hook(ddp_param* p, void* user) {
     b = &w->buckets[w->bucket_of[p->index]];
     slot = b->buf + w->offset_of[p->index];
     /* into the bucket, already divided by the world size (in place for a bucket view); with
-       premul the all-reduce divides as it first reads the bucket, one pass less over memory */
-    s = ddp__scale(w->m, slot, p->grad, p->count, w->premul ? 1.0f : w->scale);
-    if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
+       premul the all-reduce divides as it first reads the bucket, one pass less over memory, and
+       with fuse it reads p->grad itself */
+    s = w->fuse ? DDP_OK : ddp__scale(w->m, slot, p->grad, p->count, w->premul ? 1.0f : w->scale);
+    if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w, 1);
     if (s != DDP_OK) {
         w->broken = s;
         snprintf(w->err, sizeof w->err, "%s", ddp_error_string());
@@ -4171,8 +4203,8 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
         }
         {
             ddp__bucket* b = &w->buckets[w->bucket_of[i]];
-            s = ddp__zero(m->device, b->buf + w->offset_of[i], p->count * sizeof(float), m->stream);
-            if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w);
+            s = ddp__zero(m->device, w->fuse ? p->grad : b->buf + w->offset_of[i], p->count * sizeof(float), m->stream);
+            if (s == DDP_OK && --b->pending == 0) s = ddp__launch_ready(w, 1);
             if (s != DDP_OK) return s;
         }
     }
@@ -4195,7 +4227,7 @@ static ddp_status ddp__reducer_finish(ddp_model* m, void* user) {
     ddp__trace("wait for buckets", DDP__TRACE_COMPUTE, t0, ddp__now());
     for (k = 0; k < w->nbuckets && s == DDP_OK && !w->d.gradient_as_bucket_view; k++) {
         ddp__bucket* b = &w->buckets[k];
-        for (i = 0; i < b->nparams && s == DDP_OK; i++) {
+        for (i = 0; i < b->nparams && s == DDP_OK && !b->fused; i++) {
             ddp_param* p = m->params[b->params[i]];
             s = ddp_copy(m->device, p->grad, m->device, b->buf + w->offset_of[p->index], p->count * sizeof(float),
                          m->stream);
@@ -4253,6 +4285,11 @@ DDP__PRIVATE ddp_status ddp__assign_buckets(ddp_wrapper* w) {
         ddp__bucket* b = &w->buckets[k];
         b->pending = b->nparams;
         DDP__TRY(ddp_alloc(m->device, b->count * sizeof(float), (void**)&b->buf));
+        b->grads = (float**)ddp__calloc((size_t)b->nparams * sizeof(float*));
+        b->at = (size_t*)ddp__malloc(((size_t)b->nparams + 1) * sizeof(size_t));
+        if (!b->grads || !b->at) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "allocating a bucket failed");
+        for (i = 0; i < b->nparams; i++) b->at[i] = w->offset_of[b->params[i]];
+        b->at[b->nparams] = b->count;
         if (w->d.compress == DDP_F16 || w->d.compress == DDP_BF16)
             DDP__TRY(ddp_alloc(m->device, b->count * 2, &b->wire));
         if (k < 64) {
@@ -4295,6 +4332,7 @@ DDP__DEF ddp_status ddp_wrap(ddp_pg* pg, ddp_model* m, const ddp_wrap_desc* desc
     w->scale = 1.f / (float)ddp_world_size(pg);
     w->premul = pg->vt == ddp__cpu_vt() && m->device.type == DDP_DEVICE_CPU && w->d.compress != DDP_F16 &&
                 w->d.compress != DDP_BF16;
+    w->fuse = w->premul && !w->d.gradient_as_bucket_view && w->d.zero_stage < 2;
     if (bad != DDP_OK) { /* still compared with the others: they learn at once which setting differs */
         char msg[sizeof ddp__err_msg];
         memcpy(msg, ddp__err_msg, sizeof msg);
@@ -4369,8 +4407,11 @@ DDP__DEF void ddp_wrapper_destroy(ddp_wrapper* w) {
         ddp_free(w->m->device, w->buckets[i].wire);
     }
     if (w->buckets) {
-        for (i = 0; i < w->m->nparams; i++)
+        for (i = 0; i < w->m->nparams; i++) {
             if (w->buckets[i].params) DDP_FREE(w->buckets[i].params);
+            if (w->buckets[i].grads) DDP_FREE(w->buckets[i].grads);
+            if (w->buckets[i].at) DDP_FREE(w->buckets[i].at);
+        }
         DDP_FREE(w->buckets);
     }
     ddp_free(w->m->device, w->join_buf);
@@ -4405,7 +4446,7 @@ DDP__DEF ddp_status ddp_join(ddp_wrapper* w) {
             w->buckets[k].pending = 0;
         }
         w->next_launch = 0;
-        if (s == DDP_OK) s = ddp__launch_ready(w);
+        if (s == DDP_OK) s = ddp__launch_ready(w, 0); /* zeros in, and the result is not this rank's */
         for (k = 0; k < w->nbuckets; k++) { /* wait even after a failure: no work is left behind */
             ddp_status ws = w->buckets[k].work ? ddp_work_wait(w->buckets[k].work) : DDP_OK;
             w->buckets[k].work = NULL;
@@ -9582,7 +9623,9 @@ DDP__PRIVATE void ddp__ring_header_text(const unsigned char h[32], char* out, si
    same time instead of over W-1 steps: each rank writes S and reads about 2S, whatever W is. Two
    sets of slots let a rank fill chunk g+1 while the others still copy chunk g out; before filling
    a set again it waits until every rank has finished phase 1 of the chunk in between, which they
-   do only after they are done with that set.
+   do only after they are done with that set. The reducer's all-reduce (ddp_work.tensors) takes its
+   part of each chunk from the gradients where they lie and puts the sums back there, tensor by
+   tensor: the data is in many buffers, but every phase copies anyway, so nothing is added.
 
    With DDP_SHM_ONE_STEP_BYTES set, a small all-reduce on three ranks or more takes one step instead:
    every rank copies its whole buffer into its slot, raises its counter, waits for every other
@@ -9915,32 +9958,75 @@ DDP__PRIVATE void ddp__copy(void* dst, const void* src, size_t n, int stream) {
 #endif
 }
 
-/* io[i] + b[i] (divided by `div` when it is not 1), written to both out and io: a rank's share of
-   an f32 sum, into its slot for the others and into its own buffer, in one pass; with `stream`,
-   the write to io goes past the caches (see ddp__copy), with `stream_out` the write to out. */
-DDP__PRIVATE void ddp__add2_f32(float* DDP__RESTRICT out, float* DDP__RESTRICT io, const float* DDP__RESTRICT b,
-                                size_t n, float div, int stream, int stream_out) {
+/* a[i] * pre + b[i] (pre 1: a[i] + b[i]), divided by `div` when it is not 1, written to both out and
+   dst: a rank's share of an f32 sum, into its slot for the others and into its result, in one pass
+   (dst may be a: in place; pre is the reducer's 1/world, ddp_work.premul); with `stream` the write
+   to dst goes past the caches (see ddp__copy), with `stream_out` the write to out. The products and
+   sums are the ones a separate multiply would make: the same bits. */
+DDP__PRIVATE void ddp__add2_f32(float* DDP__RESTRICT out, float* dst, const float* a, const float* DDP__RESTRICT b,
+                                size_t n, float pre, float div, int stream, int stream_out) {
     size_t i = 0;
 #if defined(__SSE2__)
     /* written out in SSE: at -O2 compilers leave this loop scalar, four times slower */
-    const __m128 d = _mm_set1_ps(div);
-    for (; i < n && ((uintptr_t)(io + i) & 15); i++) out[i] = io[i] = (io[i] + b[i]) / div;
+    const __m128 d = _mm_set1_ps(div), k = _mm_set1_ps(pre);
+    for (; i < n && ((uintptr_t)(dst + i) & 15); i++) {
+        float x = pre != 1.0f ? a[i] * pre : a[i];
+        out[i] = dst[i] = (x + b[i]) / div;
+    }
     if (((uintptr_t)(out + i) & 15) || n < 1024) stream_out = 0; /* as ddp__copy: small writes stay cached */
+    if (n < 1024) stream = 0;
     for (; i + 8 <= n; i += 8) {
-        __m128 x = _mm_add_ps(_mm_load_ps(io + i), _mm_loadu_ps(b + i));
-        __m128 y = _mm_add_ps(_mm_load_ps(io + i + 4), _mm_loadu_ps(b + i + 4));
+        __m128 x = _mm_loadu_ps(a + i), y = _mm_loadu_ps(a + i + 4);
+        if (pre != 1.0f) x = _mm_mul_ps(x, k), y = _mm_mul_ps(y, k);
+        x = _mm_add_ps(x, _mm_loadu_ps(b + i)), y = _mm_add_ps(y, _mm_loadu_ps(b + i + 4));
         if (div != 1.0f) x = _mm_div_ps(x, d), y = _mm_div_ps(y, d);
         ddp__put8(out + i, x, y, stream_out);
-        ddp__put8(io + i, x, y, stream);
+        ddp__put8(dst + i, x, y, stream);
     }
     if (stream || stream_out) _mm_sfence();
 #else
     (void)stream, (void)stream_out;
 #endif
-    if (div == 1.0f)
-        for (; i < n; i++) out[i] = io[i] = io[i] + b[i];
-    else
-        for (; i < n; i++) out[i] = io[i] = (io[i] + b[i]) / div;
+    for (; i < n; i++) {
+        float x = pre != 1.0f ? a[i] * pre : a[i];
+        out[i] = dst[i] = (x + b[i]) / div;
+    }
+}
+
+/* Where elements [a, b) of an all-reduce live when its data is in tensors (ddp_work.tensors): the
+   first tensor that holds element a, and how many of [a, b) it holds. */
+DDP__PRIVATE size_t ddp__tensor_piece(const ddp_work* w, size_t a, size_t b, float** at) {
+    int lo = 0, hi = w->ntensors - 1;
+    size_t end;
+    while (lo < hi) { /* the last tensor that starts at or before a (an empty one never holds it) */
+        int mid = (lo + hi + 1) / 2;
+        if (w->tensor_at[mid] <= a) lo = mid;
+        else hi = mid - 1;
+    }
+    *at = w->tensors[lo] + (a - w->tensor_at[lo]);
+    end = w->tensor_at[lo + 1] < b ? w->tensor_at[lo + 1] : b;
+    return end - a;
+}
+
+/* n floats between the tensors, from element a on, and a buffer: to_tensors 0 reads them into buf
+   (times premul unless it is 0), 1 writes buf to them (`stream` as for ddp__copy). */
+DDP__PRIVATE void ddp__tensors_copy(const ddp_work* w, size_t a, float* buf, size_t n, int to_tensors, int stream) {
+    while (n) {
+        float* t;
+        size_t k = ddp__tensor_piece(w, a, a + n, &t);
+        if (to_tensors) ddp__copy(t, buf, k * sizeof(float), stream);
+        else if (w->premul) ddp__mul_f32(buf, t, k, w->premul, stream);
+        else ddp__copy(buf, t, k * sizeof(float), stream);
+        a += k, buf += k, n -= k;
+    }
+}
+
+/* For a path that works on one buffer: the tensors into buf, with premul applied (it is then
+   done); their results go back in ddp__cpu_copy_out. */
+DDP__PRIVATE void ddp__tensors_stage(ddp_work* w, unsigned char* buf) {
+    if (!w->ntensors || w->staged) return;
+    ddp__tensors_copy(w, 0, (float*)buf, w->count, 0, 0);
+    w->premul = 0, w->staged = 1;
 }
 
 /* A small all-reduce in one step (see the top of this section): the whole buffer into this rank's
@@ -9992,8 +10078,10 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
     const int slot_stream = n * es < pg->shm_slot_stream;
     unsigned char empty[64];
     /* (two ranks: the two phases measured faster, each rank adding up only half) */
-    if (kind == DDP__ALL_REDUCE && W > 2 && n > 0 && n * es <= pg->shm_one_step && n * es <= pg->shm_chunk)
+    if (kind == DDP__ALL_REDUCE && W > 2 && n > 0 && n * es <= pg->shm_one_step && n * es <= pg->shm_chunk) {
+        ddp__tensors_stage(w, host);
         return ddp__shm_all_reduce_one_step(pg, w, host);
+    }
     if (!host) host = empty; /* an empty collective on a rank with no buffer: still checked, nothing copied */
     if (ddp__log_level_enabled() >= DDP_LOG_DETAIL)
         ddp__log(DDP_LOG_DETAIL, "%s #%llu through shared memory: %zu chunk(s) of up to %zu elements",
@@ -10006,8 +10094,12 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
         const size_t s0 = ddp__seg_start(c, W, r), s1 = ddp__seg_start(c, W, r + 1);
         /* this set was last used two chunks ago: everyone must be done with it */
         if (pg->shm_chunks > 0) DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_reuse, 0, deadline));
-        /* phase 1: my part of the chunk into my slot (all-reduce: not my own share, which only I read) */
-        if (kind == DDP__ALL_REDUCE && w->premul) { /* the reducer's 1/world as the data goes in */
+        /* phase 1: my part of the chunk into my slot (all-reduce: not my own share, which only I read);
+           an all-reduce with tensors (ddp_work.tensors) reads and writes them where they are, not host */
+        if (kind == DDP__ALL_REDUCE && w->ntensors) {
+            ddp__tensors_copy(w, off, (float*)mine, s0, 0, slot_stream);
+            ddp__tensors_copy(w, off + s1, (float*)(mine + s1 * es), c - s1, 0, slot_stream);
+        } else if (kind == DDP__ALL_REDUCE && w->premul) { /* the reducer's 1/world as the data goes in */
             ddp__mul_f32((float*)mine, (const float*)(host + off * es), s0, w->premul, slot_stream);
             ddp__mul_f32((float*)(mine + s1 * es), (const float*)(host + (off + s1) * es), c - s1, w->premul,
                          slot_stream);
@@ -10028,16 +10120,27 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
         if (kind == DDP__ALL_REDUCE) {
             /* my share of the result, into my slot (the others copy it from there) and my buffer */
             unsigned char *res = mine + s0 * es, *own = host + (off + s0) * es;
-            if (w->premul) ddp__mul_f32((float*)own, (const float*)own, s1 - s0, w->premul, 0); /* my share */
             if (W == 2 && es == 4 && w->op != DDP_MAX) { /* f32 sum or average */
-                ddp__add2_f32((float*)res, (float*)own, (const float*)(ddp__shm_slot(pg, set, 1 - r) + s0 * es), s1 - s0,
-                              w->op == DDP_AVG ? 2.0f : 1.0f, stream, slot_stream);
+                const float* other = (const float*)(ddp__shm_slot(pg, set, 1 - r) + s0 * es);
+                const float pre = w->premul ? w->premul : 1.0f, div = w->op == DDP_AVG ? 2.0f : 1.0f;
+                size_t a = off + s0, k;
+                if (!w->ntensors) ddp__add2_f32((float*)res, (float*)own, (const float*)own, other, s1 - s0, pre, div,
+                                                stream, slot_stream);
+                for (; w->ntensors && a < off + s1; a += k) { /* tensor by tensor, in place */
+                    float* t;
+                    const size_t i = a - off - s0;
+                    k = ddp__tensor_piece(w, a, off + s1, &t);
+                    ddp__add2_f32((float*)res + i, t, t, other + i, k, pre, div, stream, slot_stream);
+                }
             } else {
-                ddp__mcpy(res, own, (s1 - s0) * es);
+                if (w->ntensors) ddp__tensors_copy(w, off + s0, (float*)res, s1 - s0, 0, 0); /* my share */
+                else if (w->premul) ddp__mul_f32((float*)res, (const float*)own, s1 - s0, w->premul, 0);
+                else ddp__mcpy(res, own, (s1 - s0) * es);
                 for (q = 0; q < W; q++)
                     if (q != r) ddp__reduce(res, ddp__shm_slot(pg, set, q) + s0 * es, s1 - s0, w->dtype, w->op);
                 if (w->op == DDP_AVG) ddp__divide(res, s1 - s0, w->dtype, W);
-                ddp__mcpy(own, res, (s1 - s0) * es);
+                if (w->ntensors) ddp__tensors_copy(w, off + s0, (float*)res, s1 - s0, 1, stream);
+                else ddp__mcpy(own, res, (s1 - s0) * es);
             }
             got += (size_t)(W - 1) * (s1 - s0) * es, sent += (c - (s1 - s0)) * es;
         } else if (kind == DDP__BROADCAST) {
@@ -10060,7 +10163,9 @@ DDP__PRIVATE ddp_status ddp__shm_run_once(ddp_pg* pg, ddp_work* w, unsigned char
             DDP__TRY(ddp__shm_wait_all(pg, w, pg->shm_phase, 0, deadline));
             for (q = 0; q < W; q++) {
                 size_t a = ddp__seg_start(c, W, q), b = ddp__seg_start(c, W, q + 1);
-                if (q != r) ddp__copy(host + (off + a) * es, ddp__shm_slot(pg, set, q) + a * es, (b - a) * es, stream);
+                unsigned char* from = ddp__shm_slot(pg, set, q) + a * es;
+                if (q != r && w->ntensors) ddp__tensors_copy(w, off + a, (float*)from, b - a, 1, stream);
+                else if (q != r) ddp__copy(host + (off + a) * es, from, (b - a) * es, stream);
             }
             got += (c - (s1 - s0)) * es, sent += (size_t)(W - 1) * (s1 - s0) * es;
         }
@@ -10743,6 +10848,7 @@ DDP__PRIVATE ddp_status ddp__cpu_copy_out(ddp_pg* pg, ddp_work* w, unsigned char
     if (w->kind == DDP__REDUCE_SCATTER)
         return ddp__copy_now(pg->device, w->buf, ddp__cpu(), host + (size_t)pg->rank * w->count * es, w->count * es);
     if (host != (unsigned char*)w->buf) return ddp__copy_now(pg->device, w->buf, ddp__cpu(), host, total * es);
+    if (w->staged) ddp__tensors_copy(w, 0, (float*)host, w->count, 1, 0); /* the results to the tensors */
     return DDP_OK;
 }
 
@@ -10792,6 +10898,9 @@ DDP__PRIVATE ddp_status ddp__cpu_run_once(ddp_pg* pg, ddp_work* w) {
     /* the reducer's 1/world (ddp_work.premul): shared memory applies it as it copies into the slots;
        the other paths take a pass over the buffer first */
     if (w->premul == 1.0f) w->premul = 0;
+    /* an all-reduce with tensors (ddp_work.tensors): shared memory's two-phase path reads and writes
+       them where they are; the other paths work on one buffer, the bucket */
+    if (!(W > 1 && pg->shm)) ddp__tensors_stage(w, host);
     if (w->premul && !(W > 1 && pg->shm)) {
         ddp__mul_f32((float*)host, (const float*)host, w->count, w->premul, 0);
         w->premul = 0;

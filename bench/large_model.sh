@@ -94,7 +94,7 @@ buckets() { grep -m1 '^buckets:' "$LOG/$1.1.txt" 2>/dev/null | sed 's/^buckets: 
 echo "MLP 1024-4096-4096-1024-10 (25,185,290 parameters, 96 MiB of gradients), SGD, batch 64 per rank,"
 echo "median of $rounds_done launches, each the median of $STEPS steps after $WARMUP warm-up; $(nproc) cores;"
 echo "one thread per rank everywhere:"
-echo "  ddp.h: OpenBLAS, 1-process baseline with OPENBLAS_NUM_THREADS=1, 2 ranks 1 thread each (ddp_init), TCP ring"
+echo "  ddp.h: OpenBLAS, 1-process baseline with OPENBLAS_NUM_THREADS=1, 2 ranks 1 thread each (ddp_init), shared memory"
 if [ $have_torch = 1 ]; then
     echo "  PyTorch $torch_ver: gloo, torch.set_num_threads(1), OPENBLAS_NUM_THREADS=1, BLAS $torch_blas,"
     echo "    $torch_setting"

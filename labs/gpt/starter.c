@@ -9,11 +9,12 @@
    TCP on 127.0.0.1) and compare with one process. THE RULES (the tests name the one you break):
 
    PART 1: the backward under DDP (lab_gpt_backward). ddp_wrap hangs the reducer on every tensor's
-   readiness: the moment you call ddp_param_grad_ready(p), p->grad is copied into its bucket, and
-   a full bucket starts its all-reduce while your backward goes on.
+   readiness: the moment you call ddp_param_grad_ready(p), p->grad joins its bucket (a copy, or on
+   the CPU the all-reduce reads it in place), and a full bucket starts its all-reduce while your
+   backward goes on.
    rule G1 Once, when final: every tensor of the model is marked ready exactly once per backward,
            after the last operation that adds into its gradient. What is added after the mark
-           never reaches the other ranks.
+           reaches the other ranks late or never.
    rule G2 As soon as final: a tensor is marked before the backward's next operation starts (the
            next call that computes another tensor's gradient), so that its bucket can leave while
            backward computes the earlier layers: PyTorch's autograd calls DDP's hook at that

@@ -177,8 +177,8 @@ static void ready_once_when_final(void) {
             if (shown++ < 4)
                 lab_failf("[rule G1: once, when final] %s was marked ready before its gradient was final: when it was "
                           "marked, its gradient had norm %.4g; backward then still added to it, and it ended with "
-                          "norm %.4g. The bucket copies p->grad at the mark: what comes after never reaches the "
-                          "other ranks%s", p->name, l2(w.at_mark[i], p->count), l2(r->grad, p->count),
+                          "norm %.4g. From the mark on DDP may read p->grad at any moment: what comes after reaches the "
+                          "other ranks late or never%s", p->name, l2(w.at_mark[i], p->count), l2(r->grad, p->count),
                           p == mine.wte ? " (which operations of backward add into this tensor's gradient?)" : "");
             continue;
         }

@@ -369,7 +369,10 @@ static void equivalence_all_worlds_and_buckets(void) {
 /* The reducer's division by W rides in the CPU backend's first pass over each bucket (premul):
    shared memory multiplies as it fills its slots (two ranks, three or more, and the one-step path),
    TCP multiplies the bucket once before the exchange, doubling or the ring. Applied twice, or not
-   at all, on any of them, the weights would be off by a factor of W in their updates. */
+   at all, on any of them, the weights would be off by a factor of W in their updates. Without the
+   view the all-reduce also reads and writes each p->grad itself (ddp_work.tensors; test_pg's
+   fused_tensors checks the mechanism): a gradient missed, or an average not written back, shows
+   here as weights that drift from one process's. */
 static void equivalence_every_transport_path(void) {
     static const struct { const char *transport, *algo, *one_step; int W; } paths[] = {
         {"shm", NULL, NULL, 2},  {"shm", NULL, NULL, 3},  {"shm", NULL, "65536", 3},

@@ -175,6 +175,85 @@ static long in_place_layouts(ddp_pg* pg, unsigned char* buf, ddp_dtype t, size_t
     return bad;
 }
 
+/* The reducer's fused all-reduce on the CPU backend (ddp_work.tensors and premul): the data lives
+   in tensors of uneven sizes (empty ones, odd ones, misaligned ones), not in the bucket, and each
+   rank's input is first multiplied by premul. Shared memory's two-phase path reads and writes the
+   tensors where they are, so the bucket, filled with a NaN pattern, must come back untouched; every
+   other path (TCP, the one-step path, one rank) copies the tensors into the bucket and back, so the
+   bucket must hold the result too. Two sets: small (one chunk, the one-step path when it is on)
+   and past 1 MiB (several chunks). Without premul the sums are exact; with 1/W within rounding. */
+static long fused_tensors(ddp_pg* pg) {
+    static const size_t small[7] = {0, 1, 7, 1000, 33, 0, 5};
+    const int W = ddp_world_size(pg), me = ddp_rank(pg);
+    long bad = 0;
+    int set, pre;
+    for (set = 0; set < 2; set++)
+        for (pre = 0; pre < 2; pre++) {
+            size_t sizes[8], at[9], total = 0, i, j;
+            float* t[8];
+            void* mem[8];
+            float* bucket;
+            ddp__fused f;
+            ddp_work* work;
+            const float s = pre ? 1.0f / (float)W : 0.0f;
+            const int salt = ++g_case, nt = set ? 8 : 7;
+            int k, in_place, untouched = 1, copied = 1;
+            memcpy(sizes, small, sizeof small);
+            sizes[7] = 300001; /* 1.2 MB: more than one shared-memory chunk */
+            for (k = 0; k < nt; k++) {
+                at[k] = total, total += sizes[k];
+                mem[k] = malloc((sizes[k] + 1) * sizeof(float));
+                t[k] = (float*)mem[k] + (k & 1); /* odd tensors 4 bytes off the allocation's alignment */
+                for (j = 0; j < sizes[k]; j++) t[k][j] = input_value(me, at[k] + j, salt, DDP_F32);
+            }
+            at[nt] = total;
+            bucket = (float*)malloc(total * sizeof(float));
+            memset(bucket, 0xff, total * sizeof(float)); /* a NaN in every element */
+            memset(&f, 0, sizeof f);
+            f.premul = s, f.ntensors = nt, f.tensors = t, f.tensor_at = at;
+            in_place = W > 1 && pg->shm && !(W > 2 && total * 4 <= pg->shm_one_step && total * 4 <= pg->shm_chunk);
+            if (ddp__collective(pg, DDP__ALL_REDUCE, bucket, NULL, total, DDP_F32, DDP_SUM, 0, 0, &f, &work) != DDP_OK ||
+                ddp_work_wait(work) != DDP_OK) {
+                printf("    rank %d: fused all-reduce of %zu floats: %s\n", me, total, ddp_error_string());
+                bad++;
+            }
+            for (k = 0; k < nt && !bad; k++)
+                for (j = 0; j < sizes[k]; j++) {
+                    double want = 0, mag = 0, got = t[k][j];
+                    uint32_t bits;
+                    int q;
+                    i = at[k] + j;
+                    for (q = 0; q < W; q++) {
+                        float v = input_value(q, i, salt, DDP_F32);
+                        float x = pre ? v * s : v;
+                        want += x, mag += fabs(x);
+                    }
+                    if (pre ? fabs(got - want) > 1e-6 * mag + 1e-30 : got != want) {
+                        if (bad < 3)
+                            printf("    rank %d: fused all-reduce, %s premul, %zu floats: element %zu (tensor %d) is "
+                                   "%.9g, expected %.9g\n", me, pre ? "with" : "without", total, i, k, got, want);
+                        bad++;
+                    }
+                    memcpy(&bits, &bucket[i], 4);
+                    untouched &= bits == 0xffffffffu;
+                    copied &= bucket[i] == t[k][j];
+                }
+            if (!bad && in_place && !untouched) {
+                printf("    rank %d: shared memory's two phases wrote the bucket (%zu floats): they should read and "
+                       "write the tensors where they are\n", me, total);
+                bad++;
+            }
+            if (!bad && !in_place && !copied) {
+                printf("    rank %d: the bucket (%zu floats) does not hold the result: a path that works on one "
+                       "buffer should copy the tensors in and the result back out\n", me, total);
+                bad++;
+            }
+            for (k = 0; k < nt; k++) free(mem[k]);
+            free(bucket);
+        }
+    return bad;
+}
+
 /* What one rank runs: every collective over every dtype, op and size. Returns the number of
    failures (0 = the rank passes). */
 static int rank_main(int rank, void* arg) {
@@ -200,6 +279,7 @@ static int rank_main(int rank, void* arg) {
     buf = (unsigned char*)malloc((a->big > (size_t)W * 100003 ? a->big : (size_t)W * 100003) * 4 + 64);
     buf2 = (unsigned char*)malloc((a->big > (size_t)W * 100003 ? a->big : (size_t)W * 100003) * 4 + 64);
     if (a->big) bad += big_collectives(pg, a->big, buf, buf2);
+    if (ddp_pg_backend(pg) == DDP_BACKEND_CPU) bad += fused_tensors(pg);
     for (si = 0; si < nsizes; si++) {
         size_t n = sizes[si];
         for (ti = 0; ti < 3; ti++) {
