@@ -180,8 +180,9 @@ static long in_place_layouts(ddp_pg* pg, unsigned char* buf, ddp_dtype t, size_t
    rank's input is first multiplied by premul. Shared memory's two-phase path reads and writes the
    tensors where they are, so the bucket, filled with a NaN pattern, must come back untouched; every
    other path (TCP, the one-step path, one rank) copies the tensors into the bucket and back, so the
-   bucket must hold the result too. Two sets: small (one chunk, the one-step path when it is on)
-   and past 1 MiB (several chunks). Without premul the sums are exact; with 1/W within rounding. */
+   bucket must hold the result too. Two sets: small (the one-step path when it is on) and one that
+   spans two shared-memory chunks (with DDP_SHM_CHUNK_BYTES=4096 the small one spans two as well).
+   Without premul the sums are exact; with 1/W within rounding. */
 static long fused_tensors(ddp_pg* pg) {
     static const size_t small[7] = {0, 1, 7, 1000, 33, 0, 5};
     const int W = ddp_world_size(pg), me = ddp_rank(pg);
@@ -199,7 +200,8 @@ static long fused_tensors(ddp_pg* pg) {
             const int salt = ++g_case, nt = set ? 8 : 7;
             int k, in_place, untouched = 1, copied = 1;
             memcpy(sizes, small, sizeof small);
-            sizes[7] = 300001; /* 1.2 MB: more than one shared-memory chunk */
+            /* a chunk and a piece (a chunk holds shm_chunk bytes of each rank's data) */
+            sizes[7] = (pg->shm ? pg->shm_chunk / 4 : 65536) + 1001;
             for (k = 0; k < nt; k++) {
                 at[k] = total, total += sizes[k];
                 mem[k] = malloc((sizes[k] + 1) * sizeof(float));
