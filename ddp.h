@@ -9961,8 +9961,10 @@ DDP__PRIVATE void ddp__copy(void* dst, const void* src, size_t n, int stream) {
 /* a[i] * pre + b[i] (pre 1: a[i] + b[i]), divided by `div` when it is not 1, written to both out and
    dst: a rank's share of an f32 sum, into its slot for the others and into its result, in one pass
    (dst may be a: in place; pre is the reducer's 1/world, ddp_work.premul); with `stream` the write
-   to dst goes past the caches (see ddp__copy), with `stream_out` the write to out. The products and
-   sums are the ones a separate multiply would make: the same bits. */
+   to dst goes past the caches (see ddp__copy), with `stream_out` the write to out. The SSE loop's
+   products and sums are the ones a separate multiply would make, the same bits; in the scalar
+   loops a compiler allowed to contract (GCC's default outside ISO mode) may fuse them into one FMA
+   where the target has it, and round those elements once instead of twice. */
 DDP__PRIVATE void ddp__add2_f32(float* DDP__RESTRICT out, float* dst, const float* a, const float* DDP__RESTRICT b,
                                 size_t n, float pre, float div, int stream, int stream_out) {
     size_t i = 0;
