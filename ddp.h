@@ -517,7 +517,8 @@ DDP_API void ddp_permutation(int n, uint64_t seed, int* out);
 /* The GPU kernels (>>kernels): the name used in their source and the index used to launch one. */
 #define DDP__KERNEL_LIST(X)                                                                        \
     X(bias_add) X(bias_grad) X(relu_fwd) X(relu_bwd) X(gelu_fwd) X(gelu_bwd) X(xent) X(mse)        \
-    X(sgd) X(adam) X(f32_to_f16) X(f16_to_f32) X(f32_to_bf16) X(bf16_to_f32) X(reduce) X(scale)
+    X(sgd) X(adam) X(f32_to_f16) X(f16_to_f32) X(f32_to_bf16) X(bf16_to_f32) X(reduce) X(scale)     \
+    X(sum_squares)
 
 #define DDP__KERNEL_ENUM(name) DDP__K_##name,
 enum { DDP__KERNEL_LIST(DDP__KERNEL_ENUM) DDP__K_COUNT };
@@ -5779,6 +5780,8 @@ struct ddp_optim {
     float* full[3];     /* on the rank that consolidated: all of state1, state2 and (zero_stage 3)
                            the weights, the parameters end to end; freed by the next step */
     int consolidated;   /* 1 + the rank ddp_optim_consolidate put this step's state on; 0: none */
+    double *sq_dev, *sq_host; /* on a GPU: the partial sums of the clipping norm (>>sums), made at
+                                 the first clip */
 };
 
 /*
@@ -6060,14 +6063,15 @@ DDP__DEF ddp_status ddp_optim_set_lr(ddp_optim* o, float lr) {
 /* A test's mutation: 1 makes each rank clip by the norm of the gradients it holds, the classic bug
    under ZeRO, so that the test can show it would catch it. */
 DDP__PRIVATE int ddp__clip_local_only = 0;
-/* Defined in >>sums: the sum of the squares of n floats on m's device; the sum of every rank's x. */
-DDP__PRIVATE ddp_status ddp__sum_squares(ddp_model* m, const float* v, size_t n, double* out);
+/* Defined in >>sums: the sum of the squares of the gradient numbers this rank owns; the sum of
+   every rank's x. */
+DDP__PRIVATE ddp_status ddp__grad_sum_squares(ddp_optim* o, double* out);
 DDP__PRIVATE ddp_status ddp__sum_double_over_ranks(ddp_pg* pg, ddp_model* m, double* x);
 
 DDP__DEF ddp_status ddp_optim_clip_grad_norm(ddp_optim* o, float max_norm, float* norm) {
     ddp_model* m = o->m;
     ddp__shards* z = o->z;
-    double sq = 0, part, total;
+    double sq = 0, total;
     float coef;
     int i;
     if (norm) *norm = 0.f;
@@ -6076,11 +6080,7 @@ DDP__DEF ddp_status ddp_optim_clip_grad_norm(ddp_optim* o, float max_norm, float
                          max_norm);
     /* Each rank adds up the squares of the numbers it owns (without ZeRO: all of them), so that
        across the ranks every number counts exactly once. */
-    for (i = 0; i < m->nparams; i++) {
-        if (!o->len[i]) continue;
-        DDP__TRY(ddp__sum_squares(m, z ? ddp__zero_g(z, i) : m->params[i]->grad, o->len[i], &part));
-        sq += part;
-    }
+    DDP__TRY(ddp__grad_sum_squares(o, &sq));
     total = sq;
     if (z && z->W > 1 && !ddp__clip_local_only) DDP__TRY(ddp__sum_double_over_ranks(z->pg, m, &total));
     if (norm) *norm = (float)sqrt(total);
@@ -6105,6 +6105,8 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
     o->m->optim_state_bytes -= o->state_bytes;
     if (o->m->optim == o) o->m->optim = NULL;
     for (i = 0; i < 3; i++) ddp_free(o->m->device, o->full[i]);
+    ddp_free(o->m->device, o->sq_dev);
+    DDP_FREE(o->sq_host);
     DDP_FREE(o);
 }
 
@@ -7016,7 +7018,12 @@ static const char* const ddp__kernel_source[] = {
     "    ddp_st(dst, i, t, r); } }\n",
     /* dst = src * a: a gradient scaled by 1/world size on its way into a bucket */
     "extern \"C\" __global__ void ddp_k_scale(float* dst, const float* src, long long n, float a) {\n"
-    "  GRID_LOOP(i, n) dst[i] = src[i] * a; }\n"
+    "  GRID_LOOP(i, n) dst[i] = src[i] * a; }\n",
+    /* part[t] = the sum of the squares of v[t], v[t + P], v[t + 2P], ... in double: P partial sums
+       of a gradient, coalesced reads, which the host adds in order (the norm for clipping) */
+    "extern \"C\" __global__ void ddp_k_sum_squares(const float* v, long long n, double* part, long long P) {\n"
+    "  GRID_LOOP(t, P) { double s = 0.0; for (long long i = t; i < n; i += P) s += (double)v[i] * v[i];"
+    " part[t] = s; } }\n"
 };
 #endif
 
@@ -9466,23 +9473,66 @@ DDP__PRIVATE ddp_status ddp__verify_optim(ddp_optim* o) {
 #if DDP__IMPLEMENT
 /* ---- the global norm's sums (ddp_optim_clip_grad_norm, >>optim) ------------------------------- */
 
-/* The sum of the squares of n floats on m's device, in double. */
-DDP__PRIVATE ddp_status ddp__sum_squares(ddp_model* m, const float* v, size_t n, double* out) {
-    float buf[4096];
-    size_t at, k, i;
-    double s = 0;
-    for (at = 0; at < n; at += k) {
-        const float* h = v + at;
-        k = n - at < 4096 ? n - at : 4096;
-        if (m->device.type != DDP_DEVICE_CPU) { /* on a GPU: through the host, a piece at a time */
-            DDP__TRY(ddp_copy(ddp__cpu(), buf, m->device, v + at, k * sizeof(float), m->stream));
-            DDP__TRY(ddp_stream_sync(m->stream));
-            h = buf;
+/* On a GPU, how many partial sums of n numbers' squares: one per thread, each thread taking every
+   P-th number; at least 32 numbers a thread, at most 4096 threads a tensor. */
+DDP__PRIVATE size_t ddp__sq_parts(size_t n) {
+    size_t p = (n + 31) / 32;
+    return p < 1 ? 1 : p > 4096 ? 4096 : p;
+}
+
+/* The sum of the squares of the gradient numbers this rank owns (o->len[i] of parameter i, where
+   ddp_optim_clip_grad_norm reads them), in double, tensor by tensor. On a GPU a kernel per tensor
+   leaves its partial sums, and one copy brings every tensor's to the host, which adds them in
+   order: the host waits once per clip, where a copy of each piece would be thousands of waits per
+   step for a model of millions of numbers. */
+DDP__PRIVATE ddp_status ddp__grad_sum_squares(ddp_optim* o, double* out) {
+    ddp_model* m = o->m;
+    double s = 0, part;
+    size_t k;
+    int i;
+    if (m->device.type == DDP_DEVICE_CPU) {
+        for (i = 0; i < m->nparams; i++) {
+            const float* g = o->z ? ddp__zero_g(o->z, i) : m->params[i]->grad;
+            for (k = 0, part = 0; k < o->len[i]; k++) part += (double)g[k] * g[k];
+            s += part;
         }
-        for (i = 0; i < k; i++) s += (double)h[i] * h[i];
+        *out = s;
+        return DDP_OK;
     }
-    *out = s;
-    return DDP_OK;
+#if DDP__CUDA
+    {
+        size_t at = 0;
+        for (i = 0; i < m->nparams; i++) at += o->len[i] ? ddp__sq_parts(o->len[i]) : 0;
+        if (!o->sq_host) { /* the first clip */
+            if (!o->sq_dev) DDP__TRY(ddp_alloc(m->device, (at ? at : 1) * sizeof(double), (void**)&o->sq_dev));
+            if (!(o->sq_host = (double*)ddp__malloc((at ? at : 1) * sizeof(double))))
+                return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "no memory for the clipping norm's %zu partial sums", at);
+        }
+        for (i = 0, at = 0; i < m->nparams; i++) {
+            const float* g = o->z ? ddp__zero_g(o->z, i) : m->params[i]->grad;
+            long long n = (long long)o->len[i], P = (long long)ddp__sq_parts(o->len[i]);
+            double* dst = o->sq_dev + at;
+            void* args[4];
+            if (!n) continue;
+            args[0] = (void*)&g, args[1] = (void*)&n, args[2] = (void*)&dst, args[3] = (void*)&P;
+            DDP__TRY(ddp__launch(m->device, m->stream, DDP__K_sum_squares, P, args));
+            at += (size_t)P;
+        }
+        if (at) {
+            DDP__TRY(ddp_copy(ddp__cpu(), o->sq_host, m->device, o->sq_dev, at * sizeof(double), m->stream));
+            DDP__TRY(ddp_stream_sync(m->stream));
+        }
+        for (i = 0, at = 0; i < m->nparams; i++) {
+            size_t P = o->len[i] ? ddp__sq_parts(o->len[i]) : 0;
+            for (k = 0, part = 0; k < P; k++) part += o->sq_host[at + k];
+            s += part, at += P;
+        }
+        *out = s;
+        return DDP_OK;
+    }
+#else
+    return ddp__fail(DDP_ERR_NOT_BUILT, "the gradients are on a GPU: %s", ddp__cuda_unavailable_reason());
+#endif
 }
 
 /* The sum of every rank's x, the same on every rank: each rank's double goes as two floats (its

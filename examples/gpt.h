@@ -20,7 +20,9 @@
    ddp.h's loop on the CPU).
    Each other operation is written twice, side by side: a plain C loop for the CPU, and the same
    loop as a CUDA kernel (in a string, compiled at run time by ddp_kernels_compile and run by
-   ddp_launch) for a GPU, one thread per element or per row, every sum taken in the C loop's order.
+   ddp_launch) for a GPU, one thread per element or per row, each row's sum in the C loop's order.
+   The sums down the columns (the gradients of biases and gains) take two kernels on a GPU, so
+   that thousands of threads share the rows (gpt_sum_chunks).
    On a GPU every activation lives there too; only the tokens go up and the losses come back.
    This file holds the model only: examples/ch12_gpt.c trains it.
 
@@ -76,6 +78,7 @@ typedef struct gpt {
     float *lnf, *lnf_mean, *lnf_rstd;
     float* probs; /* [BT,V]: the softmax of the logits (backward turns it into their gradient) */
     float *dx, *dbuf, *dbig; /* backward's scratch: [BT,C], [BT,C], [BT,4C] */
+    float* part;             /* the column sums' partial sums, on a GPU (gpt_sum_chunks) */
     float* dscores;          /* [B,NH,T,T]: the gradient of the attention scores */
     float loss_scale;        /* what the last forward's loss is multiplied by in backward */
 } gpt;
@@ -183,14 +186,36 @@ static const char gpt_cu_layernorm_forward[] =
     "  for (int i = 0; i < C; i++) o[i] = (x[i] - mu) * s * w[i] + bias[i];\n"
     "  mean[n] = mu; rstd[n] = s; }\n";
 
-/* Adds into din, dw and db. On the GPU in two kernels: din one thread per row, dw and db one
-   thread per channel, adding the rows in order. */
+/* Column sums on a GPU, in two steps. One thread per column walking down all N = B*T rows, as
+   the C loop does, would keep a few hundred threads busy for N steps each, on a GPU that runs tens
+   of thousands at once. So the rows go in K chunks of R, about sqrt(N) each: first one thread per
+   chunk and column adds up its chunk into g->part ([K, cols]; the kernels named *_chunks), then
+   gpt_sum_chunks, one thread per column, adds the K chunks' sums in order into the gradient. The
+   result is the C loop's up to the order of the additions. */
+static int gpt__chunk_rows(int N) {
+    int r = (int)sqrt((double)N);
+    return r * r < N ? r + 1 : r;
+}
+static const char gpt_cu_column_sums[] =
+    "extern \"C\" __global__ void gpt_sum_chunks(float* out, const float* part, int K, int cols) {\n"
+    "  GPT_THREAD(c, cols);\n"
+    "  float s = out[c];\n"
+    "  for (int k = 0; k < K; k++) s += part[(long long)k * cols + c];\n"
+    "  out[c] = s; }\n";
+
+/* Adds into din, dw and db. On the GPU: din one thread per row; dw and db as column sums in two
+   steps (above). */
 static void gpt_layernorm_backward(gpt* g, float* din, float* dw, float* db, const float* dout, const float* in,
                                    const float* w, const float* mean, const float* rstd, int N, int C) {
     int n, i;
     if (g->gpu) {
+        int R = gpt__chunk_rows(N), K = (N + R - 1) / R;
+        float *part = g->part, *part_b = g->part + (size_t)K * C;
         GPT_LAUNCH(g, "gpt_layernorm_backward_input", N, &din, &dout, &in, &w, &mean, &rstd, &N, &C);
-        GPT_LAUNCH(g, "gpt_layernorm_backward_params", C, &dw, &db, &dout, &in, &mean, &rstd, &N, &C);
+        GPT_LAUNCH(g, "gpt_layernorm_backward_params_chunks", (long long)K * C, &part, &dout, &in, &mean, &rstd,
+                   &N, &C, &R);
+        GPT_LAUNCH(g, "gpt_sum_chunks", C, &dw, &part, &K, &C);
+        GPT_LAUNCH(g, "gpt_sum_chunks", C, &db, &part_b, &K, &C);
         return;
     }
     for (n = 0; n < N; n++) {
@@ -221,13 +246,15 @@ static const char gpt_cu_layernorm_backward[] =
     "  dmean /= C; dnorm_norm /= C;\n"
     "  for (int i = 0; i < C; i++) { float norm = (x[i] - mean[n]) * rstd[n], dnorm = d[i] * w[i];\n"
     "    di[i] += (dnorm - dmean - norm * dnorm_norm) * rstd[n]; } }\n"
-    "extern \"C\" __global__ void gpt_layernorm_backward_params(float* dw, float* db, const float* dout,"
-    " const float* in, const float* mean, const float* rstd, int N, int C) {\n"
-    "  GPT_THREAD(i, C);\n"
-    "  float sw = dw[i], sb = db[i];\n"
-    "  for (long long n = 0; n < N; n++) { float d = dout[n * C + i];\n"
-    "    sb += d; sw += d * ((in[n * C + i] - mean[n]) * rstd[n]); }\n"
-    "  dw[i] = sw; db[i] = sb; }\n";
+    "extern \"C\" __global__ void gpt_layernorm_backward_params_chunks(float* part, const float* dout,"
+    " const float* in, const float* mean, const float* rstd, int N, int C, int R) {\n"
+    "  long long K = (N + R - 1) / R;\n"
+    "  GPT_THREAD(i, K * C);\n"
+    "  long long k = i / C, c = i % C, end = (k + 1) * R < N ? (k + 1) * R : N;\n"
+    "  float sw = 0.f, sb = 0.f; /* chunk k's sums for column c: dw's, then db's K*C further on */\n"
+    "  for (long long n = k * R; n < end; n++) { float d = dout[n * C + c];\n"
+    "    sb += d; sw += d * ((in[n * C + c] - mean[n]) * rstd[n]); }\n"
+    "  part[i] = sw; part[K * C + i] = sb; }\n";
 
 /* out[N,OC] = in[N,IC] w[OC,IC]^T + bias (nn.Linear): the product through ddp_gemm, then the
    bias on every row (one thread per number). */
@@ -243,15 +270,17 @@ static void gpt_linear_forward(gpt* g, float* out, const float* in, const float*
         for (o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
 }
 
-/* din = dout w (overwritten: each input feeds this layer alone), dw += dout^T in, db += column sums
-   (one thread per column on the GPU). */
+/* din = dout w (overwritten: each input feeds this layer alone), dw += dout^T in, db += the column
+   sums of dout (on the GPU in two steps: gpt_sum_chunks). */
 static void gpt_linear_backward(gpt* g, float* din, float* dw, float* db, const float* dout, const float* in,
                                 const float* w, int N, int IC, int OC) {
     int n, o;
     DDP_CHECK(ddp_gemm(g->m, 0, 0, N, IC, OC, 1.f, dout, OC, w, IC, 0.f, din, IC));
     DDP_CHECK(ddp_gemm(g->m, 1, 0, OC, IC, N, 1.f, dout, OC, in, IC, 1.f, dw, IC));
     if (g->gpu) {
-        GPT_LAUNCH(g, "gpt_bias_backward", OC, &db, &dout, &N, &OC);
+        int R = gpt__chunk_rows(N), K = (N + R - 1) / R;
+        GPT_LAUNCH(g, "gpt_bias_backward_chunks", (long long)K * OC, &g->part, &dout, &N, &OC, &R);
+        GPT_LAUNCH(g, "gpt_sum_chunks", OC, &db, &g->part, &K, &OC);
         return;
     }
     for (n = 0; n < N; n++)
@@ -261,11 +290,12 @@ static const char gpt_cu_linear[] =
     "extern \"C\" __global__ void gpt_bias_forward(float* out, const float* bias, int N, int OC) {\n"
     "  GPT_THREAD(i, (long long)N * OC);\n"
     "  out[i] += bias[i % OC]; }\n"
-    "extern \"C\" __global__ void gpt_bias_backward(float* db, const float* dout, int N, int OC) {\n"
-    "  GPT_THREAD(o, OC);\n"
-    "  float s = db[o];\n"
-    "  for (long long n = 0; n < N; n++) s += dout[n * OC + o];\n"
-    "  db[o] = s; }\n";
+    "extern \"C\" __global__ void gpt_bias_backward_chunks(float* part, const float* dout, int N, int OC, int R) {\n"
+    "  GPT_THREAD(i, (long long)((N + R - 1) / R) * OC);\n"
+    "  long long k = i / OC, o = i % OC, end = (k + 1) * R < N ? (k + 1) * R : N;\n"
+    "  float s = 0.f; /* chunk k's sum for column o */\n"
+    "  for (long long n = k * R; n < end; n++) s += dout[n * OC + o];\n"
+    "  part[i] = s; }\n";
 
 /* The masked softmax of causal attention, on rows of T scores: row r belongs to position
    t = r mod T, which sees positions 0..t; the future gets probability 0. One thread per row. */
@@ -523,7 +553,7 @@ static const char gpt_cu_softmax_xent[] =
 /* The kernels' source, in the order above, joined by gpt_create for ddp_kernels_compile. */
 static const char* const gpt_cu_source[] = {
     gpt_cu_prelude, gpt_cu_encoder_forward, gpt_cu_encoder_backward, gpt_cu_layernorm_forward,
-    gpt_cu_layernorm_backward, gpt_cu_linear, gpt_cu_causal_softmax, gpt_cu_gelu, gpt_cu_elementwise,
+    gpt_cu_column_sums, gpt_cu_layernorm_backward, gpt_cu_linear, gpt_cu_causal_softmax, gpt_cu_gelu, gpt_cu_elementwise,
     gpt_cu_softmax_xent};
 
 /* ---- building the model -------------------------------------------------------------------------- */
@@ -630,12 +660,14 @@ static void gpt_create(gpt* g, const gpt_config* cfg, ddp_device dev, int max_bt
     g->dx = gpt__floats(g, (size_t)max_bt * C), g->dbuf = gpt__floats(g, (size_t)max_bt * C);
     g->dbig = gpt__floats(g, (size_t)max_bt * 4 * C);
     g->dscores = gpt__floats(g, (size_t)max_bt * cfg->heads * T);
+    if (g->gpu) /* K chunks by up to 4C columns (or two sums of C): K <= the rows of a chunk */
+        g->part = gpt__floats(g, (size_t)gpt__chunk_rows(max_bt) * 4 * C);
 }
 
 static void gpt_free(gpt* g) {
     int l;
     float* dev[] = {(float*)g->tokens, (float*)g->targets, g->losses, g->x0, g->lnf, g->lnf_mean, g->lnf_rstd,
-                    g->probs, g->dx, g->dbuf, g->dbig, g->dscores};
+                    g->probs, g->dx, g->dbuf, g->dbig, g->dscores, g->part};
     DDP_CHECK(ddp_stream_sync(ddp_model_stream(g->m))); /* the GPU is done with them */
     for (l = 0; l < g->cfg.layers; l++) {
         gpt_acts* a = &g->a[l];

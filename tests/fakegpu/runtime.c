@@ -834,6 +834,16 @@ static cudaError_t fg_copy_check(void* dst, const void* src, size_t n, enum cuda
     return cudaSuccess;
 }
 
+/* A copy's name in the trace says its direction, so that a test can count the host's round trips. */
+static const char* fg_copy_name(int async, int sk, int dk) {
+    static const char* const names[2][4] = {
+        {"cudaMemcpy host-to-host", "cudaMemcpy host-to-device", "cudaMemcpy device-to-host",
+         "cudaMemcpy device-to-device"},
+        {"cudaMemcpyAsync host-to-host", "cudaMemcpyAsync host-to-device", "cudaMemcpyAsync device-to-host",
+         "cudaMemcpyAsync device-to-device"}};
+    return names[async][(sk == FG_MEM_DEVICE) * 2 + (dk == FG_MEM_DEVICE)];
+}
+
 FG_EXPORT cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, enum cudaMemcpyKind kind) {
     int sk, dk, dev;
     fg_stream* L;
@@ -855,7 +865,7 @@ FG_EXPORT cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, enum cuda
         fg_enqueue(L, op);
         return fg_ret(fg_sticky_error);
     }
-    op = fg_copy_op(dst, src, n, "cudaMemcpy");
+    op = fg_copy_op(dst, src, n, fg_copy_name(0, sk, dk));
     seq = fg_enqueue(L, op);
     if (dk == FG_MEM_DEVICE && sk == FG_MEM_DEVICE) return fg_ret(fg_sticky_error); /* device to device: async */
     return fg_ret(fg_wait(L, seq, "cudaMemcpy"));
@@ -872,7 +882,7 @@ FG_EXPORT cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, enum
     if (n == 0) return cudaSuccess;
     if ((e = fg_copy_check(dst, src, n, kind, &sk, &dk, &dev)) != cudaSuccess) return fg_ret(e);
     /* strict: the bytes move when the stream reaches the copy, from pageable memory too */
-    fg_enqueue(s, fg_copy_op(dst, src, n, "cudaMemcpyAsync"));
+    fg_enqueue(s, fg_copy_op(dst, src, n, fg_copy_name(1, sk, dk)));
     return cudaSuccess;
 }
 

@@ -102,6 +102,23 @@ else
         "CPU: $(tr '\n' ' ' <<<"$cpu_end")" "GPU: $(tr '\n' ' ' <<<"$gpu_end")" "$(grep -E 'DDP_ERR|fakegpu' <<<"$gpu_out" | tail -n 4)"
 fi
 
+# One GPU, one rank: the host waits for the GPU twice a step, for the loss and for the clipping
+# norm's partial sums (one copy for the whole model, not one per tensor). Counted as the copies to the
+# host in the stand-in's trace, over 2 steps and over 4; the difference is two steps' worth.
+if plain_only gpt_step_waits_twice; then
+    gpt_copies_down() {  # steps: device-to-host copies in a 1-GPU run
+        rm -f "$TMP/gpt.trace"
+        FAKEGPU_DEVICES=1 FAKEGPU_TRACE="$TMP/gpt.trace" with_timeout 120 "$FG/examples/ch12_gpt" --device cuda --layers 2 \
+            --heads 2 --width 32 --ctx 32 --batch-size 4 --warmup 1 --steps "$1" --log-every 1000 --eval-every 0 \
+            --eval-batches 0 --sample 0 --save-every 0 >/dev/null 2>&1 || { echo failed; return; }
+        grep -c ' queue .* cudaMemcpy[A-Za-z]* device-to-host' "$TMP/gpt.trace"
+    }
+    c2=$(gpt_copies_down 2); c4=$(gpt_copies_down 4)
+    if [ "$c2" != failed ] && [ "$c4" != failed ] && [ $((c4 - c2)) = 4 ]; then
+        ok "gpt_step_waits_twice (copies to the host: $c2 in 2 steps, $c4 in 4: two a step)"
+    else bad gpt_step_waits_twice "copies to the host: $c2 in 2 steps and $c4 in 4; want two more a step (the loss, the norm)"; fi
+fi
+
 # ---- the chapter-3 program over NCCL ----------------------------------------------------------------
 if plain_only chapter3_on_nccl; then
     echo "== chapter 3 on NCCL"
@@ -197,7 +214,7 @@ if plain_only driver_and_kernel_images; then
     expect driver_older_than_toolkit_auto_warns "warning: no GPU: using the CPU (the NVIDIA driver here supports CUDA 12.8" 0 \
         env FAKEGPU_DRIVER=12080 "$ex1" --device auto --epochs 1 --save-every 0
     # a toolkit newer than the driver: the kernels are the GPU's own binary code, which needs no JIT
-    expect kernels_as_cubin_run_on_an_older_driver "compiled 16 GPU kernels for cuda:0 (sm_90)" 0 \
+    expect kernels_as_cubin_run_on_an_older_driver "compiled 17 GPU kernels for cuda:0 (sm_90)" 0 \
         env FAKEGPU_NVRTC_VERSION=13.1 DDP_DEBUG=INFO "$ex1" --device cuda --epochs 1 --save-every 0
     # a GPU newer than NVRTC knows: PTX, and a PTX too new for the driver is named as such
     expect ptx_newer_than_driver_named "this PTX comes from NVRTC 13.1, newer than the driver (CUDA 13.0) can read" fail \
