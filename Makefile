@@ -133,7 +133,8 @@ ifeq ($(HAVE_CUDA),1)
                 $(FAKE_DIR)/tests/test_ddp $(FAKE_DIR)/tests/test_own_model $(FAKE_DIR)/tests/test_gpt \
                 $(FAKE_DIR)/examples/ch12_gpt $(FAKE_DIR)/examples/ch01_single_gpu $(FAKE_DIR)/examples/ch03_multi_gpu \
                 $(FAKE_DIR)/examples/ch04_multi_node $(FAKE_DIR)/examples/ch06_fault_tolerance $(FAKE_DIR)/examples/ch08_large_mlp \
-                $(FAKE_DIR)/bench/large_mlp_launched $(FAKE_DIR)/tests/confusions/confusions $(FAKE_DIR)/allreduce_perf
+                $(FAKE_DIR)/bench/large_mlp_launched $(FAKE_DIR)/tests/confusions/confusions $(FAKE_DIR)/allreduce_perf \
+                $(FAKE_DIR)/gpt_op_times
   ifeq ($(HAVE_MPI),1)
     FAKE_PROGS += $(FAKE_DIR)/tests/test_mpi
   endif
@@ -165,7 +166,7 @@ ifneq ($(HAVE_MPI),1)
 endif
 
 .PHONY: all demo test test-portable test-faults test-gpu diffs sanitize tsan fuzz install uninstall clean help
-all: $(EXAMPLES) $(TOOLS) $(TESTS) $(MPI_PROGS) $(FAKE_PROGS)
+all: $(EXAMPLES) $(TOOLS) $(BUILD)/gpt_op_times $(TESTS) $(MPI_PROGS) $(FAKE_PROGS)
 
 # ddp.h's implementation is compiled once per configuration and linked into every program here.
 # Each program's source starts with #define DDP_IMPLEMENTATION and #include "ddp.h", and compiles
@@ -227,6 +228,12 @@ $(BUILD)/examples/ch12_gpt $(BUILD)/tests/test_gpt $(FAKE_DIR)/examples/ch12_gpt
 $(BUILD)/examples/ch12_gpt: examples/ch12_gpt.c $(DECLS) $(OBJ)/ddp.o
 	@mkdir -p $(@D)
 	$(call PROG,$(OBJ)/ddp.o,$(DDP_LIBS),-O3)
+# where a step of that GPT spends its time, operation by operation (make gpu-check runs it on a GPU);
+# at -O3 as the chapter's program is, so that its figures are that program's
+$(BUILD)/gpt_op_times $(FAKE_DIR)/gpt_op_times: examples/gpt.h
+$(BUILD)/gpt_op_times: tools/gpt_op_times.c $(DECLS) $(OBJ)/ddp.o
+	@mkdir -p $(@D)
+	$(call PROG,$(OBJ)/ddp.o,$(DDP_LIBS),-O3)
 
 # The test programs' sources lie in tests/unit, tests/multiproc (the helpers its scripts drive, and
 # confusions/) and tests/crosscheck (the dump programs the Python cross-checks read); every binary
@@ -281,6 +288,9 @@ $(FAKE_DIR)/examples/%: examples/%.c $(DECLS) $(OBJ)/ddp.o $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(call PROG,$(OBJ)/ddp.o,$(FAKE_LINK))
 $(FAKE_DIR)/allreduce_perf: tools/allreduce_perf.c $(DECLS) $(OBJ)/ddp.o $(FAKE_LIB)
+	@mkdir -p $(@D)
+	$(call PROG,$(OBJ)/ddp.o,$(FAKE_LINK))
+$(FAKE_DIR)/gpt_op_times: tools/gpt_op_times.c $(DECLS) $(OBJ)/ddp.o $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(call PROG,$(OBJ)/ddp.o,$(FAKE_LINK))
 $(FAKE_DIR)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c tests/unit/test_own_model.c tests/unit/harness.h $(DECLS) $(OBJ)/ddp_internals_mpi.o $(FAKE_LIB)
@@ -406,7 +416,7 @@ GPU_CHECK_PROGS := $(BUILD)/tests/test_gpu $(BUILD)/tests/test_gpu_pg $(BUILD)/t
                    $(BUILD)/tests/test_gpt $(BUILD)/examples/ch12_gpt \
                    $(BUILD)/examples/ch01_single_gpu $(BUILD)/examples/ch03_multi_gpu $(BUILD)/examples/ch06_fault_tolerance \
                    $(BUILD)/examples/ch08_large_mlp \
-                   $(BUILD)/bench/large_mlp_launched $(BUILD)/ddprun $(BUILD)/allreduce_perf
+                   $(BUILD)/bench/large_mlp_launched $(BUILD)/ddprun $(BUILD)/allreduce_perf $(BUILD)/gpt_op_times
 .PHONY: gpu-check gpu-check-build gpu-check-standin
 gpu-check-build: $(GPU_CHECK_PROGS)
 gpu-check:

@@ -12,10 +12,11 @@
 # versions; runs make test-gpu (tests/run.sh --gpu), the chapter-1 and chapter-3 programs on the
 # GPU (chapter 3 with one NCCL rank, and with two ranks on the CPU backend with GPU buffers), a rank
 # killed in the middle of a job with GPU buffers (tools/gpu_fault_drill.sh), the host's time per
-# NCCL all-reduce with each kind of communicator (tools/nccl_host_cost.sh), the
-# DDP equivalence test on GPU buffers, chapter 12's GPT (its kernels against its C loops, and a
-# short run of nanoGPT's GPU setting), compute-sanitizer's memcheck, initcheck and synccheck where
-# the toolkit has it, and make bench-gpu beside PyTorch. The report goes to
+# NCCL all-reduce with each kind of communicator (tools/nccl_host_cost.sh), the DDP equivalence
+# test on GPU buffers, chapter 12's GPT (its kernels against its C loops, a short run of nanoGPT's
+# GPU setting, and that step's time operation by operation: tools/gpt_op_times.c),
+# compute-sanitizer's memcheck, initcheck and synccheck where the toolkit has it, and make bench-gpu
+# beside PyTorch. The report goes to
 # BUILD/gpu-check/report.txt, with every step's full output beside it, and is printed at the end.
 set -u
 cd "$(dirname "$0")/.."
@@ -65,7 +66,7 @@ else
 fi
 for p in tests/test_gpu tests/test_gpu_pg tests/test_ddp tests/test_own_model tests/test_gpt examples/ch01_single_gpu \
          examples/ch03_multi_gpu examples/ch06_fault_tolerance examples/ch08_large_mlp examples/ch12_gpt \
-         bench/large_mlp_launched allreduce_perf; do
+         bench/large_mlp_launched allreduce_perf gpt_op_times; do
     if [ ! -x "$PROGS/$p" ]; then
         say "FAIL: $PROGS/$p is not built: run make gpu-check-build (BUILD=$BUILD) on a machine with the CUDA toolkit"
         exit 1
@@ -129,6 +130,9 @@ if [ "$STANDIN" = 1 ]; then gpt_size=(--layers 2 --heads 2 --width 32 --ctx 32 -
 else gpt_size=(--layers 6 --heads 6 --width 384 --ctx 256 --batch-size 64); fi
 step chapter12_gpt_on_the_gpu '^step +60/60 .* tokens/s' "$PROGS/examples/ch12_gpt" --device cuda "${gpt_size[@]}" \
     --steps 60 --warmup 10 --log-every 10 --eval-every 0 --eval-batches 4 --sample 200
+# where that step's time goes, operation by operation (tools/gpt_op_times.c); the table goes into the report
+step gpt_op_times '^the operations, each timed alone' "$PROGS/gpt_op_times" --device cuda "${gpt_size[@]}"
+sed -n '/^whole step/,$s/^/    /p' "$OUT/gpt_op_times.log" | tee -a "$REPORT"
 # the fault drill one GPU allows (tools/gpu_fault_drill.sh): rank 1 of 2 on the CPU backend with GPU
 # buffers killed with kill -9, started by hand; rank 0 must fail naming the loss (the time is reported)
 step fault_drill_peer_killed 'rank 0 failed after [0-9.]+ s with DDP_ERR_PEER_LOST' bash tools/gpu_fault_drill.sh "$PROGS" "$OUT"

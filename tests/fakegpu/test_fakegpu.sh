@@ -102,21 +102,45 @@ else
         "CPU: $(tr '\n' ' ' <<<"$cpu_end")" "GPU: $(tr '\n' ' ' <<<"$gpu_end")" "$(grep -E 'DDP_ERR|fakegpu' <<<"$gpu_out" | tail -n 4)"
 fi
 
-# One GPU, one rank: the host waits for the GPU twice a step, for the loss and for the clipping
-# norm's partial sums (one copy for the whole model, not one per tensor). Counted as the copies to the
-# host in the stand-in's trace, over 2 steps and over 4; the difference is two steps' worth.
-if plain_only gpt_step_waits_twice; then
-    gpt_copies_down() {  # steps: device-to-host copies in a 1-GPU run
-        rm -f "$TMP/gpt.trace"
-        FAKEGPU_DEVICES=1 FAKEGPU_TRACE="$TMP/gpt.trace" with_timeout 120 "$FG/examples/ch12_gpt" --device cuda --layers 2 \
-            --heads 2 --width 32 --ctx 32 --batch-size 4 --warmup 1 --steps "$1" --log-every 1000 --eval-every 0 \
-            --eval-batches 0 --sample 0 --save-every 0 >/dev/null 2>&1 || { echo failed; return; }
-        grep -c ' queue .* cudaMemcpy[A-Za-z]* device-to-host' "$TMP/gpt.trace"
+# One GPU, one rank, traced for 2 steps and for 4; the difference is two steps' worth.
+# - The host waits for the GPU twice a step, for the loss and for the clipping norm's partial sums
+#   (one copy for the whole model, not one per tensor): the copies to the host.
+# - tools/gpt_op_times's table counts every kernel of gpt.h that a step launches, as many times as
+#   the step does: its calls per step against the launches in the trace.
+if plain_only gpt_step_on_one_gpu; then
+    gpt_trace() {  # steps: the trace of a 1-GPU run, in $TMP/gpt$1.trace
+        rm -f "$TMP/gpt$1.trace"
+        FAKEGPU_DEVICES=1 FAKEGPU_TRACE="$TMP/gpt$1.trace" with_timeout 120 "$FG/examples/ch12_gpt" --device cuda \
+            --layers 2 --heads 2 --width 32 --ctx 32 --batch-size 4 --warmup 1 --steps "$1" --log-every 1000 \
+            --eval-every 0 --eval-batches 0 --sample 0 --save-every 0 >/dev/null 2>&1
     }
-    c2=$(gpt_copies_down 2); c4=$(gpt_copies_down 4)
-    if [ "$c2" != failed ] && [ "$c4" != failed ] && [ $((c4 - c2)) = 4 ]; then
-        ok "gpt_step_waits_twice (copies to the host: $c2 in 2 steps, $c4 in 4: two a step)"
-    else bad gpt_step_waits_twice "copies to the host: $c2 in 2 steps and $c4 in 4; want two more a step (the loss, the norm)"; fi
+    if gpt_trace 2 && gpt_trace 4; then
+        c2=$(grep -c ' queue .* cudaMemcpy[A-Za-z]* device-to-host' "$TMP/gpt2.trace")
+        c4=$(grep -c ' queue .* cudaMemcpy[A-Za-z]* device-to-host' "$TMP/gpt4.trace")
+        if [ $((c4 - c2)) = 4 ]; then ok "gpt_step_waits_twice (copies to the host: $c2 in 2 steps, $c4 in 4: two a step)"
+        else bad gpt_step_waits_twice "copies to the host: $c2 in 2 steps and $c4 in 4; want two more a step (the loss, the norm)"; fi
+        table=$(with_timeout 120 "$BUILD/gpt_op_times" --layers 2 --heads 2 --width 32 --ctx 32 --batch-size 4 --repeat 1 2>&1)
+        # kernel=the table's rows whose calls it launches
+        diff=$(awk -v table="$table" '
+            BEGIN { n = split(table, t, "\n"); for (i = 1; i <= n; i++) { m = split(t[i], f, " +");
+                        if (m >= 7 && f[m - 5] ~ /^[0-9]+$/) rows[substr(t[i], 1, 40)] = f[m - 5] }
+                    want["gpt_encoder_forward"] = "encoder_forward"; want["gpt_layernorm_forward"] = "layernorm_forward"
+                    want["gpt_bias_forward"] = "linear_forward"; want["gpt_causal_softmax_forward"] = "attention_forward"
+                    want["gpt_residual_forward"] = "residual_forward"; want["gpt_gelu_forward"] = "gelu_forward"
+                    want["gpt_softmax_xent_forward"] = "softmax_xent_forward"; want["gpt_zero"] = "zero \\(dx\\)"
+                    want["gpt_softmax_xent_backward"] = "softmax_xent_backward"; want["gpt_gelu_backward"] = "gelu_backward"
+                    want["gpt_layernorm_backward_input"] = "layernorm_backward"; want["gpt_bias_backward_chunks"] = "linear_backward"
+                    want["gpt_causal_softmax_backward"] = "attention_backward"; want["gpt_encoder_backward"] = "encoder_backward" }
+            $3 == "queue" && $7 ~ /^gpt_/ { if (FILENAME ~ /gpt4/) n4[$7]++; else n2[$7]++ }
+            END { for (k in want) { per = (n4[k] - n2[k]) / 2; listed = 0
+                      for (r in rows) if (r ~ "^" want[k]) listed += rows[r]
+                      if (per != listed || per == 0) printf "%s: %s a step in the trace, %s in the table; ", k, per, listed }
+                  for (k in n4) if (!(k in want) && k != "gpt_layernorm_backward_params_chunks" && k != "gpt_sum_chunks")
+                      printf "%s: launched, and in no row; ", k }' "$TMP/gpt2.trace" "$TMP/gpt4.trace")
+        if [ -z "$diff" ] && grep -q '^the operations, each timed alone' <<<"$table"; then
+            ok "gpt_op_times_counts_every_kernel (each of gpt.h's kernels as often as a traced step launches it)"
+        else bad gpt_op_times_counts_every_kernel "${diff:-no table}" "$(tail -n 3 <<<"$table")"; fi
+    else bad gpt_step_on_one_gpu "ch12_gpt --device cuda did not finish 2 and 4 steps on one fake GPU"; fi
 fi
 
 # ---- the chapter-3 program over NCCL ----------------------------------------------------------------
