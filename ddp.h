@@ -5782,6 +5782,7 @@ struct ddp_optim {
     int consolidated;   /* 1 + the rank ddp_optim_consolidate put this step's state on; 0: none */
     double *sq_dev, *sq_host; /* on a GPU: the partial sums of the clipping norm (>>sums), made at
                                  the first clip */
+    float *norm_dev, *norm_host; /* ZeRO: every rank's part of that norm, gathered (>>sums) */
 };
 
 /*
@@ -6066,7 +6067,7 @@ DDP__PRIVATE int ddp__clip_local_only = 0;
 /* Defined in >>sums: the sum of the squares of the gradient numbers this rank owns; the sum of
    every rank's x. */
 DDP__PRIVATE ddp_status ddp__grad_sum_squares(ddp_optim* o, double* out);
-DDP__PRIVATE ddp_status ddp__sum_double_over_ranks(ddp_pg* pg, ddp_model* m, double* x);
+DDP__PRIVATE ddp_status ddp__sum_double_over_ranks(ddp_optim* o, double* x);
 
 DDP__DEF ddp_status ddp_optim_clip_grad_norm(ddp_optim* o, float max_norm, float* norm) {
     ddp_model* m = o->m;
@@ -6082,7 +6083,7 @@ DDP__DEF ddp_status ddp_optim_clip_grad_norm(ddp_optim* o, float max_norm, float
        across the ranks every number counts exactly once. */
     DDP__TRY(ddp__grad_sum_squares(o, &sq));
     total = sq;
-    if (z && z->W > 1 && !ddp__clip_local_only) DDP__TRY(ddp__sum_double_over_ranks(z->pg, m, &total));
+    if (z && z->W > 1 && !ddp__clip_local_only) DDP__TRY(ddp__sum_double_over_ranks(o, &total));
     if (norm) *norm = (float)sqrt(total);
     coef = (float)(max_norm / (sqrt(total) + 1e-6));
     if (coef >= 1.f) return DDP_OK; /* PyTorch multiplies by min(coef, 1): by 1 changes nothing */
@@ -6107,6 +6108,8 @@ DDP__DEF void ddp_optim_destroy(ddp_optim* o) {
     for (i = 0; i < 3; i++) ddp_free(o->m->device, o->full[i]);
     ddp_free(o->m->device, o->sq_dev);
     DDP_FREE(o->sq_host);
+    ddp_free(o->m->device, o->norm_dev);
+    DDP_FREE(o->norm_host);
     DDP_FREE(o);
 }
 
@@ -9536,26 +9539,29 @@ DDP__PRIVATE ddp_status ddp__grad_sum_squares(ddp_optim* o, double* out) {
 }
 
 /* The sum of every rank's x, the same on every rank: each rank's double goes as two floats (its
-   float and what that float misses), gathered, and added in rank order. */
-DDP__PRIVATE ddp_status ddp__sum_double_over_ranks(ddp_pg* pg, ddp_model* m, double* x) {
+   float and what that float misses), gathered, and added in rank order. The buffers are made at
+   the first clip and kept: no allocation, and no free (which waits for the whole GPU), per step. */
+DDP__PRIVATE ddp_status ddp__sum_double_over_ranks(ddp_optim* o, double* x) {
+    ddp_pg* pg = o->z->pg;
+    ddp_model* m = o->m;
     const int W = ddp_world_size(pg);
     float mine[2], *all, *dev;
     double s = 0;
     int q;
-    ddp_status st;
+    if (!o->norm_host) {
+        if (!o->norm_dev) DDP__TRY(ddp_alloc(m->device, (size_t)(W + 1) * 2 * sizeof(float), (void**)&o->norm_dev));
+        if (!(o->norm_host = (float*)ddp__malloc((size_t)W * 2 * sizeof(float))))
+            return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "no memory for the norm's partial sums");
+    }
+    all = o->norm_host, dev = o->norm_dev;
     mine[0] = (float)*x, mine[1] = (float)(*x - (double)mine[0]);
-    all = (float*)ddp__malloc((size_t)W * 2 * sizeof(float));
-    if (!all) return ddp__fail(DDP_ERR_OUT_OF_MEMORY, "no memory for the norm's partial sums");
-    st = ddp_alloc(m->device, (size_t)(W + 1) * 2 * sizeof(float), (void**)&dev);
-    if (st == DDP_OK) st = ddp_copy(m->device, dev, ddp__cpu(), mine, sizeof mine, m->stream);
-    if (st == DDP_OK) st = ddp_all_gather(pg, dev, dev + 2, 2, DDP_F32, NULL);
-    if (st == DDP_OK) st = ddp_copy(ddp__cpu(), all, m->device, dev + 2, (size_t)W * 2 * sizeof(float), m->stream);
-    if (st == DDP_OK) st = ddp_stream_sync(m->stream);
-    for (q = 0; q < W && st == DDP_OK; q++) s += (double)all[2 * q] + (double)all[2 * q + 1];
-    if (st == DDP_OK) *x = s;
-    if (st == DDP_OK || dev) ddp_free(m->device, dev);
-    DDP_FREE(all);
-    return st;
+    DDP__TRY(ddp_copy(m->device, dev, ddp__cpu(), mine, sizeof mine, m->stream));
+    DDP__TRY(ddp_all_gather(pg, dev, dev + 2, 2, DDP_F32, NULL));
+    DDP__TRY(ddp_copy(ddp__cpu(), all, m->device, dev + 2, (size_t)W * 2 * sizeof(float), m->stream));
+    DDP__TRY(ddp_stream_sync(m->stream));
+    for (q = 0; q < W; q++) s += (double)all[2 * q] + (double)all[2 * q + 1];
+    *x = s;
+    return DDP_OK;
 }
 
 /* ---- element-wise reduction: dst[i] = dst[i] (op) src[i], computed in f32 ---------------------- */

@@ -712,6 +712,7 @@ FG_EXPORT cudaError_t cudaFree(void* p) {
     if (!p) return cudaSuccess;
     if (fg_mem_kind(p, 0, &d, &ok) != FG_MEM_DEVICE) return fg_ret(cudaErrorInvalidValue);
     /* cudaFree synchronises: nothing queued may still use the memory */
+    fg_trace("cudaFree device %d", d);
     fg_device_sync(d, "cudaFree");
     pthread_mutex_lock(&fg_mem_lock);
     r = &fg_reg[d];

@@ -143,6 +143,24 @@ if plain_only gpt_step_on_one_gpu; then
     else bad gpt_step_on_one_gpu "ch12_gpt --device cuda did not finish 2 and 4 steps on one fake GPU"; fi
 fi
 
+# ZeRO-2 on 2 GPUs: clipping adds up each rank's part of the norm over the ranks through buffers made
+# once, not allocated and freed every step (cudaFree waits for the whole GPU). cudaFree calls in the
+# trace, with and without clipping, over 2 steps and over 6: clipping adds none a step.
+if plain_only gpt_zero2_clip_frees_nothing; then
+    gpt_frees() {  # steps clip: cudaFree calls of a 2-rank ZeRO-2 run
+        rm -f "$TMP/free.trace"
+        FAKEGPU_DEVICES=2 FAKEGPU_TRACE="$TMP/free.trace" with_timeout 120 "$FG/examples/ch12_gpt" --nproc 2 --device cuda \
+            --zero-stage 2 --layers 2 --heads 2 --width 32 --ctx 32 --batch-size 4 --warmup 1 --steps "$1" --clip "$2" \
+            --log-every 1000 --eval-every 0 --eval-batches 0 --sample 0 --save-every 0 >/dev/null 2>&1 || { echo failed; return; }
+        awk '$3 == "cudaFree"' "$TMP/free.trace" | wc -l
+    }
+    c2=$(gpt_frees 2 1); n2=$(gpt_frees 2 0); c6=$(gpt_frees 6 1); n6=$(gpt_frees 6 0)
+    if [[ "$c2$n2$c6$n6" =~ ^[0-9]+$ ]] && [ $(((c6 - n6) - (c2 - n2))) = 0 ]; then
+        ok "gpt_zero2_clip_frees_nothing (cudaFree with and without clipping: $c2 and $n2 in 2 steps, $c6 and $n6 in 6)"
+    else bad gpt_zero2_clip_frees_nothing "cudaFree with and without clipping: $c2 and $n2 in 2 steps, $c6 and $n6 in 6;" \
+             "want clipping to add the same number in 6 steps as in 2"; fi
+fi
+
 # ---- the chapter-3 program over NCCL ----------------------------------------------------------------
 if plain_only chapter3_on_nccl; then
     echo "== chapter 3 on NCCL"
