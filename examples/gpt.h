@@ -553,8 +553,8 @@ static const char gpt_cu_softmax_xent[] =
 /* The kernels' source, in the order above, joined by gpt_create for ddp_kernels_compile. */
 static const char* const gpt_cu_source[] = {
     gpt_cu_prelude, gpt_cu_encoder_forward, gpt_cu_encoder_backward, gpt_cu_layernorm_forward,
-    gpt_cu_column_sums, gpt_cu_layernorm_backward, gpt_cu_linear, gpt_cu_causal_softmax, gpt_cu_gelu, gpt_cu_elementwise,
-    gpt_cu_softmax_xent};
+    gpt_cu_column_sums, gpt_cu_layernorm_backward, gpt_cu_linear, gpt_cu_causal_softmax, gpt_cu_gelu,
+    gpt_cu_elementwise, gpt_cu_softmax_xent};
 
 /* ---- building the model -------------------------------------------------------------------------- */
 
