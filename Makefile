@@ -271,13 +271,18 @@ $(BUILD)/tests/test_mpi: tests/unit/test_mpi.c tests/unit/test_pg.c tests/unit/t
 # programs linked with it in place of cudart, cuBLAS, NVRTC and NCCL: the same objects as above
 # (compiled against the same CUDA headers), linked with other libraries.
 FAKE_LINK := $(FAKE_LIBS) $(BLAS_LIBS) -lpthread -lm
+# The real NVRTC, which the stand-in also compiles every kernel program with (tests/fakegpu/nvrtc.c);
+# not in the sanitizer builds: the plain build checks the same sources, and libnvrtc is not built
+# for ASan's or TSan's runtime.
+FAKE_REAL_NVRTC := $(if $(findstring -fsanitize,$(CFLAGS)),,$(call find_lib,nvrtc))
 $(FAKE_LIB): $(FAKE_SRC) tests/fakegpu/fakegpu.h tests/fakegpu/kernel_shim.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) -fPIC -shared -fvisibility=hidden $(CUDA_CFLAGS) \
-	  -DFAKEGPU_SHIM='"$(abspath tests/fakegpu/kernel_shim.h)"' $(FAKE_SRC) -o $@ $(LDFLAGS) -lpthread -ldl -lrt
+	  -DFAKEGPU_SHIM='"$(abspath tests/fakegpu/kernel_shim.h)"' -DFAKEGPU_REAL_NVRTC_LIB='"$(FAKE_REAL_NVRTC)"' \
+	  $(FAKE_SRC) -o $@ $(LDFLAGS) -lpthread -ldl -lrt
 $(FAKE_DIR)/tests/fakegpu/selftest: tests/fakegpu/selftest.c tests/unit/harness.h $(FAKE_LIB)
 	@mkdir -p $(@D)
-	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) $(CUDA_CFLAGS) $< -o $@ $(LDFLAGS) $(FAKE_LIBS) -lpthread
+	$(CC) -std=gnu11 -Wall -Wextra $(CFLAGS) $(CUDA_CFLAGS) -DFG_REAL_NVRTC_LIB='"$(FAKE_REAL_NVRTC)"' $< -o $@ $(LDFLAGS) $(FAKE_LIBS) -lpthread
 $(FAKE_DIR)/tests/%: tests/unit/%.c tests/unit/harness.h $(DECLS) $(OBJ)/ddp_internals.o $(FAKE_LIB)
 	@mkdir -p $(@D)
 	$(call PROG,$(OBJ)/ddp_internals.o,$(FAKE_LINK))

@@ -3,11 +3,17 @@
    of everything that goes into it, so the ranks of a job and later runs share it). Options are
    checked as NVRTC checks them. The "PTX" and "CUBIN" it returns are small text images that name
    the shared object and carry the PTX version and target, so that cudaLibraryLoadData can apply
-   the driver's rules: PTX newer than the driver fails, CUBIN runs only on its own architecture. */
+   the driver's rules: PTX newer than the driver fails, CUBIN runs only on its own architecture.
+   The host compiler forgives what NVRTC does not: the shim includes <math.h> and <string.h>, so
+   INFINITY, FLT_MAX or memcpy compile here and nowhere on a GPU. So each program is also compiled
+   by the real NVRTC (it needs no GPU): the libnvrtc.so the build found (FAKEGPU_REAL_NVRTC_LIB), or
+   the one FAKEGPU_REAL_NVRTC names (empty: none), with the same source and options; its errors are
+   the stand-in's. A program it accepted leaves a mark in the cache folder and is not sent again. */
 #define _GNU_SOURCE
 #include "fakegpu.h"
 
 #include <errno.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <nvrtc.h>
 #include <spawn.h>
@@ -214,6 +220,62 @@ static int fg_run_compiler(const char* cpp, const char* so, const char* log, con
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
+#ifndef FAKEGPU_REAL_NVRTC_LIB
+#define FAKEGPU_REAL_NVRTC_LIB ""
+#endif
+/* The same program through the real NVRTC: NVRTC_SUCCESS when it compiles there (or there is no
+   real NVRTC to ask, or the cache folder `dir` marks it as accepted before), else
+   NVRTC_ERROR_COMPILATION with the real compiler's log. */
+static nvrtcResult fg_real_nvrtc(struct _nvrtcProgram* p, int nopt, const char* const* opts, const char* dir) {
+    typedef nvrtcResult (*create_fn)(nvrtcProgram*, const char*, const char*, int, const char* const*,
+                                     const char* const*);
+    typedef nvrtcResult (*compile_fn)(nvrtcProgram, int, const char* const*);
+    typedef nvrtcResult (*logsize_fn)(nvrtcProgram, size_t*);
+    typedef nvrtcResult (*log_fn)(nvrtcProgram, char*);
+    typedef nvrtcResult (*destroy_fn)(nvrtcProgram*);
+    static void* lib; /* opened once, kept: NVRTC is not meant to be unloaded */
+    const char* path = getenv("FAKEGPU_REAL_NVRTC") ? getenv("FAKEGPU_REAL_NVRTC") : FAKEGPU_REAL_NVRTC_LIB;
+    char mark[1200];
+    uint64_t h = 0x84222325cbf29ce4ull;
+    int i, fd;
+    create_fn create;
+    compile_fn compile;
+    logsize_fn logsize;
+    log_fn getlog;
+    destroy_fn destroy;
+    nvrtcProgram rp = NULL;
+    nvrtcResult r;
+    size_t n = 0;
+    char *log, *msg;
+    if (!*path) return NVRTC_SUCCESS;
+    h = fg_fnv(h, path, strlen(path) + 1);
+    h = fg_fnv(h, p->src, strlen(p->src) + 1);
+    for (i = 0; i < nopt; i++) h = fg_fnv(h, opts[i], strlen(opts[i]) + 1);
+    snprintf(mark, sizeof mark, "%s/%016llx.nvrtc-accepted", dir, (unsigned long long)h);
+    if (access(mark, F_OK) == 0) return NVRTC_SUCCESS;
+    if (!lib && !(lib = dlopen(path, RTLD_NOW | RTLD_LOCAL)))
+        fg_fatal("FAKEGPU_REAL_NVRTC=%s: %s", path, dlerror());
+    create = (create_fn)dlsym(lib, "nvrtcCreateProgram"), compile = (compile_fn)dlsym(lib, "nvrtcCompileProgram");
+    logsize = (logsize_fn)dlsym(lib, "nvrtcGetProgramLogSize"), getlog = (log_fn)dlsym(lib, "nvrtcGetProgramLog");
+    destroy = (destroy_fn)dlsym(lib, "nvrtcDestroyProgram");
+    if (!create || !compile || !logsize || !getlog || !destroy)
+        fg_fatal("FAKEGPU_REAL_NVRTC=%s is not an NVRTC library", path);
+    if (create(&rp, p->src, p->name, 0, NULL, NULL) != NVRTC_SUCCESS) fg_fatal("the real nvrtcCreateProgram failed");
+    r = compile(rp, nopt, opts);
+    if (r != NVRTC_SUCCESS) {
+        if (logsize(rp, &n) != NVRTC_SUCCESS || !(log = (char*)calloc(n + 1, 1))) fg_fatal("the real NVRTC's log");
+        getlog(rp, log);
+        if (!(msg = (char*)malloc(n + 128))) fg_fatal("out of memory");
+        snprintf(msg, n + 128, "the real NVRTC (FAKEGPU_REAL_NVRTC) refuses this program:\n%s", log);
+        fg_set_log(p, msg);
+        free(msg), free(log);
+    } else if ((fd = open(mark, O_WRONLY | O_CREAT, 0600)) >= 0) {
+        close(fd);
+    }
+    destroy(&rp);
+    return r == NVRTC_SUCCESS ? NVRTC_SUCCESS : NVRTC_ERROR_COMPILATION;
+}
+
 FG_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int nopt, const char* const* opts) {
     int i, arch = 75, real = 0, ndefs = 0;
     char std_flag[32] = "-std=c++17", *defs[32], names[8192], dir[1024], so[1200], tmp[1300], cpp[1300], logp[1300];
@@ -273,6 +335,10 @@ FG_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int nopt, const char* 
     if (getenv("FAKEGPU_CACHE") && *getenv("FAKEGPU_CACHE")) snprintf(dir, sizeof dir, "%s", getenv("FAKEGPU_CACHE"));
     else snprintf(dir, sizeof dir, "%s/fakegpu-cache-%d", tmpdir && *tmpdir ? tmpdir : "/tmp", (int)getuid());
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) fg_fatal("cannot make the kernel cache %s: %s", dir, strerror(errno));
+    if (fg_real_nvrtc(p, nopt, opts, dir) != NVRTC_SUCCESS) {
+        free(shim);
+        return NVRTC_ERROR_COMPILATION;
+    }
     snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)h);
     fg_kernel_names(p->src, names, sizeof names);
     if (access(so, R_OK) != 0) {

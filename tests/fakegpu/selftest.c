@@ -536,6 +536,42 @@ static void nccl_peer_abort_not_reported_on_one_host(void) {
     unsetenv("FAKEGPU_DEVICES");
 }
 
+/* Host C++ accepts what NVRTC does not (INFINITY is <math.h>'s, which a GPU program does not
+   have): the stand-in's own compiler takes this kernel, the real NVRTC refuses it, and so does the
+   stand-in whenever the build found one (FG_REAL_NVRTC_LIB, the path it was built with). */
+#ifndef FG_REAL_NVRTC_LIB
+#define FG_REAL_NVRTC_LIB ""
+#endif
+static const char* g_host_only_src =
+    "extern \"C\" __global__ void fg_host_only(float* y) {\n"
+    "  if (threadIdx.x == 0) y[0] = -INFINITY; }\n";
+static nvrtcResult compile_host_only(char* log, size_t cap) {
+    nvrtcProgram p;
+    const char* opts[1] = {"--gpu-architecture=sm_90"};
+    size_t n = 0;
+    nvrtcResult r;
+    log[0] = 0;
+    CHECK(nvrtcCreateProgram(&p, g_host_only_src, "host_only.cu", 0, NULL, NULL) == NVRTC_SUCCESS);
+    r = nvrtcCompileProgram(p, 1, opts);
+    if (nvrtcGetProgramLogSize(p, &n) == NVRTC_SUCCESS && n <= cap) nvrtcGetProgramLog(p, log);
+    nvrtcDestroyProgram(&p);
+    return r;
+}
+static void host_only_body(void) {
+    char log[8192];
+    nvrtcResult r;
+    if (!*FG_REAL_NVRTC_LIB) SKIP("%s", "this build of the stand-in has no real NVRTC to ask (a sanitizer build; make test's plain build asks it)");
+    setenv("FAKEGPU_REAL_NVRTC", "", 1); /* the stand-in alone */
+    CHECKF((r = compile_host_only(log, sizeof log)) == NVRTC_SUCCESS, "the host compiler refused it: %s", log);
+    unsetenv("FAKEGPU_REAL_NVRTC"); /* the build's real NVRTC */
+    r = compile_host_only(log, sizeof log);
+    CHECKF(r == NVRTC_ERROR_COMPILATION, "compiled to %s with the real NVRTC at hand", nvrtcGetErrorString(r));
+    CHECKF(strstr(log, "real NVRTC") && strstr(log, "INFINITY"), "the log does not name the real NVRTC and INFINITY: %s", log);
+    r = compile_host_only(log, sizeof log); /* refused again: a refusal is not remembered as accepted */
+    CHECKF(r == NVRTC_ERROR_COMPILATION, "the second compile gave %s", nvrtcGetErrorString(r));
+}
+static void host_only_source_refused_as_nvrtc_refuses_it(void) { in_child(host_only_body); }
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     unsetenv("FAKEGPU_DEVICES");
@@ -551,6 +587,7 @@ int main(void) {
     RUN(kernel_with_an_int_for_a_long_long_faults);
     RUN(nvrtc_options_and_images_checked);
     RUN(ptx_newer_than_the_driver_fails);
+    RUN(host_only_source_refused_as_nvrtc_refuses_it);
     RUN(gemm_is_column_major);
     RUN(nccl_collectives_across_processes);
     RUN(nccl_nonblocking_refuses_early_reuse);
