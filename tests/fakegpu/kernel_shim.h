@@ -3,8 +3,11 @@
 // line per __global__ function, which exports two entry points per kernel: fg_run_NAME runs the
 // whole grid (blocks in a seeded random order, the threads of a block forwards or backwards), and
 // fg_info_NAME tells the size of each parameter and which are pointers, from the kernel's own
-// signature. Only what ddp.h's kernels use is here: a kernel that needs __syncthreads or
-// __shared__ memory does not compile under the stand-in (the threads of a block run one by one).
+// signature. Only what ddp.h's kernels and simple kernels of one's own use is here: a kernel that
+// needs __syncthreads, __shared__ memory or a warp's shuffles does not compile under the stand-in
+// (the threads of a block run one by one; nvrtc.c says so in the log). Atomics are here: one
+// thread at a time makes them exact, and __atomic builtins keep them so when kernels on two streams
+// run at once.
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,6 +33,41 @@ static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f
 // multiply-add is fused behind the kernel's back
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+
+// the atomics CUDA's programs use most, each returning the old value
+static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+template <typename F, typename U>
+static inline F fg_atomic_float_add(F* p, F v) { // a compare-and-swap loop on the number's bits
+    U old = __atomic_load_n((U*)p, __ATOMIC_SEQ_CST), want;
+    F o, n;
+    do {
+        memcpy(&o, &old, sizeof o);
+        n = o + v;
+        memcpy(&want, &n, sizeof want);
+    } while (!__atomic_compare_exchange_n((U*)p, &old, want, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    return o;
+}
+static inline float atomicAdd(float* p, float v) { return fg_atomic_float_add<float, uint32_t>(p, v); }
+static inline double atomicAdd(double* p, double v) { return fg_atomic_float_add<double, uint64_t>(p, v); }
+static inline int atomicMax(int* p, int v) {
+    int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+    return old;
+}
+static inline int atomicMin(int* p, int v) {
+    int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (old > v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+    return old;
+}
+static inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+static inline int atomicCAS(int* p, int cmp, int v) {
+    __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return cmp;
+}
 
 template <typename... A, size_t... I>
 static void fg_call(void (*f)(A...), void** a, std::index_sequence<I...>) {

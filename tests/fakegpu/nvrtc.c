@@ -223,9 +223,14 @@ static int fg_run_compiler(const char* cpp, const char* so, const char* log, con
 #ifndef FAKEGPU_REAL_NVRTC_LIB
 #define FAKEGPU_REAL_NVRTC_LIB ""
 #endif
+static const char* fg_real_nvrtc_path(void) { /* "" when there is none to ask */
+    return getenv("FAKEGPU_REAL_NVRTC") ? getenv("FAKEGPU_REAL_NVRTC") : FAKEGPU_REAL_NVRTC_LIB;
+}
 /* The same program through the real NVRTC: NVRTC_SUCCESS when it compiles there (or there is no
    real NVRTC to ask, or the cache folder `dir` marks it as accepted before), else
-   NVRTC_ERROR_COMPILATION with the real compiler's log. */
+   NVRTC_ERROR_COMPILATION with the real compiler's log. The question is the source, not the
+   target: an architecture the stand-in's NVRTC version knows and the installed one does not (an
+   older or newer toolkit) is asked as the nearest one it knows, at or below. */
 static nvrtcResult fg_real_nvrtc(struct _nvrtcProgram* p, int nopt, const char* const* opts, const char* dir) {
     typedef nvrtcResult (*create_fn)(nvrtcProgram*, const char*, const char*, int, const char* const*,
                                      const char* const*);
@@ -233,8 +238,10 @@ static nvrtcResult fg_real_nvrtc(struct _nvrtcProgram* p, int nopt, const char* 
     typedef nvrtcResult (*logsize_fn)(nvrtcProgram, size_t*);
     typedef nvrtcResult (*log_fn)(nvrtcProgram, char*);
     typedef nvrtcResult (*destroy_fn)(nvrtcProgram*);
+    typedef nvrtcResult (*narch_fn)(int*);
+    typedef nvrtcResult (*archs_fn)(int*);
     static void* lib; /* opened once, kept: NVRTC is not meant to be unloaded */
-    const char* path = getenv("FAKEGPU_REAL_NVRTC") ? getenv("FAKEGPU_REAL_NVRTC") : FAKEGPU_REAL_NVRTC_LIB;
+    const char* path = fg_real_nvrtc_path();
     char mark[1200];
     uint64_t h = 0x84222325cbf29ce4ull;
     int i, fd;
@@ -243,11 +250,15 @@ static nvrtcResult fg_real_nvrtc(struct _nvrtcProgram* p, int nopt, const char* 
     logsize_fn logsize;
     log_fn getlog;
     destroy_fn destroy;
+    narch_fn narch;
+    archs_fn archs;
     nvrtcProgram rp = NULL;
     nvrtcResult r;
     size_t n = 0;
-    char *log, *msg;
+    char *log, *msg, arch_opt[64];
+    const char* ropts[64];
     if (!*path) return NVRTC_SUCCESS;
+    if (nopt > 64) nopt = 64;
     h = fg_fnv(h, path, strlen(path) + 1);
     h = fg_fnv(h, p->src, strlen(p->src) + 1);
     for (i = 0; i < nopt; i++) h = fg_fnv(h, opts[i], strlen(opts[i]) + 1);
@@ -258,15 +269,37 @@ static nvrtcResult fg_real_nvrtc(struct _nvrtcProgram* p, int nopt, const char* 
     create = (create_fn)dlsym(lib, "nvrtcCreateProgram"), compile = (compile_fn)dlsym(lib, "nvrtcCompileProgram");
     logsize = (logsize_fn)dlsym(lib, "nvrtcGetProgramLogSize"), getlog = (log_fn)dlsym(lib, "nvrtcGetProgramLog");
     destroy = (destroy_fn)dlsym(lib, "nvrtcDestroyProgram");
+    narch = (narch_fn)dlsym(lib, "nvrtcGetNumSupportedArchs"), archs = (archs_fn)dlsym(lib, "nvrtcGetSupportedArchs");
     if (!create || !compile || !logsize || !getlog || !destroy)
         fg_fatal("FAKEGPU_REAL_NVRTC=%s is not an NVRTC library", path);
+    for (i = 0; i < nopt; i++) ropts[i] = opts[i];
+    for (i = 0; i < nopt; i++) { /* the architecture: "--gpu-architecture=X", "-arch=X", or either name, then X */
+        int j = i, want, is_sm = 0, k, cnt = 0, have[64], best = 0;
+        const char* v = !strncmp(opts[i], "--gpu-architecture=", 19) ? opts[i] + 19
+                        : !strncmp(opts[i], "-arch=", 6)              ? opts[i] + 6
+                        : (!strcmp(opts[i], "--gpu-architecture") || !strcmp(opts[i], "-arch")) && i + 1 < nopt
+                            ? opts[j = i + 1]
+                            : NULL;
+        if (!v || !(want = fg_parse_arch(v, &is_sm)) || !narch || !archs) continue;
+        if (narch(&cnt) != NVRTC_SUCCESS || cnt <= 0 || cnt > 64 || archs(have) != NVRTC_SUCCESS) continue;
+        for (k = 0; k < cnt; k++)
+            if (have[k] <= want && have[k] > best) best = have[k];
+        if (!best) best = have[0]; /* all newer than the one asked: its oldest */
+        snprintf(arch_opt, sizeof arch_opt, "%s%s_%d", j == i ? "--gpu-architecture=" : "", is_sm ? "sm" : "compute",
+                 best);
+        ropts[j] = arch_opt;
+        break;
+    }
     if (create(&rp, p->src, p->name, 0, NULL, NULL) != NVRTC_SUCCESS) fg_fatal("the real nvrtcCreateProgram failed");
-    r = compile(rp, nopt, opts);
+    r = compile(rp, nopt, ropts);
     if (r != NVRTC_SUCCESS) {
         if (logsize(rp, &n) != NVRTC_SUCCESS || !(log = (char*)calloc(n + 1, 1))) fg_fatal("the real NVRTC's log");
         getlog(rp, log);
-        if (!(msg = (char*)malloc(n + 128))) fg_fatal("out of memory");
-        snprintf(msg, n + 128, "the real NVRTC (FAKEGPU_REAL_NVRTC) refuses this program:\n%s", log);
+        if (!(msg = (char*)malloc(n + 256))) fg_fatal("out of memory");
+        snprintf(msg, n + 256,
+                 "the real NVRTC refuses this program, as it would on a GPU (the stand-in asks the toolkit's NVRTC "
+                 "too; FAKEGPU_REAL_NVRTC= with nothing after it stops that):\n%s",
+                 log);
         fg_set_log(p, msg);
         free(msg), free(log);
     } else if ((fd = open(mark, O_WRONLY | O_CREAT, 0600)) >= 0) {
@@ -359,6 +392,24 @@ FG_EXPORT nvrtcResult nvrtcCompileProgram(nvrtcProgram p, int nopt, const char* 
         if (rc != 0) {
             size_t n = 0;
             char* log = fg_read_file(logp, &n);
+            const char* coop[] = {"__syncthreads", "__shared__", "__shfl", "__syncwarp"};
+            const char* why = NULL;
+            size_t k;
+            for (k = 0; k < sizeof coop / sizeof coop[0] && !why; k++)
+                if (strstr(p->src, coop[k])) why = coop[k];
+            if (why && log) { /* a reason the log would not give: the stand-in's own limit */
+                size_t m = strlen(log) + 512;
+                char* both = (char*)malloc(m);
+                if (both) {
+                    snprintf(both, m,
+                             "fakegpu: this program uses %s, which the GPU stand-in cannot run: it runs the threads "
+                             "of a block one after another, so threads that wait for each other or share a block's "
+                             "memory need a real GPU (%s). The host compiler said:\n%s",
+                             why, *fg_real_nvrtc_path() ? "the real NVRTC accepted it" : "test it there", log);
+                    free(log);
+                    log = both;
+                }
+            }
             fg_set_log(p, log ? log : "the host compiler (FAKEGPU_CXX, default c++) could not be started\n");
             free(log);
             unlink(cpp), unlink(tmp), unlink(logp);

@@ -560,7 +560,6 @@ static nvrtcResult compile_host_only(char* log, size_t cap) {
 static void host_only_body(void) {
     char log[8192];
     nvrtcResult r;
-    if (!*FG_REAL_NVRTC_LIB) SKIP("%s", "this build of the stand-in has no real NVRTC to ask (a sanitizer build; make test's plain build asks it)");
     setenv("FAKEGPU_REAL_NVRTC", "", 1); /* the stand-in alone */
     CHECKF((r = compile_host_only(log, sizeof log)) == NVRTC_SUCCESS, "the host compiler refused it: %s", log);
     unsetenv("FAKEGPU_REAL_NVRTC"); /* the build's real NVRTC */
@@ -570,7 +569,71 @@ static void host_only_body(void) {
     r = compile_host_only(log, sizeof log); /* refused again: a refusal is not remembered as accepted */
     CHECKF(r == NVRTC_ERROR_COMPILATION, "the second compile gave %s", nvrtcGetErrorString(r));
 }
-static void host_only_source_refused_as_nvrtc_refuses_it(void) { in_child(host_only_body); }
+static void host_only_source_refused_as_nvrtc_refuses_it(void) {
+    if (!*FG_REAL_NVRTC_LIB) SKIP("%s", "this build of the stand-in has no real NVRTC to ask (a sanitizer build; make test's plain build asks it)");
+    in_child(host_only_body);
+}
+
+/* Atomics: 6000 threads in 24 blocks add into one counter of each type; the sums are exact. */
+static const char* g_atomic_src =
+    "extern \"C\" __global__ void fg_atomics(int* i, float* f, double* d, unsigned long long* u, int* mx, int n) {\n"
+    "  int t = blockIdx.x * blockDim.x + threadIdx.x; if (t >= n) return;\n"
+    "  atomicAdd(i, 1); atomicAdd(f, 0.5f); atomicAdd(d, (double)t); atomicAdd(u, 3ull);\n"
+    "  atomicMax(mx, (t * 7919) % n); }\n";
+static void atomics_body(void) {
+    nvrtcProgram p;
+    const char* opts[1] = {"--gpu-architecture=sm_90"};
+    char* img;
+    size_t n = 0;
+    cudaLibrary_t lib;
+    cudaKernel_t k;
+    struct { int i; float f; double d; unsigned long long u; int mx; } h = {0, 0.f, 0.0, 0, -1}, z = h, *dv = NULL;
+    int *pi, *pm, count = 6000;
+    float* pf;
+    double* pd;
+    unsigned long long* pu;
+    void* args[6];
+    dim3 grid = {24, 1, 1}, block = {256, 1, 1};
+    CHECK(nvrtcCreateProgram(&p, g_atomic_src, "atomics.cu", 0, NULL, NULL) == NVRTC_SUCCESS);
+    CHECK(nvrtcCompileProgram(p, 1, opts) == NVRTC_SUCCESS);
+    CHECK(nvrtcGetCUBINSize(p, &n) == NVRTC_SUCCESS && n > 0);
+    img = (char*)malloc(n);
+    CHECK(nvrtcGetCUBIN(p, img) == NVRTC_SUCCESS);
+    nvrtcDestroyProgram(&p);
+    CU(cudaLibraryLoadData(&lib, img, NULL, NULL, 0, NULL, NULL, 0));
+    free(img);
+    CU(cudaLibraryGetKernel(&k, lib, "fg_atomics"));
+    CU(cudaMalloc((void**)&dv, sizeof h));
+    CU(cudaMemcpy(dv, &z, sizeof z, cudaMemcpyHostToDevice));
+    pi = &dv->i, pf = &dv->f, pd = &dv->d, pu = &dv->u, pm = &dv->mx;
+    args[0] = &pi, args[1] = &pf, args[2] = &pd, args[3] = &pu, args[4] = &pm, args[5] = &count;
+    CU(cudaLaunchKernel((const void*)k, grid, block, args, 0, NULL));
+    CU(cudaMemcpy(&h, dv, sizeof h, cudaMemcpyDeviceToHost));
+    CHECKF(h.i == 6000 && h.f == 3000.f && h.d == 5999.0 * 6000 / 2 && h.u == 18000 && h.mx == 5999,
+           "sums %d %g %.1f %llu, max %d; want 6000 3000 17997000 18000, max 5999", h.i, h.f, h.d, h.u, h.mx);
+}
+static void atomics_add_exactly(void) { in_child(atomics_body); }
+
+/* A kernel whose threads wait for each other cannot run on the stand-in: the compile fails, and the
+   log says why before the host compiler's own words. */
+static void barrier_body(void) {
+    nvrtcProgram p;
+    const char* opts[1] = {"--gpu-architecture=sm_90"};
+    const char* src = "extern \"C\" __global__ void fg_block_sum(float* y, const float* x) {\n"
+                      "  __shared__ float s[256]; s[threadIdx.x] = x[threadIdx.x]; __syncthreads();\n"
+                      "  if (threadIdx.x == 0) { float t = 0.f; for (int i = 0; i < 256; i++) t += s[i]; *y = t; } }\n";
+    char log[16384] = "";
+    size_t n = 0;
+    CHECK(nvrtcCreateProgram(&p, src, "block_sum.cu", 0, NULL, NULL) == NVRTC_SUCCESS);
+    CHECK(nvrtcCompileProgram(p, 1, opts) == NVRTC_ERROR_COMPILATION);
+    CHECK(nvrtcGetProgramLogSize(p, &n) == NVRTC_SUCCESS && n <= sizeof log);
+    nvrtcGetProgramLog(p, log);
+    nvrtcDestroyProgram(&p);
+    CHECKF(strstr(log, "fakegpu: this program uses __s") && strstr(log, "need a real GPU") &&
+               strstr(log, *FG_REAL_NVRTC_LIB ? "the real NVRTC accepted it" : "test it there"),
+           "the log: %.300s", log);
+}
+static void block_cooperation_refused_with_its_reason(void) { in_child(barrier_body); }
 
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -588,6 +651,8 @@ int main(void) {
     RUN(nvrtc_options_and_images_checked);
     RUN(ptx_newer_than_the_driver_fails);
     RUN(host_only_source_refused_as_nvrtc_refuses_it);
+    RUN(atomics_add_exactly);
+    RUN(block_cooperation_refused_with_its_reason);
     RUN(gemm_is_column_major);
     RUN(nccl_collectives_across_processes);
     RUN(nccl_nonblocking_refuses_early_reuse);

@@ -894,7 +894,7 @@ static int misuse_rank(int rank, void* arg) {
     s = ddp_unit_begin(t.m, 0, DDP_BACKWARD);
     if (s == DDP_OK) s = ddp_param_grad_ready(t.obias);
     if (s == DDP_OK) s = ddp_param_grad_ready(t.obias);
-    bad += s != DDP_ERR_STATE || !strstr(ddp_error_string(), "out.bias was marked ready twice") != 0;
+    bad += s != DDP_ERR_STATE || !strstr(ddp_error_string(), "out.bias was marked ready twice");
     ddp_unit_end(t.m, 0, DDP_BACKWARD);
     /* ZeRO-3: a unit's tensor marked ready outside its unit's backward, where its gradient lives */
     memset(&wd, 0, sizeof wd);
