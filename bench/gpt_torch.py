@@ -13,9 +13,15 @@ keys and shapes. Two uses:
       time training steps in PyTorch eager (AdamW, clipping) on random windows of the text, one
       process, or --world N ranks under DistributedDataParallel (gloo); the median step time goes
       to a line 'result step_ms=...'. `make bench` puts it beside ch12_gpt.
+  gpt_torch.py train [options]
+      train as nanoGPT's train.py does with its Shakespeare setting (random windows drawn with
+      replacement, its learning-rate schedule, AdamW, clipping at 1.0), in one process on the
+      batch of --world ranks x --batch-size sequences, then print the held-out loss on the windows
+      ch12_gpt --nproc WORLD --batch-size B --eval-all 1 evaluates: a line 'result val=... whole=...'.
+      bench/gpt_quality.sh puts it beside ch12_gpt over several seeds.
 
 Options: --layers --heads --width --ctx --batch-size --eval-batches --world --data --steps --threads
-         --device cpu|cuda (step: PyTorch eager on one GPU)
+         --device cpu|cuda (step: PyTorch eager on one GPU)  --seed (train)
 """
 import argparse
 import json
@@ -137,7 +143,7 @@ def estimate_loss(model, ids, lo, hi, nb, world, batch, ctx):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["check", "step"])
+    ap.add_argument("mode", choices=["check", "step", "train"])
     ap.add_argument("snapshot", nargs="?")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
@@ -149,6 +155,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (step: one process on one GPU)")
+    ap.add_argument("--seed", type=int, default=1337, help="train: torch.manual_seed, as nanoGPT's")
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "examples", "data",
                                                    "tinyshakespeare.txt"))
     a = ap.parse_args()
@@ -166,12 +173,54 @@ def main():
         va = estimate_loss(model, ids, ntrain, len(ids), a.eval_batches, a.world, a.batch_size, a.ctx)
         print("train loss %.6f, val loss %.6f (%d tensors loaded with strict=True)" % (tr, va, len(saved)))
         return 0
+    if a.mode == "train":
+        return train_like_nanogpt(a, ids, ntrain, vocab)
     if a.world > 1:
         import torch.multiprocessing as mp
         port = 20000 + os.getpid() % 20000
         mp.spawn(train_steps, args=(a, ids, ntrain, vocab, port), nprocs=a.world, join=True)
     else:
         train_steps(0, a, ids, ntrain, vocab, None)
+    return 0
+
+
+def train_like_nanogpt(a, ids, ntrain, vocab):
+    """nanoGPT's train.py loop with config/train_shakespeare_char.py and its laptop overrides (lr 1e-3
+    down to 1e-4 along a cosine after 100 warmup steps, betas (0.9, 0.99), weight decay 0.1 on the
+    2-D tensors, clipping at 1.0, no dropout), with --world x --batch-size windows per step drawn at
+    random with replacement. The held-out loss is then taken on ch12_gpt's windows for --world
+    ranks of --batch-size: its --eval-batches estimate and its --eval-all whole text."""
+    torch.manual_seed(a.seed)
+    model = GPT(vocab, a.ctx, a.layers, a.heads, a.width)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99))
+    warmup, lr, min_lr, batch = 100, 1e-3, 1e-4, a.world * a.batch_size
+    t0 = time.perf_counter()
+    for it in range(a.steps):
+        if it < warmup:  # nanoGPT's get_lr, with lr_decay_iters = max_iters
+            now = lr * (it + 1) / (warmup + 1)
+        else:
+            now = min_lr + 0.5 * (1.0 + math.cos(math.pi * (it - warmup) / max(1, a.steps - warmup))) * (lr - min_lr)
+        for group in opt.param_groups:
+            group["lr"] = now
+        starts = torch.randint(ntrain - a.ctx, (batch,))
+        x = torch.stack([ids[s:s + a.ctx] for s in starts])
+        y = torch.stack([ids[s + 1:s + a.ctx + 1] for s in starts])
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if (it + 1) % 500 == 0:
+            print("step %d/%d  loss %.4f" % (it + 1, a.steps, loss.item()), flush=True)
+    model.eval()
+    va = estimate_loss(model, ids, ntrain, len(ids), a.eval_batches, a.world, a.batch_size, a.ctx)
+    every = (len(ids) - ntrain - a.ctx - 1) // (a.ctx * a.batch_size)
+    whole = estimate_loss(model, ids, ntrain, len(ids), every, a.world, a.batch_size, a.ctx)
+    print("result val=%.4f whole=%.4f steps=%d seed=%d minutes=%.1f" % (va, whole, a.steps, a.seed,
+                                                                        (time.perf_counter() - t0) / 60), flush=True)
     return 0
 
 

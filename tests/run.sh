@@ -216,6 +216,19 @@ case $BUILD in
     else bad bench_smoke "BENCH_SMOKE=1 python3 bench/run.py $BUILD:" "$(tail -n 8 <<<"$out")"; fi ;;
 esac
 
+# bench/gpt_quality.sh (chapter 12's loss beside PyTorch's, over seeds) at 3 steps of one seed: its
+# two programs run, and the four losses it reads are the untrained model's, about ln 65 = 4.17.
+case $BUILD in
+    */sanitize|*/tsan) skp gpt_quality_smoke "the parsers read the same lines in the plain build" ;;
+    *)
+    if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+        skp gpt_quality_smoke "no PyTorch for /usr/bin/python3 (apt-get install python3-torch)"
+    elif out=$(STEPS=3 SEEDS=7 GPT_QUALITY_OUT="$TMP/gpt_quality" with_timeout 300 bash bench/gpt_quality.sh "$BUILD" 2>&1) &&
+         awk '$1 == 7 { for (i = 2; i <= 6; i++) if (i != 4 && ($i < 4.0 || $i > 4.35)) exit 1; n++ } END { exit n != 1 }' <<<"$out"; then
+        ok "gpt_quality_smoke ($(awk '$1 == 7 { print "val " $2 " and " $5 ", whole " $3 " and " $6 }' <<<"$out"))"
+    else bad gpt_quality_smoke "STEPS=3 SEEDS=7 bash bench/gpt_quality.sh $BUILD:" "$(tail -n 8 <<<"$out")"; fi ;;
+esac
+
 # The figures redraw from their committed data (into a copy: the test never touches docs/).
 if ! command -v gnuplot >/dev/null 2>&1; then
     skp figures_render "gnuplot is not installed (apt-get install gnuplot-nox)"

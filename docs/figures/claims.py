@@ -132,6 +132,27 @@ def main():
     contains(readme, "held-out loss %.3f after 2,000 steps in %s minutes" % (float(final[2]), minutes),
              "README.md, the GPT row")
 
+    # chapter 12: gpt_quality.csv (bench/gpt_quality.sh: seed, ddp.h's 20-batch and whole-text
+    # held-out losses and minutes, then PyTorch's)
+    q = [l.strip().split(",") for l in open(os.path.join(DATA, "gpt_quality.csv")) if l[:1].isdigit()]
+    table = table_after(text, "Our figures (`docs/figures/data/gpt_quality.csv`")
+    for cells, d in zip(table, q):
+        expect("chapter 12, the seeds' table, seed %s" % d[0], cells, [d[0], d[1], d[2], d[4], d[5]])
+    mean = [sum(float(d[i]) for d in q) / len(q) for i in range(7)]
+    expect("chapter 12, the seeds' table, the means", table[len(q)] if len(table) > len(q) else None,
+           ["mean"] + ["%.4f" % mean[i] for i in (1, 2, 4, 5)])
+    if len(table) != len(q) + 1:
+        problems.append("chapter 12: the seeds' table has %d rows, gpt_quality.csv %d seeds and a mean" %
+                        (len(table), len(q)))
+    tv = sorted(float(d[4]) for d in q)
+    dv = sorted(float(d[1]) for d in q)
+    contains(text, "Their averages differ by %.3f" % abs(mean[1] - mean[4]), "chapter 12, the averages' gap")
+    contains(text, "(%.4f to %.4f on the 20 batches)" % (tv[0], tv[-1]), "chapter 12, PyTorch's range")
+    contains(text, "(%.3f from the\nlowest to the highest, against %.3f)" % (dv[-1] - dv[0], tv[-1] - tv[0]),
+             "chapter 12, the two spreads")
+    contains(readme, "over %s seeds %.4f on average, against %.4f for nanoGPT's own loop" %
+             ({5: "five"}.get(len(q), str(len(q))), mean[1], mean[4]), "README.md, the seeds' averages")
+
     for p in problems:
         print("claims.py: " + p)
     if problems:

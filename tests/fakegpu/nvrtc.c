@@ -258,7 +258,8 @@ static nvrtcResult fg_real_nvrtc(struct _nvrtcProgram* p, int nopt, const char* 
     char *log, *msg, arch_opt[64];
     const char* ropts[64];
     if (!*path) return NVRTC_SUCCESS;
-    if (nopt > 64) nopt = 64;
+    if (nopt > 64) /* the real compile must see every option the program was given, or none */
+        fg_fatal("nvrtcCompileProgram: %d options; the stand-in passes at most 64 on to the real NVRTC", nopt);
     h = fg_fnv(h, path, strlen(path) + 1);
     h = fg_fnv(h, p->src, strlen(p->src) + 1);
     for (i = 0; i < nopt; i++) h = fg_fnv(h, opts[i], strlen(opts[i]) + 1);
