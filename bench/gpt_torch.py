@@ -127,6 +127,19 @@ def load_text(path):
     return torch.tensor([index[c] for c in data], dtype=torch.long), len(chars)
 
 
+def windows(ids, starts, ctx):
+    """Inputs and targets of the windows of ctx characters that begin at `starts`."""
+    return (torch.stack([ids[s:s + ctx] for s in starts]), torch.stack([ids[s + 1:s + ctx + 1] for s in starts]))
+
+
+def adamw(model):
+    """nanoGPT's optimizer for the Shakespeare setting: weight decay on the 2-D tensors only."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                             lr=1e-3, betas=(0.9, 0.99))
+
+
 def estimate_loss(model, ids, lo, hi, nb, world, batch, ctx):
     """The mean of the batch losses over the windows examples/ch12_gpt.c's estimate_loss reads."""
     nb = (nb + world - 1) // world * world
@@ -134,9 +147,7 @@ def estimate_loss(model, ids, lo, hi, nb, world, batch, ctx):
     losses = []
     with torch.no_grad():
         for e in range(nb):
-            starts = [min(lo + (e * batch + i) * stride, hi - ctx - 1) for i in range(batch)]
-            x = torch.stack([ids[s:s + ctx] for s in starts])
-            y = torch.stack([ids[s + 1:s + ctx + 1] for s in starts])
+            x, y = windows(ids, [min(lo + (e * batch + i) * stride, hi - ctx - 1) for i in range(batch)], ctx)
             losses.append(model(x, y).item())
     return sum(losses) / len(losses)
 
@@ -192,10 +203,7 @@ def train_like_nanogpt(a, ids, ntrain, vocab):
     ranks of --batch-size: its --eval-batches estimate and its --eval-all whole text."""
     torch.manual_seed(a.seed)
     model = GPT(vocab, a.ctx, a.layers, a.heads, a.width)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99))
+    opt = adamw(model)
     warmup, lr, min_lr, batch = 100, 1e-3, 1e-4, a.world * a.batch_size
     t0 = time.perf_counter()
     for it in range(a.steps):
@@ -205,9 +213,7 @@ def train_like_nanogpt(a, ids, ntrain, vocab):
             now = min_lr + 0.5 * (1.0 + math.cos(math.pi * (it - warmup) / max(1, a.steps - warmup))) * (lr - min_lr)
         for group in opt.param_groups:
             group["lr"] = now
-        starts = torch.randint(ntrain - a.ctx, (batch,))
-        x = torch.stack([ids[s:s + a.ctx] for s in starts])
-        y = torch.stack([ids[s + 1:s + a.ctx + 1] for s in starts])
+        x, y = windows(ids, torch.randint(ntrain - a.ctx, (batch,)), a.ctx)
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -237,16 +243,12 @@ def train_steps(rank, a, ids, ntrain, vocab, port):
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=a.world)
         net = torch.nn.parallel.DistributedDataParallel(model)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99))
+    opt = adamw(model)
     g = torch.Generator().manual_seed(1 + rank)
     times = []
     for step in range(a.steps):
-        starts = torch.randint(0, ntrain - a.ctx - 1, (a.batch_size,), generator=g)
-        x = torch.stack([ids[s:s + a.ctx] for s in starts]).to(dev)
-        y = torch.stack([ids[s + 1:s + a.ctx + 1] for s in starts]).to(dev)
+        x, y = windows(ids, torch.randint(0, ntrain - a.ctx - 1, (a.batch_size,), generator=g), a.ctx)
+        x, y = x.to(dev), y.to(dev)
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
